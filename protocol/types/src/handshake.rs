@@ -1,0 +1,181 @@
+//! The handshake: `initialize` params and result, and version negotiation.
+//!
+//! The host's first message is `initialize`. The extension picks the newest version in the
+//! host's list that it also speaks and answers with it, its name and version, and what it
+//! serves. When there is none it answers `version_mismatch` with both lists in `data`
+//! ([`VersionMismatchData`]); the host marks the package incompatible and does not restart it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ErrorCode, RpcError};
+
+/// A name and a version, for the host or an extension.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Software {
+    pub name: String,
+    pub version: String,
+}
+
+/// Limits the host enforces, told to the extension so it can stay within them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Limits {
+    pub max_message_bytes: usize,
+    pub max_concurrent_requests: usize,
+    pub max_artifact_chunk_bytes: usize,
+    pub artifact_window: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_message_bytes: crate::MAX_MESSAGE_BYTES,
+            max_concurrent_requests: crate::MAX_CONCURRENT_REQUESTS,
+            max_artifact_chunk_bytes: crate::MAX_ARTIFACT_CHUNK_BYTES,
+            artifact_window: crate::ARTIFACT_WINDOW,
+        }
+    }
+}
+
+/// Deadlines the host applies to its calls, in milliseconds.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Deadlines {
+    pub in_transaction_ms: u64,
+    pub default_ms: u64,
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            in_transaction_ms: crate::IN_TRANSACTION_DEADLINE.as_millis() as u64,
+            default_ms: crate::DEFAULT_CALL_DEADLINE.as_millis() as u64,
+            shutdown_grace_ms: crate::SHUTDOWN_GRACE.as_millis() as u64,
+        }
+    }
+}
+
+/// `initialize` params.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InitializeParams {
+    /// Every version the host speaks, newest first.
+    pub protocol_versions: Vec<u32>,
+    pub host: Software,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub deadlines: Deadlines,
+}
+
+impl InitializeParams {
+    /// What this build of the host sends.
+    pub fn current(host_version: &str) -> Self {
+        InitializeParams {
+            protocol_versions: crate::PROTOCOL_VERSIONS.to_vec(),
+            host: Software {
+                name: "conduit".into(),
+                version: host_version.into(),
+            },
+            limits: Limits::default(),
+            deadlines: Deadlines::default(),
+        }
+    }
+}
+
+/// A work kind the extension serves; `trigger` says whether it answers `work_kind.trigger`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WorkKind {
+    pub name: String,
+    #[serde(default)]
+    pub trigger: bool,
+}
+
+/// What an extension serves. Every list may be empty; unknown fields are ignored so that a
+/// newer extension can talk to an older host.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Capabilities {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub work_kinds: Vec<WorkKind>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recurrences: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependency_filters: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub emissions: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress: Vec<String>,
+    /// Further request methods the extension serves (for example `echo`, or `check.sleep`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+}
+
+/// `initialize` result.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InitializeResult {
+    /// The version the extension chose from the host's list.
+    pub protocol_version: u32,
+    pub extension: Software,
+    #[serde(default)]
+    pub capabilities: Capabilities,
+}
+
+/// `data` of a `version_mismatch` error.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VersionMismatchData {
+    pub host_versions: Vec<u32>,
+    pub extension_versions: Vec<u32>,
+}
+
+/// Pick the newest version both lists share, or the `version_mismatch` error to answer with.
+pub fn negotiate(host_versions: &[u32], ours: &[u32]) -> Result<u32, RpcError> {
+    host_versions
+        .iter()
+        .copied()
+        .filter(|v| ours.contains(v))
+        .max()
+        .ok_or_else(|| version_mismatch(host_versions, ours))
+}
+
+/// The `version_mismatch` error, with both sides' versions in `data`.
+pub fn version_mismatch(host_versions: &[u32], extension_versions: &[u32]) -> RpcError {
+    RpcError::new(
+        ErrorCode::VersionMismatch,
+        format!(
+            "no protocol version in common: the host speaks {host_versions:?}, the extension {extension_versions:?}"
+        ),
+    )
+    .with_data(&VersionMismatchData {
+        host_versions: host_versions.to_vec(),
+        extension_versions: extension_versions.to_vec(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiation_picks_newest_shared_version() {
+        assert_eq!(negotiate(&[3, 2, 1], &[1, 2]).unwrap(), 2);
+        let e = negotiate(&[1], &[2]).unwrap_err();
+        assert!(e.is(ErrorCode::VersionMismatch));
+        let data: VersionMismatchData = serde_json::from_str(e.data.unwrap().get()).unwrap();
+        assert_eq!(
+            data,
+            VersionMismatchData {
+                host_versions: vec![1],
+                extension_versions: vec![2]
+            }
+        );
+    }
+
+    #[test]
+    fn capabilities_tolerate_unknown_fields_and_omit_empty_lists() {
+        let caps: Capabilities =
+            serde_json::from_str(r#"{"recurrences":["digest"],"from_the_future":true}"#).unwrap();
+        assert_eq!(caps.recurrences, ["digest"]);
+        assert_eq!(
+            serde_json::to_string(&caps).unwrap(),
+            r#"{"recurrences":["digest"]}"#
+        );
+    }
+}

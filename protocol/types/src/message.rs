@@ -1,0 +1,444 @@
+//! One JSON-RPC 2.0 message: parsing a received line, and writing one to send.
+//!
+//! ```text
+//! request       {"jsonrpc":"2.0","id":7,"method":"echo","params":{...}}
+//! notification  {"jsonrpc":"2.0","method":"$/cancel","params":{"id":7}}
+//! response      {"jsonrpc":"2.0","id":7,"result":{...}}
+//! error         {"jsonrpc":"2.0","id":7,"error":{"code":-32001,"message":"..."}}
+//! ```
+//!
+//! Parsing borrows from the received line: params and results stay raw JSON until the handler
+//! or caller that knows their type reads them. Writing appends compact JSON to a buffer; the
+//! framing (the newline) belongs to `conduit-rpc`.
+//!
+//! Batches (a JSON array of messages) are not part of conduit's protocol; a batch is answered
+//! with `invalid_request`.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::error::{ErrorCode, RpcError};
+
+/// A request id: a number or a string, as JSON-RPC allows. conduit itself sends numbers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RequestId(IdRepr);
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum IdRepr {
+    Num(i64),
+    Str(String),
+}
+
+impl RequestId {
+    /// A numeric id.
+    pub const fn num(n: i64) -> Self {
+        RequestId(IdRepr::Num(n))
+    }
+
+    /// A string id.
+    pub fn str(s: impl Into<String>) -> Self {
+        RequestId(IdRepr::Str(s.into()))
+    }
+
+    /// The number, if this is a numeric id.
+    pub fn as_num(&self) -> Option<i64> {
+        match self.0 {
+            IdRepr::Num(n) => Some(n),
+            IdRepr::Str(_) => None,
+        }
+    }
+
+    fn write_json(&self, out: &mut Vec<u8>) {
+        match &self.0 {
+            IdRepr::Num(n) => {
+                let mut b = itoa_buf(*n);
+                out.extend_from_slice(b.as_bytes_mut());
+            }
+            IdRepr::Str(s) => {
+                serde_json::to_writer(&mut *out, s).expect("writing a string to a Vec cannot fail")
+            }
+        }
+    }
+}
+
+/// A tiny integer formatter, so writing an id costs no allocation.
+struct ItoaBuf {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl ItoaBuf {
+    fn as_bytes_mut(&mut self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+fn itoa_buf(n: i64) -> ItoaBuf {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let neg = n < 0;
+    let mut v = n.unsigned_abs();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    if neg {
+        i -= 1;
+        buf[i] = b'-';
+    }
+    ItoaBuf { buf, start: i }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            IdRepr::Num(n) => write!(f, "{n}"),
+            IdRepr::Str(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+impl Serialize for RequestId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &self.0 {
+            IdRepr::Num(n) => s.serialize_i64(*n),
+            IdRepr::Str(v) => s.serialize_str(v),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RequestId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either<'a> {
+            Num(i64),
+            #[serde(borrow)]
+            Str(Cow<'a, str>),
+        }
+        match Either::deserialize(d)? {
+            Either::Num(n) => Ok(RequestId::num(n)),
+            Either::Str(s) => Ok(RequestId::str(s.into_owned())),
+        }
+    }
+}
+
+/// A received message, classified.
+#[derive(Debug)]
+pub enum Message<'a> {
+    /// A call that wants an answer.
+    Request {
+        id: RequestId,
+        method: Cow<'a, str>,
+        params: Option<&'a RawValue>,
+    },
+    /// A call that wants none.
+    Notification {
+        method: Cow<'a, str>,
+        params: Option<&'a RawValue>,
+    },
+    /// The answer to one of our requests.
+    Response {
+        id: RequestId,
+        result: Result<&'a RawValue, RpcError>,
+    },
+}
+
+/// Why a received line is not a message we can act on.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    /// Not JSON, or not UTF-8.
+    #[error("not valid JSON: {0}")]
+    Parse(String),
+    /// JSON, but not a JSON-RPC 2.0 message. `id` is the request's id when it could be read,
+    /// so the receiver can answer it.
+    #[error("not a JSON-RPC 2.0 message: {reason}")]
+    Invalid {
+        id: Option<RequestId>,
+        reason: String,
+    },
+    /// A response with a `null` id: the peer could not read one of our messages (usually a
+    /// parse error); the error it sent is kept.
+    #[error("the peer reported an error it could not tie to a request: {0}")]
+    Orphan(RpcError),
+}
+
+impl MessageError {
+    /// The error to answer with, and the id to answer to (`None` → `"id": null`).
+    pub fn reply(&self) -> Option<(Option<RequestId>, RpcError)> {
+        match self {
+            MessageError::Parse(e) => Some((
+                None,
+                RpcError::new(ErrorCode::ParseError, format!("parse error: {e}")),
+            )),
+            MessageError::Invalid { id, reason } => Some((
+                id.clone(),
+                RpcError::new(ErrorCode::InvalidRequest, reason.clone()),
+            )),
+            // Never answer an error with an error: two confused peers would loop.
+            MessageError::Orphan(_) => None,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    method: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(default)]
+    error: Option<RpcError>,
+}
+
+/// A field that is present is `Some`, even when its value is `null` (`"result": null` is a
+/// successful response; a plain `Option` would read it as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&'de RawValue>::deserialize(d).map(Some)
+}
+
+impl<'a> Message<'a> {
+    /// Classify one received line (without its newline).
+    pub fn parse(line: &'a [u8]) -> Result<Message<'a>, MessageError> {
+        let env: Envelope<'a> = match serde_json::from_slice(line) {
+            Ok(env) => env,
+            Err(e) if e.is_data() => return Err(invalid_shape(line, e)),
+            Err(e) => return Err(MessageError::Parse(e.to_string())),
+        };
+        // `"id": null` is the same as no id for a request, and marks an orphan error response.
+        let id = match env.id {
+            None => None,
+            Some(raw) if raw.get() == "null" => None,
+            Some(raw) => match serde_json::from_str::<RequestId>(raw.get()) {
+                Ok(id) => Some(id),
+                Err(_) => {
+                    return Err(MessageError::Invalid {
+                        id: None,
+                        reason: format!("`id` must be an integer or a string, not {}", raw.get()),
+                    });
+                }
+            },
+        };
+        if env.jsonrpc.as_deref() != Some("2.0") {
+            return Err(MessageError::Invalid {
+                id,
+                reason: "`jsonrpc` must be \"2.0\"".into(),
+            });
+        }
+        match (env.method, id, env.result, env.error) {
+            (Some(method), Some(id), None, None) => Ok(Message::Request {
+                id,
+                method,
+                params: env.params,
+            }),
+            (Some(method), None, None, None) if env.id.is_none() => Ok(Message::Notification {
+                method,
+                params: env.params,
+            }),
+            (Some(_), None, None, None) => Err(MessageError::Invalid {
+                id: None,
+                reason: "a request's `id` must not be null".into(),
+            }),
+            (None, Some(id), Some(result), None) => Ok(Message::Response {
+                id,
+                result: Ok(result),
+            }),
+            (None, Some(id), None, Some(err)) => Ok(Message::Response {
+                id,
+                result: Err(err),
+            }),
+            (None, None, None, Some(err)) => Err(MessageError::Orphan(err)),
+            (_, id, _, _) => Err(MessageError::Invalid {
+                id,
+                reason: "a message has either `method` (request, notification) or exactly one of \
+                         `result` and `error` (response)"
+                    .into(),
+            }),
+        }
+    }
+}
+
+fn invalid_shape(line: &[u8], e: serde_json::Error) -> MessageError {
+    // Valid JSON of the wrong shape: recover the id if the line is an object that has one.
+    let id = serde_json::from_slice::<IdOnly>(line)
+        .ok()
+        .and_then(|o| o.id);
+    let reason = if line.first() == Some(&b'[') {
+        "batches are not supported: send one message per line".to_owned()
+    } else {
+        format!("wrong shape: {e}")
+    };
+    MessageError::Invalid { id, reason }
+}
+
+#[derive(Deserialize)]
+struct IdOnly {
+    #[serde(default)]
+    id: Option<RequestId>,
+}
+
+/// Append a request to `out`.
+pub fn write_request(out: &mut Vec<u8>, id: &RequestId, method: &str, params: &RawValue) {
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    id.write_json(out);
+    out.extend_from_slice(br#","method":"#);
+    write_str(out, method);
+    out.extend_from_slice(br#","params":"#);
+    out.extend_from_slice(params.get().as_bytes());
+    out.push(b'}');
+}
+
+/// Append a notification to `out`.
+pub fn write_notification(out: &mut Vec<u8>, method: &str, params: &RawValue) {
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","method":"#);
+    write_str(out, method);
+    out.extend_from_slice(br#","params":"#);
+    out.extend_from_slice(params.get().as_bytes());
+    out.push(b'}');
+}
+
+/// Append a successful response to `out`.
+pub fn write_result(out: &mut Vec<u8>, id: &RequestId, result: &RawValue) {
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    id.write_json(out);
+    out.extend_from_slice(br#","result":"#);
+    out.extend_from_slice(result.get().as_bytes());
+    out.push(b'}');
+}
+
+/// Append an error response to `out`; `id: None` writes `"id":null`.
+pub fn write_error(out: &mut Vec<u8>, id: Option<&RequestId>, err: &RpcError) {
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    match id {
+        Some(id) => id.write_json(out),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(br#","error":"#);
+    serde_json::to_writer(&mut *out, err).expect("an error object always serializes");
+    out.push(b'}');
+}
+
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes()
+        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b < 0x7f)
+    {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        serde_json::to_writer(&mut *out, s).expect("writing a string to a Vec cannot fail");
+    }
+}
+
+/// Params of `$/cancel`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CancelParams {
+    /// The id of the request to cancel.
+    pub id: RequestId,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn writes_compact_messages() {
+        let mut out = Vec::new();
+        write_request(
+            &mut out,
+            &RequestId::num(-7),
+            "echo",
+            &raw(r#"{"text":"hi"}"#),
+        );
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"jsonrpc":"2.0","id":-7,"method":"echo","params":{"text":"hi"}}"#
+        );
+        out.clear();
+        write_error(&mut out, None, &RpcError::new(ErrorCode::ParseError, "bad"));
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"bad"}}"#
+        );
+        out.clear();
+        write_result(&mut out, &RequestId::str("a\"b"), &raw("1"));
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"jsonrpc":"2.0","id":"a\"b","result":1}"#
+        );
+    }
+
+    #[test]
+    fn classifies_each_kind() {
+        let m = Message::parse(br#"{"jsonrpc":"2.0","id":1,"method":"a","params":[1]}"#).unwrap();
+        assert!(
+            matches!(m, Message::Request { ref id, ref method, params: Some(p) } if *id == RequestId::num(1) && method == "a" && p.get() == "[1]")
+        );
+        let m = Message::parse(br#"{"jsonrpc":"2.0","method":"$/cancel","params":{"id":"x"}}"#)
+            .unwrap();
+        assert!(matches!(m, Message::Notification { ref method, .. } if method == "$/cancel"));
+        let m = Message::parse(br#"{"jsonrpc":"2.0","id":"x","result":null}"#).unwrap();
+        assert!(matches!(m, Message::Response { result: Ok(r), .. } if r.get() == "null"));
+        let m =
+            Message::parse(br#"{"jsonrpc":"2.0","id":2,"error":{"code":-32001,"message":"c"}}"#)
+                .unwrap();
+        assert!(
+            matches!(m, Message::Response { result: Err(ref e), .. } if e.is(ErrorCode::Cancelled))
+        );
+        // Escaped method names still parse (borrowing falls back to owning).
+        let m = Message::parse(br#"{"jsonrpc":"2.0","id":3,"method":"a\u002eb"}"#).unwrap();
+        assert!(matches!(m, Message::Request { ref method, params: None, .. } if method == "a.b"));
+    }
+
+    #[test]
+    fn bad_messages_are_values_with_the_right_reply() {
+        let e = Message::parse(b"{not json").unwrap_err();
+        assert!(matches!(e, MessageError::Parse(_)));
+        assert_eq!(e.reply().unwrap().1.code, -32700);
+
+        let e = Message::parse(br#"{"jsonrpc":"1.0","id":5,"method":"a"}"#).unwrap_err();
+        let (id, err) = e.reply().unwrap();
+        assert_eq!((id, err.code), (Some(RequestId::num(5)), -32600));
+
+        let e = Message::parse(br#"{"jsonrpc":"2.0","id":6,"method":7}"#).unwrap_err();
+        assert_eq!(e.reply().unwrap().0, Some(RequestId::num(6)));
+
+        let e = Message::parse(br#"[{"jsonrpc":"2.0","id":1,"method":"a"}]"#).unwrap_err();
+        assert!(e.to_string().contains("batches"), "{e}");
+
+        let e = Message::parse(br#"{"jsonrpc":"2.0","id":1.5,"method":"a"}"#).unwrap_err();
+        assert!(matches!(e, MessageError::Invalid { id: None, .. }));
+
+        let e =
+            Message::parse(br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#)
+                .unwrap_err();
+        assert!(matches!(e, MessageError::Orphan(_)));
+        assert!(
+            e.reply().is_none(),
+            "an error is never answered with an error"
+        );
+
+        let e = Message::parse(
+            br#"{"jsonrpc":"2.0","id":1,"result":1,"error":{"code":1,"message":"x"}}"#,
+        )
+        .unwrap_err();
+        assert!(matches!(e, MessageError::Invalid { .. }));
+    }
+}
