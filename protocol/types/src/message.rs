@@ -164,6 +164,14 @@ pub enum MessageError {
         id: Option<RequestId>,
         reason: String,
     },
+    /// Something shaped like a response (no `method`) that breaks the rules. It is never
+    /// answered — answering a response could confuse the peer's own pending calls — but the
+    /// call it names, if any, fails with `invalid_request`.
+    #[error("malformed response: {reason}")]
+    BadResponse {
+        id: Option<RequestId>,
+        reason: String,
+    },
     /// A response with a `null` id: the peer could not read one of our messages (usually a
     /// parse error); the error it sent is kept.
     #[error("the peer reported an error it could not tie to a request: {0}")]
@@ -182,8 +190,8 @@ impl MessageError {
                 id.clone(),
                 RpcError::new(ErrorCode::InvalidRequest, reason.clone()),
             )),
-            // Never answer an error with an error: two confused peers would loop.
-            MessageError::Orphan(_) => None,
+            // Never answer a response, nor an error with an error: two confused peers would loop.
+            MessageError::Orphan(_) | MessageError::BadResponse { .. } => None,
         }
     }
 }
@@ -261,12 +269,15 @@ impl<'a> Message<'a> {
                 result: Err(err),
             }),
             (None, None, None, Some(err)) => Err(MessageError::Orphan(err)),
-            (_, id, _, _) => Err(MessageError::Invalid {
-                id,
-                reason: "a message has either `method` (request, notification) or exactly one of \
-                         `result` and `error` (response)"
-                    .into(),
-            }),
+            (method, id, _, _) => {
+                let reason = "a message has either `method` (request, notification) or exactly \
+                              one of `result` and `error` (response)"
+                    .to_owned();
+                Err(match method {
+                    Some(_) => MessageError::Invalid { id, reason },
+                    None => MessageError::BadResponse { id, reason },
+                })
+            }
         }
     }
 }
@@ -439,6 +450,15 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":1,"result":1,"error":{"code":1,"message":"x"}}"#,
         )
         .unwrap_err();
-        assert!(matches!(e, MessageError::Invalid { .. }));
+        assert!(
+            matches!(e, MessageError::BadResponse { id: Some(_), .. }),
+            "{e:?}"
+        );
+        assert!(e.reply().is_none(), "a response is never answered");
+        let e = Message::parse(br#"{"jsonrpc":"2.0","id":1,"error":"oops"}"#).unwrap_err();
+        assert!(
+            matches!(e, MessageError::BadResponse { id: Some(_), .. }),
+            "{e:?}"
+        );
     }
 }

@@ -1,0 +1,268 @@
+//! Line framing for extension stdio.
+//!
+//! ```text
+//!   {"jsonrpc":"2.0","id":1,"method":"echo","params":{...}}\n
+//!   |<------------ at most max_len bytes of JSON ------------>|
+//!                                        optional "\r" before "\n" is stripped
+//! ```
+//!
+//! One frame is one JSON-RPC message terminated by `\n`. This module knows nothing of JSON-RPC;
+//! `session` gives frames meaning. Empty lines are skipped.
+//!
+//! Invariant: no frame exceeds `max_len`, and no oversized line is ever held in memory whole.
+//! As soon as a line is known to be too long, its bytes are dropped as they arrive; the frame
+//! reported for it ([`Frame::Oversized`]) carries only its first [`HEAD_BYTES`] bytes (so the
+//! session can try to read its id) and its length. Decoding resumes after its `\n`.
+//! [`FrameReader`] drives the codec with a buffer that never grows past
+//! `max_len + READ_CHUNK + 2` bytes, whatever the peer sends.
+
+use std::io;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio_util::codec::{Decoder, Encoder};
+
+/// How much of an oversized message is kept to look for its id.
+pub const HEAD_BYTES: usize = 4096;
+
+/// The least free space [`FrameReader`] offers each read.
+pub const READ_CHUNK: usize = 64 * 1024;
+
+/// A decoded frame.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// One message, without its terminator.
+    Message(BytesMut),
+    /// A line longer than the cap, discarded. `head` is its first bytes; `len` its full length
+    /// in bytes, not counting the terminator.
+    Oversized { head: Bytes, len: usize },
+    /// The stream ended in the middle of a line; the partial line (`len` bytes) is dropped.
+    Truncated { len: usize },
+}
+
+#[derive(Debug)]
+struct Discard {
+    head: Bytes,
+    len: usize,
+}
+
+/// Newline framing with a hard cap on the line length.
+#[derive(Debug)]
+pub struct FrameCodec {
+    max_len: usize,
+    /// Where the search for `\n` resumes in the buffer, so each byte is scanned once.
+    next_index: usize,
+    discarding: Option<Discard>,
+}
+
+impl FrameCodec {
+    /// A codec for lines of at most `max_len` bytes (terminator not counted).
+    pub fn new_with_max_len(max_len: usize) -> Self {
+        FrameCodec {
+            max_len,
+            next_index: 0,
+            discarding: None,
+        }
+    }
+
+    /// The cap.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    fn discard_all(&mut self, buf: &mut BytesMut) {
+        let len = buf.len();
+        match &mut self.discarding {
+            Some(d) => d.len += len,
+            None => {
+                let head = Bytes::copy_from_slice(&buf[..len.min(HEAD_BYTES)]);
+                self.discarding = Some(Discard { head, len });
+            }
+        }
+        buf.clear();
+        self.next_index = 0;
+    }
+}
+
+impl Decoder for FrameCodec {
+    type Item = Frame;
+    type Error = io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> io::Result<Option<Frame>> {
+        loop {
+            if let Some(d) = &mut self.discarding {
+                match memchr(b'\n', buf) {
+                    Some(i) => {
+                        // A `\r` right before the `\n` is part of the terminator.
+                        let body = if i > 0 && buf[i - 1] == b'\r' {
+                            i - 1
+                        } else {
+                            i
+                        };
+                        // (A `\r` that ended an earlier read was already counted: `len` is
+                        // then one more than the line's body, which only a log shows.)
+                        let (head, len) = (std::mem::take(&mut d.head), d.len + body);
+                        buf.advance(i + 1);
+                        self.discarding = None;
+                        self.next_index = 0;
+                        return Ok(Some(Frame::Oversized { head, len }));
+                    }
+                    None => {
+                        self.discard_all(buf);
+                        return Ok(None);
+                    }
+                }
+            }
+            match memchr(b'\n', &buf[self.next_index..]) {
+                Some(off) => {
+                    let end = self.next_index + off;
+                    self.next_index = 0;
+                    let mut line = buf.split_to(end + 1);
+                    line.truncate(end);
+                    if line.last() == Some(&b'\r') {
+                        line.truncate(end - 1);
+                    }
+                    if line.is_empty() {
+                        continue;
+                    }
+                    if line.len() > self.max_len {
+                        let head = Bytes::copy_from_slice(&line[..HEAD_BYTES.min(line.len())]);
+                        return Ok(Some(Frame::Oversized {
+                            head,
+                            len: line.len(),
+                        }));
+                    }
+                    return Ok(Some(Frame::Message(line)));
+                }
+                None => {
+                    // Without a `\n` yet: `max_len` bytes plus a possible `\r` may still be a
+                    // valid line; one byte more cannot be.
+                    let n = buf.len();
+                    let over =
+                        n > self.max_len + 1 || (n == self.max_len + 1 && buf[n - 1] != b'\r');
+                    if over {
+                        self.discard_all(buf);
+                    } else {
+                        self.next_index = n;
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> io::Result<Option<Frame>> {
+        if let Some(frame) = self.decode(buf)? {
+            return Ok(Some(frame));
+        }
+        let partial = buf.len() + self.discarding.take().map_or(0, |d| d.len);
+        buf.clear();
+        self.next_index = 0;
+        if partial == 0 {
+            Ok(None)
+        } else {
+            Ok(Some(Frame::Truncated { len: partial }))
+        }
+    }
+}
+
+impl Encoder<&[u8]> for FrameCodec {
+    type Error = io::Error;
+
+    /// Appends `msg` and its `\n`. Refuses a message over the cap or one that contains a
+    /// newline (compact JSON never does; a newline would split the message in two).
+    fn encode(&mut self, msg: &[u8], dst: &mut BytesMut) -> io::Result<()> {
+        check_outgoing(msg, self.max_len)?;
+        dst.reserve(msg.len() + 1);
+        dst.extend_from_slice(msg);
+        dst.extend_from_slice(b"\n");
+        Ok(())
+    }
+}
+
+/// The checks [`FrameCodec::encode`] makes, for writers that frame in place.
+pub fn check_outgoing(msg: &[u8], max_len: usize) -> io::Result<()> {
+    if msg.len() > max_len {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "message of {} bytes is over the {max_len}-byte cap",
+                msg.len()
+            ),
+        ));
+    }
+    if memchr(b'\n', msg).is_some() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "message contains a raw newline",
+        ));
+    }
+    Ok(())
+}
+
+use memchr::memchr;
+
+/// Reads frames from `R` with a buffer whose size is bounded by the cap, not by the peer.
+#[derive(Debug)]
+pub struct FrameReader<R> {
+    inner: R,
+    buf: BytesMut,
+    codec: FrameCodec,
+    eof: bool,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    /// A reader for lines of at most `max_len` bytes.
+    pub fn new(inner: R, max_len: usize) -> Self {
+        FrameReader {
+            inner,
+            buf: BytesMut::new(),
+            codec: FrameCodec::new_with_max_len(max_len),
+            eof: false,
+        }
+    }
+
+    /// The next frame; `None` at a clean end of stream. An I/O error ends the stream.
+    pub async fn next(&mut self) -> Option<io::Result<Frame>> {
+        loop {
+            if self.eof {
+                return self.codec.decode_eof(&mut self.buf).transpose();
+            }
+            match self.codec.decode(&mut self.buf) {
+                Ok(Some(frame)) => return Some(Ok(frame)),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+            self.make_room();
+            match self.inner.read_buf(&mut self.buf).await {
+                Ok(0) => self.eof = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// The buffer's current capacity (for tests of the memory bound).
+    pub fn buffer_capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// Make sure the next read has room, growing the buffer by doubling up to the bound and
+    /// never past it. `BytesMut::reserve` could double a buffer of `max_len` bytes; this copies
+    /// into one of exactly the size wanted instead.
+    fn make_room(&mut self) {
+        let len = self.buf.len();
+        if self.buf.capacity() - len >= READ_CHUNK.min(self.codec.max_len + 2) {
+            return;
+        }
+        let bound = self.codec.max_len + 2 + READ_CHUNK;
+        let want = (len * 2).max(len + READ_CHUNK).min(bound);
+        let mut grown = BytesMut::with_capacity(want);
+        grown.extend_from_slice(&self.buf);
+        self.buf = grown;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,191 @@
+//! Reading the id of a message we refused to buffer.
+//!
+//! An oversized message is discarded unread, but its first bytes are kept. If its top-level
+//! `"id"` is among them, the session can still answer it (`message_too_large`) or fail the
+//! call it answers. This is a scanner, not a parser: it walks the top-level object's keys,
+//! skipping values (nested objects, arrays, strings with escapes), and stops where the head ends.
+
+use conduit_protocol::RequestId;
+
+/// What the head of a message says about it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Peek {
+    pub(crate) id: Option<RequestId>,
+    pub(crate) has_method: bool,
+}
+
+pub(crate) fn peek(head: &[u8]) -> Peek {
+    let mut out = Peek::default();
+    let mut s = Scanner { b: head, i: 0 };
+    s.ws();
+    if !s.eat(b'{') {
+        return out;
+    }
+    loop {
+        s.ws();
+        let Some(key) = s.string() else { return out };
+        s.ws();
+        if !s.eat(b':') {
+            return out;
+        }
+        s.ws();
+        match key.as_slice() {
+            b"id" => match s.b.get(s.i) {
+                Some(b'"') => match s.string() {
+                    Some(v) => out.id = String::from_utf8(v).ok().map(RequestId::str),
+                    None => return out,
+                },
+                Some(_) => {
+                    let start = s.i;
+                    while s.i < s.b.len() && (s.b[s.i] == b'-' || s.b[s.i].is_ascii_digit()) {
+                        s.i += 1;
+                    }
+                    if s.i == s.b.len() {
+                        return out; // the number may go on past the head
+                    }
+                    out.id = std::str::from_utf8(&s.b[start..s.i])
+                        .ok()
+                        .and_then(|t| t.parse::<i64>().ok())
+                        .map(RequestId::num);
+                }
+                None => return out,
+            },
+            b"method" => {
+                out.has_method = true;
+                if !s.skip_value() {
+                    return out;
+                }
+            }
+            _ => {
+                if !s.skip_value() {
+                    return out;
+                }
+            }
+        }
+        s.ws();
+        if !s.eat(b',') {
+            return out;
+        }
+    }
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl Scanner<'_> {
+    fn ws(&mut self) {
+        while self.i < self.b.len() && matches!(self.b[self.i], b' ' | b'\t' | b'\r' | b'\n') {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        if self.b.get(self.i) == Some(&c) {
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A string's raw bytes (escapes kept as written, which is enough to compare keys and ids
+    /// without escapes). `None` if the head ends inside it.
+    fn string(&mut self) -> Option<Vec<u8>> {
+        if !self.eat(b'"') {
+            return None;
+        }
+        let start = self.i;
+        while self.i < self.b.len() {
+            match self.b[self.i] {
+                b'\\' => self.i += 2,
+                b'"' => {
+                    let v = self.b[start..self.i].to_vec();
+                    self.i += 1;
+                    return Some(v);
+                }
+                _ => self.i += 1,
+            }
+        }
+        None
+    }
+
+    /// Skip one value; false if the head ends inside it.
+    fn skip_value(&mut self) -> bool {
+        let mut depth = 0usize;
+        while self.i < self.b.len() {
+            match self.b[self.i] {
+                b'"' => {
+                    if self.string().is_none() {
+                        return false;
+                    }
+                    if depth == 0 {
+                        return true;
+                    }
+                    continue;
+                }
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => {
+                    if depth == 0 {
+                        return true; // end of the enclosing object: leave it for the caller
+                    }
+                    depth -= 1;
+                    if depth == 0 {
+                        self.i += 1;
+                        return true;
+                    }
+                }
+                b',' if depth == 0 => return true,
+                _ => {}
+            }
+            self.i += 1;
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_top_level_id_wherever_it_is() {
+        let p = peek(br#"{"jsonrpc":"2.0","id":42,"method":"x","params":{"a"#);
+        assert_eq!(
+            p,
+            Peek {
+                id: Some(RequestId::num(42)),
+                has_method: true
+            }
+        );
+        let p = peek(br#"{"params":{"id":1,"s":"}\"{"},"method":"m","id":"abc","x""#);
+        assert_eq!(
+            p,
+            Peek {
+                id: Some(RequestId::str("abc")),
+                has_method: true
+            }
+        );
+        let p = peek(br#"{"jsonrpc":"2.0","id":-3,"result":[1,2"#);
+        assert_eq!(
+            p,
+            Peek {
+                id: Some(RequestId::num(-3)),
+                has_method: false
+            }
+        );
+    }
+
+    #[test]
+    fn gives_up_quietly_when_the_id_is_cut_or_absent() {
+        assert_eq!(peek(br#"{"jsonrpc":"2.0","params":{"id":1,"#).id, None);
+        assert_eq!(
+            peek(br#"{"id":12"#).id,
+            None,
+            "the number may continue past the head"
+        );
+        assert_eq!(peek(b"garbage").id, None);
+        assert_eq!(peek(b"").id, None);
+    }
+}

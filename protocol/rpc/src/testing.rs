@@ -1,0 +1,69 @@
+//! A handler for tests and benchmarks of the session itself, and the `rpc-test-peer` binary
+//! that serves it over stdio.
+//!
+//! Methods: `echo` (answers its params), `hold` (waits until cancelled, counts the cancel it
+//! saw), `sleep` (`{"ms"}`), `callback` (calls the other side's `echo` with its params and
+//! answers with that), `stats` (`{"cancels_seen"}`), `big` (`{"bytes"}`: answers a string of
+//! that many bytes), `exit` (`{"code"}`: the process exits at once, without answering).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use conduit_protocol::RpcError;
+use serde_json::json;
+
+use crate::session::{BoxFuture, Handler, HandlerResult, Request, to_raw};
+
+/// See the module docs.
+#[derive(Clone, Debug, Default)]
+pub struct TestHandler {
+    cancels_seen: Arc<AtomicUsize>,
+}
+
+impl TestHandler {
+    /// How many `hold` requests saw their cancellation.
+    pub fn cancels_seen(&self) -> usize {
+        self.cancels_seen.load(Ordering::SeqCst)
+    }
+}
+
+impl Handler for TestHandler {
+    fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
+        let cancels = self.cancels_seen.clone();
+        Box::pin(async move {
+            match req.method.as_str() {
+                "echo" => Ok(req.params.unwrap_or_else(|| to_raw(&()).unwrap())),
+                "hold" => {
+                    req.cancel.cancelled().await;
+                    cancels.fetch_add(1, Ordering::SeqCst);
+                    Err(RpcError::cancelled())
+                }
+                "sleep" => {
+                    let p: serde_json::Value = req.params()?;
+                    let ms = p["ms"].as_u64().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    to_raw(&json!({ "slept_ms": ms }))
+                }
+                "callback" => {
+                    let p: serde_json::Value = req.params()?;
+                    req.peer
+                        .call("echo", &p, Some(Duration::from_secs(10)))
+                        .await
+                        .map_err(|e| e.to_rpc_error())
+                }
+                "stats" => to_raw(&json!({ "cancels_seen": cancels.load(Ordering::SeqCst) })),
+                "big" => {
+                    let p: serde_json::Value = req.params()?;
+                    let n = p["bytes"].as_u64().unwrap_or(0) as usize;
+                    to_raw(&"x".repeat(n))
+                }
+                "exit" => {
+                    let p: serde_json::Value = req.params()?;
+                    std::process::exit(p["code"].as_i64().unwrap_or(3) as i32);
+                }
+                other => Err(RpcError::method_not_found(other)),
+            }
+        })
+    }
+}

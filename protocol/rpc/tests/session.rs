@@ -1,0 +1,345 @@
+//! The session's behaviour, over an in-memory duplex and over real pipes to a real child
+//! process (`rpc-test-peer`). Every scenario runs on both.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use conduit_protocol::ErrorCode;
+use conduit_rpc::testing::TestHandler;
+use conduit_rpc::{CallError, CloseReason, Peer, Session, SessionConfig};
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+enum Other {
+    Memory(Session, #[allow(dead_code)] TestHandler),
+    Process(Child),
+}
+
+struct Pair {
+    host: Session,
+    other: Option<Other>,
+}
+
+impl Pair {
+    fn peer(&self) -> Peer {
+        self.host.peer()
+    }
+
+    /// End the other side abruptly: drop its session, or SIGKILL the child.
+    async fn kill_other(&mut self) {
+        match self.other.take() {
+            Some(Other::Memory(s, _)) => drop(s),
+            Some(Other::Process(mut c)) => {
+                c.start_kill().unwrap();
+                let _ = c.wait().await;
+            }
+            None => {}
+        }
+    }
+}
+
+fn host_config(test: &str) -> SessionConfig {
+    // A well-behaved session keeps at most 64 calls in flight, so it never meets the peer's
+    // overload rule; the overload test lifts that to reach it.
+    let max_outgoing = if test.contains("overloaded") {
+        2000
+    } else {
+        64
+    };
+    SessionConfig {
+        max_outgoing,
+        ..SessionConfig::named("test-peer")
+    }
+}
+
+fn memory(config: SessionConfig) -> Pair {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    let handler = TestHandler::default();
+    let other = Session::new(br, bw, handler.clone(), SessionConfig::named("host"));
+    let host = Session::new(ar, aw, TestHandler::default(), config);
+    Pair {
+        host,
+        other: Some(Other::Memory(other, handler)),
+    }
+}
+
+fn process(config: SessionConfig) -> Pair {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-test-peer"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn rpc-test-peer");
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let host = Session::new(stdout, stdin, TestHandler::default(), config);
+    Pair {
+        host,
+        other: Some(Other::Process(child)),
+    }
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod memory { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::memory(super::host_config(stringify!($name)))).await } )* }
+        mod process { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::process(super::host_config(stringify!($name)))).await } )* }
+    };
+}
+
+both!(
+    a_thousand_concurrent_calls_all_get_their_own_answer,
+    the_65th_request_is_refused_overloaded_while_64_are_held,
+    cancellation_reaches_the_handler_and_the_caller_gets_cancelled,
+    a_deadline_yields_deadline_exceeded_and_the_other_side_sees_cancel,
+    a_handler_can_call_back_while_its_request_is_pending,
+    the_peer_going_away_fails_every_pending_call_at_once,
+    unknown_methods_get_method_not_found,
+);
+
+async fn stats(peer: &Peer) -> Value {
+    peer.call("stats", &json!({}), Some(Duration::from_secs(5)))
+        .await
+        .unwrap()
+}
+
+async fn a_thousand_concurrent_calls_all_get_their_own_answer(pair: Pair) {
+    let peer = pair.peer();
+    let calls = (0..1000).map(|i| {
+        let peer = peer.clone();
+        async move {
+            let v: Value = peer
+                .call(
+                    "echo",
+                    &json!({ "n": i, "pad": "x".repeat(i % 97) }),
+                    Some(Duration::from_secs(20)),
+                )
+                .await?;
+            Ok::<_, CallError>((i, v))
+        }
+    });
+    for res in futures::future::join_all(calls).await {
+        let (i, v) = res.expect("call failed");
+        assert_eq!(v["n"], i);
+        assert_eq!(v["pad"].as_str().unwrap().len(), i % 97);
+    }
+}
+
+async fn the_65th_request_is_refused_overloaded_while_64_are_held(pair: Pair) {
+    let peer = pair.peer();
+    let held: Vec<_> = (0..64)
+        .map(|_| {
+            let peer = peer.clone();
+            // A hold that arrives while our probe below is being served is itself refused:
+            // send it again until all 64 are held.
+            tokio::spawn(async move {
+                loop {
+                    match peer.call::<_, Value>("hold", &json!({}), None).await {
+                        Err(e) if e.is(ErrorCode::Overloaded) => {
+                            tokio::time::sleep(Duration::from_millis(1)).await
+                        }
+                        other => return other,
+                    }
+                }
+            })
+        })
+        .collect();
+    // Once all 64 are being served, the next request is refused at once.
+    let start = Instant::now();
+
+    let err = loop {
+        match peer
+            .call::<_, Value>("echo", &json!(1), Some(Duration::from_secs(2)))
+            .await
+        {
+            Ok(_) => assert!(start.elapsed() < Duration::from_secs(5), "never refused"),
+            Err(e) => break e,
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(err.is(ErrorCode::Overloaded), "{err}");
+    assert!(ErrorCode::Overloaded.is_retryable());
+    // Free one slot: the next request is served again.
+    held[0].abort();
+    let start = Instant::now();
+    loop {
+        match peer
+            .call::<_, Value>("echo", &json!(2), Some(Duration::from_secs(2)))
+            .await
+        {
+            Ok(v) => break assert_eq!(v, json!(2)),
+            Err(e) if e.is(ErrorCode::Overloaded) && start.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    for h in held {
+        h.abort();
+    }
+}
+
+async fn cancellation_reaches_the_handler_and_the_caller_gets_cancelled(pair: Pair) {
+    let peer = pair.peer();
+    let token = CancellationToken::new();
+    let call = {
+        let (peer, token) = (peer.clone(), token.clone());
+        tokio::spawn(async move {
+            let params = serde_json::value::to_raw_value(&json!({})).unwrap();
+            peer.call_raw_cancellable("hold", &params, Some(Duration::from_secs(10)), Some(&token))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t = Instant::now();
+    token.cancel();
+    let err = call.await.unwrap().unwrap_err();
+    assert!(err.is(ErrorCode::Cancelled), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert_eq!(
+        stats(&peer).await["cancels_seen"],
+        1,
+        "the handler saw its cancellation"
+    );
+}
+
+async fn a_deadline_yields_deadline_exceeded_and_the_other_side_sees_cancel(pair: Pair) {
+    let peer = pair.peer();
+    let t = Instant::now();
+    let err = peer
+        .call::<_, Value>("hold", &json!({}), Some(Duration::from_millis(100)))
+        .await
+        .unwrap_err();
+    let took = t.elapsed();
+    assert!(matches!(err, CallError::DeadlineExceeded { .. }), "{err}");
+    assert!(err.is(ErrorCode::DeadlineExceeded));
+    assert!(
+        took >= Duration::from_millis(100) && took < Duration::from_secs(1),
+        "{took:?}"
+    );
+    let start = Instant::now();
+    while stats(&peer).await["cancels_seen"] != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the other side never saw $/cancel"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        peer.outgoing_in_flight(),
+        0,
+        "the timed-out call left the pending table"
+    );
+}
+
+async fn a_handler_can_call_back_while_its_request_is_pending(pair: Pair) {
+    let peer = pair.peer();
+    let v: Value = peer
+        .call(
+            "callback",
+            &json!({ "via": "host" }),
+            Some(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(v, json!({ "via": "host" }));
+    // Many at once, each holding a slot on both sides while its callback runs: no deadlock.
+    let calls = (0..200).map(|i| {
+        let peer = peer.clone();
+        async move {
+            peer.call::<_, Value>("callback", &json!(i), Some(Duration::from_secs(20)))
+                .await
+        }
+    });
+    for (i, r) in futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(r.unwrap(), json!(i));
+    }
+}
+
+async fn the_peer_going_away_fails_every_pending_call_at_once(mut pair: Pair) {
+    let peer = pair.peer();
+    let pending: Vec<_> = (0..10)
+        .map(|_| {
+            let peer = peer.clone();
+            tokio::spawn(async move {
+                peer.call::<_, Value>("hold", &json!({}), Some(Duration::from_secs(30)))
+                    .await
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    while peer.outgoing_in_flight() < 10 {
+        assert!(start.elapsed() < Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let t = Instant::now();
+    pair.kill_other().await;
+    for p in pending {
+        let err = p.await.unwrap().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CallError::Closed {
+                    reason: CloseReason::PeerClosed,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.is(ErrorCode::ExtensionExited));
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "took {:?}, far over what EOF needs",
+        t.elapsed()
+    );
+    assert_eq!(pair.host.wait().await, CloseReason::PeerClosed);
+    // A call after the end fails at once too.
+    let err = peer
+        .call::<_, Value>("echo", &json!(1), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CallError::Closed { .. }), "{err}");
+}
+
+async fn unknown_methods_get_method_not_found(pair: Pair) {
+    let err = pair
+        .peer()
+        .call::<_, Value>("no.such", &json!({}), None)
+        .await
+        .unwrap_err();
+    assert!(err.is(ErrorCode::MethodNotFound), "{err}");
+    assert!(err.to_string().contains("no.such"));
+}
+
+#[tokio::test]
+async fn graceful_close_lets_running_requests_finish_and_closes_the_write_half() {
+    let Pair { host, other } = memory(host_config("close"));
+    let Some(Other::Memory(ext, _)) = other else {
+        unreachable!()
+    };
+    // The extension side calls the host's `sleep`; the host closes with a grace long enough.
+    let ext_peer = ext.peer();
+    let call = tokio::spawn(async move {
+        ext_peer
+            .call::<_, Value>("sleep", &json!({ "ms": 50 }), None)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let reason = host.close(Duration::from_secs(2)).await;
+    assert_eq!(reason, CloseReason::Local);
+    assert_eq!(call.await.unwrap().unwrap(), json!({ "slept_ms": 50 }));
+    assert_eq!(
+        ext.wait().await,
+        CloseReason::PeerClosed,
+        "the other side sees EOF"
+    );
+}
