@@ -241,9 +241,10 @@ impl<'a> Message<'a> {
             },
         };
         if env.jsonrpc.as_deref() != Some("2.0") {
-            return Err(MessageError::Invalid {
-                id,
-                reason: "`jsonrpc` must be \"2.0\"".into(),
+            let reason = "`jsonrpc` must be \"2.0\"".to_owned();
+            return Err(match env.method {
+                Some(_) => MessageError::Invalid { id, reason },
+                None => MessageError::BadResponse { id, reason },
             });
         }
         match (env.method, id, env.result, env.error) {
@@ -283,22 +284,23 @@ impl<'a> Message<'a> {
 }
 
 fn invalid_shape(line: &[u8], e: serde_json::Error) -> MessageError {
-    // Valid JSON of the wrong shape: recover the id if the line is an object that has one.
-    let id = serde_json::from_slice::<IdOnly>(line)
-        .ok()
-        .and_then(|o| o.id);
+    // Valid JSON of the wrong shape. This is the error path, so reading the line again as a
+    // generic value to recover its id (and whether it was a request) costs nothing that matters.
     let reason = if line.first() == Some(&b'[') {
         "batches are not supported: send one message per line".to_owned()
     } else {
         format!("wrong shape: {e}")
     };
-    MessageError::Invalid { id, reason }
-}
-
-#[derive(Deserialize)]
-struct IdOnly {
-    #[serde(default)]
-    id: Option<RequestId>,
+    let Ok(serde_json::Value::Object(obj)) = serde_json::from_slice::<serde_json::Value>(line)
+    else {
+        return MessageError::Invalid { id: None, reason };
+    };
+    let id = obj.get("id").and_then(|v| RequestId::deserialize(v).ok());
+    if obj.contains_key("method") {
+        MessageError::Invalid { id, reason }
+    } else {
+        MessageError::BadResponse { id, reason }
+    }
 }
 
 /// Append a request to `out`.
