@@ -621,11 +621,12 @@ impl Session {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.handlers.wait()).await;
         self.finish_writes.cancel();
         if let Some(w) = self.writer.take() {
-            if tokio::time::timeout(grace.max(Duration::from_millis(100)), w)
-                .await
-                .is_err()
-            {
+            // A peer that stopped reading could hold the writer for ever: bound it, then end it.
+            let abort = w.abort_handle();
+            let wait = grace.max(Duration::from_millis(100));
+            if tokio::time::timeout(wait, w).await.is_err() {
                 tracing::debug!(peer = %self.peer.shared.name, "writer did not finish in time");
+                abort.abort();
             }
         }
         if let Some(r) = self.reader.take() {

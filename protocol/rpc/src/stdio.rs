@@ -32,11 +32,11 @@ pub enum Stdout {
 /// Open stdin and stdout for a session. Must be called inside a tokio runtime.
 pub fn stdio() -> (Stdin, Stdout) {
     let stdin = dup(io::stdin().as_fd())
-        .and_then(|fd| pipe::Receiver::from_owned_fd(fd))
+        .and_then(pipe::Receiver::from_owned_fd)
         .map(Stdin::Pipe)
         .unwrap_or_else(|_| Stdin::Other(tokio::io::stdin()));
     let stdout = dup(io::stdout().as_fd())
-        .and_then(|fd| pipe::Sender::from_owned_fd(fd))
+        .and_then(pipe::Sender::from_owned_fd)
         .map(Stdout::Pipe)
         .unwrap_or_else(|_| Stdout::Other(tokio::io::stdout()));
     (stdin, stdout)

@@ -1,0 +1,799 @@
+//! The supervisor: runs each enabled extension as a child process and keeps it running.
+//!
+//! One actor task per extension owns its child, its session and its stderr capture, and walks
+//! a small state machine:
+//!
+//! ```text
+//!            preflight fails                     handshake refused (version)
+//!   ┌──────── refused          starting ───────────────────────► incompatible
+//!   │                         │   ▲  │ ready within the start timeout
+//!   │                         │   │  ▼
+//!   │           spawn/handshake fails  ready ── exit, EOF ──► backing-off / crash-looping
+//!   │                         └──────────────────────────────────────┘ (after the delay)
+//!   └─ restart ─► starting     stop, shutdown ─► stopping ─► stopped
+//! ```
+//!
+//! Everything an operator sees ([`Status`]) is kept in one place and copied out on request;
+//! no lock is held across an await. Calls to an extension go through [`Extension::call_raw`],
+//! which fails at once when the extension is not ready and records per-method latency.
+//!
+//! Not here: where packages live on disk, HTTP, the database. The daemon gives the supervisor
+//! an [`ExtensionSpec`] per package and a [`CallbackHandlers`] factory for the callbacks.
+
+pub mod backoff;
+pub mod log;
+pub mod process;
+mod stats;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use conduit_protocol::calls::Empty;
+use conduit_protocol::handshake::{InitializeParams, InitializeResult};
+use conduit_protocol::{Capabilities, ErrorCode, PROTOCOL_VERSIONS, methods};
+use conduit_rpc::{
+    BoxFuture, CallError, Handler, HandlerResult, Peer, Request, Session, SessionConfig,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
+use tokio::process::Child;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::{Jitter, RestartPolicy, RestartTracker, RunFacts};
+use crate::log::{LogFile, Tail};
+use crate::process::{ChildCommand, ExitInfo};
+pub use crate::stats::MethodStats;
+
+/// Everything needed to run one extension.
+#[derive(Clone)]
+pub struct ExtensionSpec {
+    pub name: String,
+    pub version: String,
+    pub command: ChildCommand,
+    pub log_path: PathBuf,
+    pub start_timeout: Duration,
+    pub stop_grace: Duration,
+    pub policy: RestartPolicy,
+    /// Checked before every start (the daemon verifies the installed files); an error keeps the
+    /// extension `refused` until it is restarted.
+    pub preflight: Option<Arc<dyn Fn() -> Result<(), String> + Send + Sync>>,
+    pub host_version: String,
+}
+
+impl std::fmt::Debug for ExtensionSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtensionSpec")
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .field("command", &self.command)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExtensionSpec {
+    /// A spec with the default timeouts and policy.
+    pub fn new(
+        name: impl Into<String>,
+        version: impl Into<String>,
+        command: ChildCommand,
+        log_path: PathBuf,
+    ) -> Self {
+        ExtensionSpec {
+            name: name.into(),
+            version: version.into(),
+            command,
+            log_path,
+            start_timeout: Duration::from_secs(10),
+            stop_grace: conduit_protocol::SHUTDOWN_GRACE,
+            policy: RestartPolicy::default(),
+            preflight: None,
+            host_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+/// Builds the handler that serves one extension's callbacks (given its name).
+pub type CallbackHandlers = Arc<dyn Fn(&str) -> Arc<dyn Handler> + Send + Sync>;
+
+/// A factory for extensions that may not call back: every callback gets `method_not_found`.
+pub fn no_callbacks() -> CallbackHandlers {
+    Arc::new(|_| Arc::new(conduit_rpc::NoRequests) as Arc<dyn Handler>)
+}
+
+struct SharedHandler(Arc<dyn Handler>);
+
+impl Handler for SharedHandler {
+    fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
+        self.0.request(req)
+    }
+    fn notification(&self, method: &str, params: Option<&RawValue>, peer: &Peer) {
+        self.0.notification(method, params, peer)
+    }
+}
+
+/// What an operator sees of an extension's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    Starting,
+    Ready,
+    BackingOff,
+    CrashLooping,
+    Incompatible,
+    /// The installed files changed after install (or another preflight check failed).
+    Refused,
+    Stopping,
+    Stopped,
+    Disabled,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Ready => "ready",
+            State::BackingOff => "backing-off",
+            State::CrashLooping => "crash-looping",
+            State::Incompatible => "incompatible",
+            State::Refused => "refused",
+            State::Stopping => "stopping",
+            State::Stopped => "stopped",
+            State::Disabled => "disabled",
+        }
+    }
+}
+
+impl std::fmt::Display for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A snapshot of one extension.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct Status {
+    pub name: String,
+    pub version: String,
+    pub state: State,
+    pub pid: Option<u32>,
+    pub restarts: u32,
+    pub last_exit: Option<ExitInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the next start is due (unix ms), while backing off.
+    pub next_start_at_ms: Option<i64>,
+    pub ready_since_ms: Option<i64>,
+    pub protocol_version: Option<u32>,
+    pub capabilities: Option<Capabilities>,
+    pub stderr_tail: Vec<String>,
+    pub calls: BTreeMap<String, MethodStats>,
+}
+
+/// Why a call to an extension failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExtCallError {
+    #[error("extension `{ext}` is not running (it is {state}); see `conduit ext status {ext}`")]
+    NotRunning { ext: String, state: State },
+    #[error("extension `{ext}`: {source}")]
+    Call { ext: String, source: CallError },
+}
+
+impl ExtCallError {
+    /// The error code it is reported as.
+    pub fn code(&self) -> i32 {
+        match self {
+            ExtCallError::NotRunning { .. } => ErrorCode::ExtensionExited.number(),
+            ExtCallError::Call { source, .. } => source.code(),
+        }
+    }
+
+    pub fn is(&self, code: ErrorCode) -> bool {
+        self.code() == code.number()
+    }
+}
+
+enum Cmd {
+    Restart,
+    Stop,
+}
+
+struct Core {
+    status: Status,
+}
+
+struct Inner {
+    name: String,
+    core: Mutex<Core>,
+    peer: watch::Sender<Option<Peer>>,
+    stats: stats::Stats,
+    tail: Mutex<Tail>,
+    cmds: mpsc::UnboundedSender<Cmd>,
+    /// Sends every state change, for waiters (tests, the CLI's "wait until ready").
+    changes: watch::Sender<State>,
+}
+
+/// A handle on one supervised extension. Cheap to clone.
+#[derive(Clone)]
+pub struct Extension {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Extension {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extension")
+            .field("name", &self.inner.name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Extension {
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// A snapshot of the status.
+    pub fn status(&self) -> Status {
+        let mut s = self
+            .inner
+            .core
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .status
+            .clone();
+        s.stderr_tail = self
+            .inner
+            .tail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .lines();
+        s.calls = self.inner.stats.snapshot();
+        s
+    }
+
+    pub fn state(&self) -> State {
+        *self.inner.changes.borrow()
+    }
+
+    /// Wait until `pred(state)` holds, at most `timeout`. Returns the last state seen.
+    pub async fn wait_for(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(State) -> bool,
+    ) -> Result<State, State> {
+        let mut rx = self.inner.changes.subscribe();
+        let res = tokio::time::timeout(timeout, rx.wait_for(|s| pred(*s))).await;
+        match res {
+            Ok(Ok(s)) => Ok(*s),
+            _ => Err(self.state()),
+        }
+    }
+
+    /// The session's peer while the extension is ready.
+    pub fn peer(&self) -> Option<Peer> {
+        self.inner.peer.borrow().clone()
+    }
+
+    /// Call `method`; fails at once if the extension is not ready. Latency is recorded per method.
+    pub async fn call_raw(
+        &self,
+        method: &str,
+        params: &RawValue,
+        deadline: Option<Duration>,
+    ) -> Result<Box<RawValue>, ExtCallError> {
+        let Some(peer) = self.peer() else {
+            return Err(ExtCallError::NotRunning {
+                ext: self.inner.name.clone(),
+                state: self.state(),
+            });
+        };
+        let t = Instant::now();
+        let res = peer.call_raw(method, params, deadline).await;
+        self.inner.stats.record(method, t.elapsed(), res.is_ok());
+        res.map_err(|source| ExtCallError::Call {
+            ext: self.inner.name.clone(),
+            source,
+        })
+    }
+
+    /// Typed [`Extension::call_raw`].
+    pub async fn call<P: Serialize + ?Sized, R: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: &P,
+        deadline: Option<Duration>,
+    ) -> Result<R, ExtCallError> {
+        let ext = || self.inner.name.clone();
+        let bad = |detail: String| ExtCallError::Call {
+            ext: ext(),
+            source: CallError::BadResult {
+                method: method.into(),
+                detail,
+            },
+        };
+        let params = serde_json::value::to_raw_value(params)
+            .map_err(|e| bad(format!("params do not serialize: {e}")))?;
+        let raw = self.call_raw(method, &params, deadline).await?;
+        serde_json::from_str(raw.get()).map_err(|e| bad(e.to_string()))
+    }
+
+    /// Ask the actor to restart the extension now (also from `backing-off`, `crash-looping`,
+    /// `incompatible` or `refused`); resets the failure count.
+    pub fn restart(&self) {
+        let _ = self.inner.cmds.send(Cmd::Restart);
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Status)) {
+        let state = {
+            let mut core = self.inner.core.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut core.status);
+            core.status.state
+        };
+        self.inner.changes.send_replace(state);
+    }
+}
+
+struct Running {
+    ext: Extension,
+    task: JoinHandle<()>,
+}
+
+/// All supervised extensions.
+pub struct Supervisor {
+    running: Mutex<HashMap<String, Running>>,
+    handlers: CallbackHandlers,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervisor").finish_non_exhaustive()
+    }
+}
+
+impl Supervisor {
+    pub fn new(handlers: CallbackHandlers) -> Self {
+        Supervisor {
+            running: Mutex::new(HashMap::new()),
+            handlers,
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Start supervising `spec`. An extension of the same name is stopped first.
+    pub async fn start(&self, spec: ExtensionSpec) -> Extension {
+        self.stop(&spec.name).await;
+        let (cmds, cmd_rx) = mpsc::unbounded_channel();
+        let status = Status {
+            name: spec.name.clone(),
+            version: spec.version.clone(),
+            state: State::Starting,
+            pid: None,
+            restarts: 0,
+            last_exit: None,
+            last_error: None,
+            next_start_at_ms: None,
+            ready_since_ms: None,
+            protocol_version: None,
+            capabilities: None,
+            stderr_tail: Vec::new(),
+            calls: BTreeMap::new(),
+        };
+        let ext = Extension {
+            inner: Arc::new(Inner {
+                name: spec.name.clone(),
+                core: Mutex::new(Core { status }),
+                peer: watch::Sender::new(None),
+                stats: stats::Stats::default(),
+                tail: Mutex::new(Tail::default()),
+                cmds,
+                changes: watch::Sender::new(State::Starting),
+            }),
+        };
+        let handler = (self.handlers)(&spec.name);
+        let task = tokio::spawn(actor(
+            ext.clone(),
+            spec.clone(),
+            handler,
+            cmd_rx,
+            self.shutdown.child_token(),
+        ));
+        self.lock().insert(
+            spec.name.clone(),
+            Running {
+                ext: ext.clone(),
+                task,
+            },
+        );
+        ext
+    }
+
+    /// Stop an extension gracefully and forget it. Does nothing if it is not supervised.
+    pub async fn stop(&self, name: &str) {
+        let running = self.lock().remove(name);
+        if let Some(r) = running {
+            let _ = r.ext.inner.cmds.send(Cmd::Stop);
+            let _ = r.task.await;
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Extension> {
+        self.lock().get(name).map(|r| r.ext.clone())
+    }
+
+    /// Every supervised extension, by name.
+    pub fn list(&self) -> Vec<Extension> {
+        let mut v: Vec<Extension> = self.lock().values().map(|r| r.ext.clone()).collect();
+        v.sort_by(|a, b| a.name().cmp(b.name()));
+        v
+    }
+
+    /// Stop every extension gracefully, all at once, and wait for them.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        let all: Vec<Running> = self.lock().drain().map(|(_, r)| r).collect();
+        for r in all {
+            let _ = r.task.await;
+        }
+    }
+}
+
+/// One run of the child: what the actor owns while it is alive.
+struct Run {
+    child: Child,
+    pgid: u32,
+    session: Session,
+    stderr: JoinHandle<()>,
+}
+
+enum Outcome {
+    /// Died or failed to start; restart after a delay.
+    Failed {
+        ready_at: Option<Instant>,
+        error: Option<String>,
+    },
+    /// Refused the handshake's versions; wait for an operator.
+    Incompatible(String),
+    /// An operator asked for a restart; start again at once.
+    Restart,
+    /// Stop for good.
+    Stop,
+}
+
+async fn actor(
+    ext: Extension,
+    spec: ExtensionSpec,
+    handler: Arc<dyn Handler>,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    shutdown: CancellationToken,
+) {
+    let mut tracker = RestartTracker::default();
+    let mut jitter = Jitter::default();
+    let log = LogFile::new(&spec.log_path);
+    loop {
+        if let Some(Err(e)) = spec.preflight.as_ref().map(|check| check()) {
+            tracing::error!(extension = %spec.name, error = %e, "refusing to start");
+            ext.update(|s| {
+                s.state = State::Refused;
+                s.last_error = Some(e);
+                s.pid = None;
+            });
+            match wait_for_operator(&mut cmds, &shutdown).await {
+                Cmd::Restart => continue,
+                Cmd::Stop => break,
+            }
+        }
+        let outcome = run_once(&ext, &spec, &handler, &log, &mut cmds, &shutdown).await;
+        ext.inner.peer.send_replace(None);
+        match outcome {
+            Outcome::Stop => break,
+            Outcome::Restart => {
+                spec.policy.reset(&mut tracker);
+                continue;
+            }
+            Outcome::Incompatible(msg) => {
+                ext.update(|s| {
+                    s.state = State::Incompatible;
+                    s.last_error = Some(msg);
+                    s.pid = None;
+                });
+                match wait_for_operator(&mut cmds, &shutdown).await {
+                    Cmd::Restart => continue,
+                    Cmd::Stop => break,
+                }
+            }
+            Outcome::Failed { ready_at, error } => {
+                let decision = spec.policy.on_failure(
+                    &mut tracker,
+                    RunFacts {
+                        ready_at,
+                        died_at: Instant::now(),
+                    },
+                    jitter.unit(),
+                );
+                let state = if decision.crash_looping {
+                    State::CrashLooping
+                } else {
+                    State::BackingOff
+                };
+                tracing::warn!(extension = %spec.name, delay = ?decision.delay, failures = decision.failures, %state, error = ?error, "extension failed; restarting after a delay");
+                ext.update(|s| {
+                    s.state = state;
+                    s.pid = None;
+                    s.restarts += 1;
+                    s.ready_since_ms = None;
+                    if error.is_some() {
+                        s.last_error = error;
+                    }
+                    s.next_start_at_ms = Some(now_ms() + decision.delay.as_millis() as i64);
+                });
+                tokio::select! {
+                    () = tokio::time::sleep(decision.delay) => {}
+                    cmd = cmds.recv() => match cmd {
+                        Some(Cmd::Restart) => spec.policy.reset(&mut tracker),
+                        Some(Cmd::Stop) | None => break,
+                    },
+                    () = shutdown.cancelled() => break,
+                }
+                ext.update(|s| s.next_start_at_ms = None);
+            }
+        }
+    }
+    ext.update(|s| {
+        s.state = State::Stopped;
+        s.pid = None;
+        s.next_start_at_ms = None;
+    });
+}
+
+async fn wait_for_operator(
+    cmds: &mut mpsc::UnboundedReceiver<Cmd>,
+    shutdown: &CancellationToken,
+) -> Cmd {
+    tokio::select! {
+        cmd = cmds.recv() => cmd.unwrap_or(Cmd::Stop),
+        () = shutdown.cancelled() => Cmd::Stop,
+    }
+}
+
+async fn run_once(
+    ext: &Extension,
+    spec: &ExtensionSpec,
+    handler: &Arc<dyn Handler>,
+    log: &LogFile,
+    cmds: &mut mpsc::UnboundedReceiver<Cmd>,
+    shutdown: &CancellationToken,
+) -> Outcome {
+    ext.update(|s| {
+        s.state = State::Starting;
+        s.pid = None;
+    });
+    let mut child = match process::spawn(&spec.command) {
+        Ok(c) => c,
+        Err(e) => {
+            let error = format!("cannot start `{}`: {e}", spec.command.program.display());
+            return Outcome::Failed {
+                ready_at: None,
+                error: Some(error),
+            };
+        }
+    };
+    let pid = child.id().unwrap_or(0);
+    let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+    let (Some(stdin), Some(stdout), Some(stderr)) = (stdin, stdout, stderr) else {
+        unreachable!("all three are piped in process::spawn");
+    };
+    let tail = Tail::default();
+    *ext.inner.tail.lock().unwrap_or_else(|p| p.into_inner()) = tail.clone();
+    let stderr_log = LogFile::new(log.path());
+    let stderr = tokio::spawn(async move { stderr_log.capture(stderr, tail).await });
+    let session = Session::new(
+        stdout,
+        stdin,
+        SharedHandler(handler.clone()),
+        SessionConfig::named(&spec.name),
+    );
+    let mut run = Run {
+        child,
+        pgid: pid,
+        session,
+        stderr,
+    };
+    ext.update(|s| s.pid = Some(pid));
+
+    // The handshake, bounded by the start timeout; the child dying meanwhile ends it early.
+    let peer = run.session.peer();
+    let init = InitializeParams::current(&spec.host_version);
+    let handshake = tokio::select! {
+        r = tokio::time::timeout(spec.start_timeout, peer.call::<_, InitializeResult>(methods::host::INITIALIZE, &init, None)) => r,
+        status = run.child.wait() => {
+            let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
+            return finish_failed(ext, run, exit, None, "exited during the handshake".into()).await;
+        }
+        () = shutdown.cancelled() => { stop_run(ext, run, spec.stop_grace).await; return Outcome::Stop; }
+    };
+    let result = match handshake {
+        Err(_) => {
+            let msg = format!("no answer to `initialize` within {:?}", spec.start_timeout);
+            kill_run(&mut run).await;
+            return finish_failed(ext, run, None, None, msg).await;
+        }
+        Ok(Err(e)) if e.is(ErrorCode::VersionMismatch) => {
+            let data = match &e {
+                CallError::Rpc { error, .. } => error.data.as_ref().map(|d| d.get().to_owned()),
+                _ => None,
+            };
+            let msg = format!(
+                "the extension speaks none of this host's protocol versions {PROTOCOL_VERSIONS:?}: {} (data: {})",
+                e,
+                data.as_deref().unwrap_or("none")
+            );
+            stop_run(ext, run, spec.stop_grace).await;
+            return Outcome::Incompatible(msg);
+        }
+        Ok(Err(e)) => {
+            let msg = format!("handshake failed: {e}");
+            kill_run(&mut run).await;
+            return finish_failed(ext, run, None, None, msg).await;
+        }
+        Ok(Ok(r)) => r,
+    };
+    if !PROTOCOL_VERSIONS.contains(&result.protocol_version) {
+        let msg = format!(
+            "the extension chose protocol version {}, which this host does not speak (it speaks {PROTOCOL_VERSIONS:?})",
+            result.protocol_version
+        );
+        stop_run(ext, run, spec.stop_grace).await;
+        return Outcome::Incompatible(msg);
+    }
+
+    let ready_at = Instant::now();
+    tracing::info!(extension = %spec.name, pid, version = %result.extension.version, "extension ready");
+    // The peer first: whoever sees `ready` can call at once.
+    ext.inner.peer.send_replace(Some(peer));
+    ext.update(|s| {
+        s.state = State::Ready;
+        s.ready_since_ms = Some(now_ms());
+        s.protocol_version = Some(result.protocol_version);
+        s.capabilities = Some(result.capabilities.clone());
+        s.last_error = None;
+    });
+
+    // Crash detection: stdout EOF or child exit, whichever comes first.
+    tokio::select! {
+        status = run.child.wait() => {
+            let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
+            finish_failed(ext, run, exit, Some(ready_at), String::new()).await
+        }
+        reason = run.session.wait() => {
+            ext.inner.peer.send_replace(None);
+            // The child closed stdout (or it broke) but may still be alive: end it.
+            kill_run(&mut run).await;
+            let exit = run.child.try_wait().ok().flatten().map(|st| ExitInfo::from_status(st, now_ms()));
+            let msg = if exit.is_some() { String::new() } else { format!("the session ended ({reason}); the process was killed") };
+            finish_failed(ext, run, exit, Some(ready_at), msg).await
+        }
+        cmd = cmds.recv() => {
+            ext.inner.peer.send_replace(None);
+            stop_run(ext, run, spec.stop_grace).await;
+            match cmd { Some(Cmd::Restart) => Outcome::Restart, Some(Cmd::Stop) | None => Outcome::Stop }
+        }
+        () = shutdown.cancelled() => {
+            ext.inner.peer.send_replace(None);
+            stop_run(ext, run, spec.stop_grace).await;
+            Outcome::Stop
+        }
+    }
+}
+
+/// Record a failed run. Dropping the session fails every pending call at once.
+async fn finish_failed(
+    ext: &Extension,
+    mut run: Run,
+    exit: Option<ExitInfo>,
+    ready_at: Option<Instant>,
+    error: String,
+) -> Outcome {
+    ext.inner.peer.send_replace(None);
+    let exit = match exit {
+        Some(e) => Some(e),
+        None => {
+            kill_run(&mut run).await;
+            run.child
+                .try_wait()
+                .ok()
+                .flatten()
+                .map(|st| ExitInfo::from_status(st, now_ms()))
+        }
+    };
+    drop(run.session);
+    // Grandchildren may still hold the group; sweep it.
+    process::kill_group_and_wait(run.pgid, Duration::from_secs(1)).await;
+    finish_stderr(run.stderr).await;
+    if let Some(e) = exit {
+        ext.update(|s| s.last_exit = Some(e));
+    }
+    let error = match (error.is_empty(), exit) {
+        (true, Some(e)) => Some(format!("the extension died ({e})")),
+        (true, None) => None,
+        (false, Some(e)) => Some(format!("{error} ({e})")),
+        (false, None) => Some(error),
+    };
+    Outcome::Failed { ready_at, error }
+}
+
+/// SIGKILL the group and reap the child (bounded).
+async fn kill_run(run: &mut Run) {
+    let _ = process::signal_group(run.pgid, nix::sys::signal::Signal::SIGKILL);
+    let _ = run.child.start_kill();
+    let _ = tokio::time::timeout(Duration::from_secs(2), run.child.wait()).await;
+}
+
+async fn finish_stderr(task: JoinHandle<()>) {
+    // The copy ends when every holder of the pipe is gone; after the group is killed that is
+    // at once, but never wait on it for long.
+    let abort = task.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .is_err()
+    {
+        abort.abort();
+    }
+}
+
+/// The graceful stop: `shutdown` request → close stdin → SIGTERM to the group → SIGKILL, each
+/// step bounded; the whole group is swept at the end so that no grandchild outlives it.
+async fn stop_run(ext: &Extension, mut run: Run, grace: Duration) {
+    use nix::sys::signal::Signal;
+    ext.update(|s| s.state = State::Stopping);
+    let deadline = Instant::now() + grace;
+    let peer = run.session.peer();
+    if !peer.is_closed() {
+        let _ = peer
+            .call::<_, Empty>(methods::host::SHUTDOWN, &Empty {}, Some(grace))
+            .await;
+    }
+    run.session.close(Duration::from_millis(100)).await;
+    let left = deadline.saturating_duration_since(Instant::now());
+    let mut status = tokio::time::timeout(left, run.child.wait())
+        .await
+        .ok()
+        .and_then(Result::ok);
+    if status.is_none() {
+        tracing::warn!(extension = %ext.name(), "did not exit after shutdown; sending SIGTERM");
+        let _ = process::signal_group(run.pgid, Signal::SIGTERM);
+        status = tokio::time::timeout(Duration::from_secs(2), run.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok);
+    }
+    if status.is_none() {
+        tracing::warn!(extension = %ext.name(), "did not exit after SIGTERM; sending SIGKILL");
+        let _ = process::signal_group(run.pgid, Signal::SIGKILL);
+        status = tokio::time::timeout(Duration::from_secs(2), run.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok);
+    }
+    process::kill_group_and_wait(run.pgid, Duration::from_secs(1)).await;
+    finish_stderr(run.stderr).await;
+    if let Some(st) = status {
+        ext.update(|s| s.last_exit = Some(ExitInfo::from_status(st, now_ms())));
+    }
+}

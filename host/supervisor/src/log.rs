@@ -1,0 +1,204 @@
+//! An extension's stderr: copied to a log file capped at 1 MiB (rotated once, so at most two
+//! files of 1 MiB each exist), with the last lines kept in memory for the status.
+//!
+//! Invariant: whatever the child writes, memory stays bounded (one read buffer plus at most
+//! `TAIL_LINES` lines of at most `TAIL_LINE_BYTES` each) and the log stays within its cap.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// Lines kept for the status.
+pub const TAIL_LINES: usize = 20;
+/// A kept line longer than this is cut (the log file keeps it whole).
+pub const TAIL_LINE_BYTES: usize = 1024;
+/// The log file's cap.
+pub const LOG_CAP_BYTES: u64 = 1024 * 1024;
+
+/// The last lines of stderr, shared with the status.
+#[derive(Clone, Debug, Default)]
+pub struct Tail(Arc<Mutex<TailInner>>);
+
+#[derive(Debug, Default)]
+struct TailInner {
+    lines: VecDeque<String>,
+    partial: Vec<u8>,
+}
+
+impl Tail {
+    /// The kept lines, oldest first (a partial last line included).
+    pub fn lines(&self) -> Vec<String> {
+        let t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<String> = t.lines.iter().cloned().collect();
+        if !t.partial.is_empty() {
+            v.push(String::from_utf8_lossy(&t.partial).into_owned());
+        }
+        v
+    }
+
+    fn push_bytes(&self, bytes: &[u8]) {
+        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for &b in bytes {
+            if b == b'\n' {
+                let line = String::from_utf8_lossy(&t.partial).into_owned();
+                t.partial.clear();
+                if t.lines.len() == TAIL_LINES {
+                    t.lines.pop_front();
+                }
+                t.lines.push_back(line);
+            } else if t.partial.len() < TAIL_LINE_BYTES {
+                t.partial.push(b);
+            }
+        }
+    }
+}
+
+/// The log file of one extension.
+#[derive(Debug)]
+pub struct LogFile {
+    path: PathBuf,
+    cap: u64,
+}
+
+impl LogFile {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        LogFile {
+            path: path.into(),
+            cap: LOG_CAP_BYTES,
+        }
+    }
+
+    /// A log with another cap (tests).
+    pub fn with_cap(path: impl Into<PathBuf>, cap: u64) -> Self {
+        LogFile {
+            path: path.into(),
+            cap,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The rotated file (`<name>.log.1`).
+    pub fn rotated_path(&self) -> PathBuf {
+        let mut p = self.path.clone().into_os_string();
+        p.push(".1");
+        p.into()
+    }
+
+    /// Copy `stderr` into the log and the tail until it ends. Errors writing the log are
+    /// logged once and the copy goes on into the tail only: a full disk must not stall the
+    /// child (a child blocked on a full stderr pipe would stop answering).
+    pub async fn capture<R: AsyncRead + Unpin>(&self, mut stderr: R, tail: Tail) {
+        let mut file = self.open_append().await.ok();
+        let mut written = match &file {
+            Some(_) => tokio::fs::metadata(&self.path)
+                .await
+                .map(|m| m.len())
+                .unwrap_or(0),
+            None => 0,
+        };
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match stderr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            tail.push_bytes(&buf[..n]);
+            let mut chunk = &buf[..n];
+            while !chunk.is_empty() {
+                let Some(f) = file.as_mut() else { break };
+                if written >= self.cap {
+                    drop(file.take());
+                    file = self.rotate().await;
+                    written = 0;
+                    continue;
+                }
+                let room = (self.cap - written) as usize;
+                let k = room.min(chunk.len());
+                if let Err(e) = f.write_all(&chunk[..k]).await {
+                    tracing::warn!(path = %self.path.display(), error = %e, "cannot write the extension log; keeping only the last lines in memory");
+                    file = None;
+                    break;
+                }
+                written += k as u64;
+                chunk = &chunk[k..];
+            }
+        }
+        if let Some(mut f) = file {
+            let _ = f.flush().await;
+        }
+    }
+
+    async fn open_append(&self) -> std::io::Result<tokio::fs::File> {
+        if let Some(dir) = self.path.parent() {
+            tokio::fs::create_dir_all(dir).await?;
+        }
+        tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .await
+    }
+
+    async fn rotate(&self) -> Option<tokio::fs::File> {
+        let _ = tokio::fs::rename(&self.path, self.rotated_path()).await;
+        self.open_append().await.ok()
+    }
+
+    /// The last `n` lines of the log (rotated file included when needed), for `conduit ext logs`.
+    pub fn last_lines(&self, n: usize) -> std::io::Result<Vec<String>> {
+        let mut text = std::fs::read(self.rotated_path()).unwrap_or_default();
+        match std::fs::read(&self.path) {
+            Ok(b) => text.extend_from_slice(&b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !text.is_empty() => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        }
+        let text = String::from_utf8_lossy(&text);
+        let lines: Vec<&str> = text.lines().collect();
+        Ok(lines[lines.len().saturating_sub(n)..]
+            .iter()
+            .map(|s| s.to_string())
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn ten_mib_of_stderr_stays_within_the_cap_and_the_tail_keeps_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = LogFile::new(dir.path().join("x.log"));
+        let mut input = Vec::new();
+        let mut i = 0;
+        while input.len() < 10 * 1024 * 1024 {
+            input.extend_from_slice(format!("line {i} {}\n", "z".repeat(100)).as_bytes());
+            i += 1;
+        }
+        input.extend_from_slice(&vec![b'q'; 5000]); // a last, long, unterminated line
+        let tail = Tail::default();
+        log.capture(&input[..], tail.clone()).await;
+        let main = std::fs::metadata(log.path()).unwrap().len();
+        let rotated = std::fs::metadata(log.rotated_path()).unwrap().len();
+        assert!(
+            main <= LOG_CAP_BYTES && rotated <= LOG_CAP_BYTES,
+            "{main} {rotated}"
+        );
+        let lines = tail.lines();
+        assert_eq!(lines.len(), TAIL_LINES + 1);
+        assert!(lines[TAIL_LINES - 1].starts_with(&format!("line {} ", i - 1)));
+        assert_eq!(
+            lines[TAIL_LINES].len(),
+            TAIL_LINE_BYTES,
+            "a long line is cut in the tail"
+        );
+        let last = log.last_lines(3).unwrap();
+        assert_eq!(last.len(), 3);
+    }
+}

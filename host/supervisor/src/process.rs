@@ -1,0 +1,221 @@
+//! Spawning an extension process in isolation, and stopping its whole process group.
+//!
+//! Each child gets: its own process group (so a stop reaches its grandchildren), the package
+//! folder as working directory, an environment built from an allow-list plus `CONDUIT_*`
+//! variables (nothing else of the daemon's leaks in), no file descriptors beyond stdin, stdout
+//! and stderr, and on Linux a parent-death signal (SIGKILL) so that a daemon killed with
+//! SIGKILL leaves no orphans.
+//!
+//! The parent-death signal fires when the *thread* that forked the child exits, not the
+//! process. Children must therefore be spawned from long-lived threads — the runtime's workers
+//! — and never from `spawn_blocking`, whose threads exit when idle.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+/// Variables passed through from the daemon's environment when set. Everything else is
+/// dropped; the package gets `CONDUIT_*` variables of its own on top.
+pub const ENV_ALLOW_LIST: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+];
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct ChildCommand {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub cwd: PathBuf,
+    /// Extra variables (the `CONDUIT_*` ones); set after the allow-list.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+/// The environment a child gets: the allow-listed part of ours, then `extra`.
+pub fn child_env(
+    lookup: impl Fn(&str) -> Option<OsString>,
+    extra: &[(OsString, OsString)],
+) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = ENV_ALLOW_LIST
+        .iter()
+        .filter_map(|k| lookup(k).map(|v| (OsString::from(*k), v)))
+        .collect();
+    env.extend(extra.iter().cloned());
+    env
+}
+
+/// Spawn `cmd` with piped stdio, in its own process group, isolated as the module docs say.
+pub fn spawn(cmd: &ChildCommand) -> io::Result<Child> {
+    let mut c = Command::new(&cmd.program);
+    c.args(&cmd.args)
+        .current_dir(&cmd.cwd)
+        .env_clear()
+        .envs(child_env(|k| std::env::var_os(k), &cmd.env))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the child between fork and exec and only makes
+    // async-signal-safe system calls (prctl, getppid, close_range/fcntl); it allocates nothing.
+    unsafe {
+        c.pre_exec(move || {
+            #[cfg(target_os = "linux")]
+            {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+                // The daemon may have died between fork and prctl: then nobody would kill us.
+                if nix::unistd::getppid() != parent {
+                    return Err(io::Error::other(
+                        "the daemon exited while starting this extension",
+                    ));
+                }
+            }
+            #[cfg(not(target_os = "linux"))]
+            let _ = parent;
+            mark_inherited_fds_cloexec();
+            Ok(())
+        });
+    }
+    c.spawn()
+}
+
+/// Make every descriptor above stderr close on exec. Closing them here instead would also
+/// close the pipe the standard library uses to report a failed exec back to the parent.
+fn mark_inherited_fds_cloexec() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: a plain system call with constant arguments.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            )
+        };
+        if r == 0 {
+            return;
+        }
+    }
+    // Older kernels and other Unixes: walk a bounded range.
+    for fd in 3..4096 {
+        // SAFETY: fcntl on a descriptor that may not exist fails harmlessly with EBADF.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+}
+
+/// Send `sig` to the whole group led by `pgid`. A group that no longer exists is not an error.
+pub fn signal_group(pgid: u32, sig: Signal) -> io::Result<()> {
+    match killpg(Pid::from_raw(pgid as i32), sig) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// Whether any process of the group is still alive. A killed grandchild stays a zombie until
+/// its new parent reaps it; a zombie runs nothing and holds nothing open, so it does not count.
+pub fn group_alive(pgid: u32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            return dir.flatten().any(|e| {
+                let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                    return false;
+                };
+                // `pid (comm) state ppid pgrp …`; comm may contain spaces and parentheses.
+                let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                    return false;
+                };
+                let mut fields = rest.split_whitespace();
+                let state = fields.next();
+                let pgrp = fields.nth(1).and_then(|f| f.parse::<u32>().ok());
+                pgrp == Some(pgid) && state != Some("Z") && state != Some("X")
+            });
+        }
+    }
+    // Signal 0 checks for existence without sending anything.
+    matches!(
+        nix::sys::signal::killpg(Pid::from_raw(pgid as i32), None),
+        Ok(())
+    )
+}
+
+/// SIGKILL the group and wait (at most `within`) until none of it runs.
+pub async fn kill_group_and_wait(pgid: u32, within: std::time::Duration) {
+    let _ = signal_group(pgid, Signal::SIGKILL);
+    let deadline = std::time::Instant::now() + within;
+    while group_alive(pgid) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// How a child ended: its exit code, or the signal that killed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExitInfo {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    pub at_ms: i64,
+}
+
+impl ExitInfo {
+    pub fn from_status(status: std::process::ExitStatus, at_ms: i64) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        ExitInfo {
+            code: status.code(),
+            signal: status.signal(),
+            at_ms,
+        }
+    }
+
+    /// Whether this was a clean exit (code 0).
+    pub fn is_clean(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+impl std::fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.code, self.signal) {
+            (Some(c), _) => write!(f, "exit code {c}"),
+            (None, Some(s)) => match Signal::try_from(s) {
+                Ok(sig) => write!(f, "killed by {sig}"),
+                Err(_) => write!(f, "killed by signal {s}"),
+            },
+            (None, None) => write!(f, "ended"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_allow_listed_variables_pass_and_conduit_ones_are_added() {
+        let env = child_env(
+            |k| match k {
+                "PATH" => Some("/bin".into()),
+                "HOME" => Some("/root".into()),
+                _ => None,
+            },
+            &[("CONDUIT_EXTENSION".into(), "notes".into())],
+        );
+        let keys: Vec<_> = env
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(keys, ["PATH", "HOME", "CONDUIT_EXTENSION"]);
+    }
+}

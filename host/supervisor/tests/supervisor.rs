@@ -1,0 +1,316 @@
+//! The supervisor against real processes: a Python test extension that misbehaves on command
+//! (`fixtures/misbehave.py`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use conduit_protocol::ErrorCode;
+use conduit_supervisor::backoff::RestartPolicy;
+use conduit_supervisor::process::{ChildCommand, group_alive};
+use conduit_supervisor::{ExtensionSpec, State, Supervisor, no_callbacks};
+use serde_json::{Value, json};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+struct Env {
+    sup: Supervisor,
+    dir: tempfile::TempDir,
+}
+
+fn env() -> Env {
+    Env {
+        sup: Supervisor::new(no_callbacks()),
+        dir: tempfile::tempdir().unwrap(),
+    }
+}
+
+fn spec(env: &Env, name: &str, mode: &str) -> ExtensionSpec {
+    let command = ChildCommand {
+        program: "python3".into(),
+        args: vec![fixture().join("misbehave.py").into(), mode.into()],
+        cwd: fixture(),
+        env: vec![("CONDUIT_EXTENSION".into(), name.into())],
+    };
+    let mut s = ExtensionSpec::new(
+        name,
+        "0.0.1",
+        command,
+        env.dir.path().join(format!("{name}.log")),
+    );
+    // Fast restarts so the tests see several; the policy itself is tested with a fake clock.
+    s.policy = RestartPolicy {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+        ..RestartPolicy::default()
+    };
+    s.stop_grace = Duration::from_secs(2);
+    s.start_timeout = Duration::from_secs(5);
+    s
+}
+
+const READY: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_extension_becomes_ready_answers_and_stops_cleanly() {
+    let env = env();
+    let ext = env.sup.start(spec(&env, "ok", "ok")).await;
+    assert_eq!(
+        ext.wait_for(READY, |s| s == State::Ready).await,
+        Ok(State::Ready)
+    );
+    let v: Value = ext
+        .call(
+            "echo",
+            &json!({ "text": "hi" }),
+            Some(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(v, json!({ "text": "hi" }));
+    let st = ext.status();
+    assert_eq!(
+        (st.state, st.restarts, st.protocol_version),
+        (State::Ready, 0, Some(1))
+    );
+    assert!(st.pid.is_some());
+    assert_eq!(st.calls["echo"].count, 1);
+    assert!(
+        st.stderr_tail
+            .iter()
+            .any(|l| l.contains("starting in mode ok")),
+        "{:?}",
+        st.stderr_tail
+    );
+    env.sup.stop("ok").await;
+    let st = ext.status();
+    assert_eq!(st.state, State::Stopped);
+    assert_eq!(
+        st.last_exit.map(|e| e.code),
+        Some(Some(0)),
+        "shutdown leads to a clean exit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_fails_pending_calls_at_once_then_it_backs_off_and_comes_back() {
+    let env = env();
+    let ext = env.sup.start(spec(&env, "victim", "ok")).await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    let pid: i32 = ext
+        .call("pid", &json!({}), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let pending = {
+        let ext = ext.clone();
+        tokio::spawn(async move {
+            ext.call::<_, Value>("hold", &json!({}), Some(Duration::from_secs(30)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let err = pending.await.unwrap().unwrap_err();
+    assert!(err.is(ErrorCode::ExtensionExited), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "the pending call waited {:?}",
+        t.elapsed()
+    );
+    let st = ext
+        .wait_for(Duration::from_secs(5), |s| s == State::BackingOff)
+        .await;
+    assert!(st.is_ok() || ext.state() == State::Ready, "{st:?}");
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    let st = ext.status();
+    assert_eq!(st.restarts, 1);
+    assert_eq!(st.last_exit.and_then(|e| e.signal), Some(9));
+    let v: Value = ext
+        .call("echo", &json!(7), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(v, json!(7));
+    env.sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_package_that_exits_at_start_every_time_becomes_crash_looping_with_its_stderr() {
+    let env = env();
+    let ext = env.sup.start(spec(&env, "broken", "exit-at-start")).await;
+    ext.wait_for(Duration::from_secs(20), |s| s == State::CrashLooping)
+        .await
+        .unwrap();
+    let st = ext.status();
+    assert!(st.restarts >= 5, "{}", st.restarts);
+    assert_eq!(st.last_exit.and_then(|e| e.code), Some(3));
+    assert!(
+        st.stderr_tail
+            .iter()
+            .any(|l| l.contains("configuration is missing")),
+        "{:?}",
+        st.stderr_tail
+    );
+    assert!(st.last_error.unwrap().contains("exit code 3"));
+    // Calls fail at once while it is not running.
+    let err = ext
+        .call::<_, Value>("echo", &json!(1), None)
+        .await
+        .unwrap_err();
+    assert!(err.is(ErrorCode::ExtensionExited), "{err}");
+    env.sup.shutdown().await;
+    assert_eq!(ext.state(), State::Stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_mismatch_is_incompatible_and_never_restarted() {
+    let env = env();
+    let ext = env.sup.start(spec(&env, "future", "wrong-version")).await;
+    ext.wait_for(READY, |s| s == State::Incompatible)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = ext.status();
+    assert_eq!((st.state, st.restarts), (State::Incompatible, 0));
+    assert!(
+        st.last_error.unwrap().contains("extension_versions"),
+        "data names both sides' versions"
+    );
+    env.sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_an_extension_leaves_no_process_of_its_group() {
+    let env = env();
+    let ext = env.sup.start(spec(&env, "parent", "grandchildren")).await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    let pgid = ext.status().pid.unwrap();
+    assert!(group_alive(pgid));
+    env.sup.stop("parent").await;
+    assert!(
+        !group_alive(pgid),
+        "a grandchild of the stopped extension is still alive"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_that_ignores_shutdown_and_sigterm_is_killed_within_bounds() {
+    let env = env();
+    let ext = env
+        .sup
+        .start(spec(&env, "stubborn", "ignore-shutdown"))
+        .await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    let pgid = ext.status().pid.unwrap();
+    let t = Instant::now();
+    env.sup.stop("stubborn").await;
+    // grace (2 s) + SIGTERM wait (2 s) + a margin.
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+    assert!(!group_alive(pgid));
+    assert_eq!(ext.status().last_exit.and_then(|e| e.signal), Some(9));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_mib_of_stderr_stays_within_the_log_cap_and_the_extension_works() {
+    let env = env();
+    let ext = env.sup.start(spec(&env, "noisy", "stderr-flood")).await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    let v: Value = ext
+        .call("echo", &json!("still here"), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(v, json!("still here"));
+    let log = env.dir.path().join("noisy.log");
+    let size = std::fs::metadata(&log).unwrap().len();
+    assert!(size <= 1024 * 1024, "{size}");
+    env.sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_stdout_while_alive_is_a_crash_and_the_process_is_killed() {
+    let env = env();
+    let ext = env.sup.start(spec(&env, "mute", "close-stdout")).await;
+    let pgid = {
+        // It is ready for an instant, then its stdout closes.
+        ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+        ext.status().pid.unwrap()
+    };
+    ext.wait_for(Duration::from_secs(5), |s| {
+        matches!(s, State::BackingOff | State::CrashLooping)
+    })
+    .await
+    .unwrap();
+    assert!(!group_alive(pgid), "the silent process was left running");
+    assert!(ext.status().restarts >= 1);
+    env.sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_to_the_handshake_is_a_failure_after_the_start_timeout() {
+    let env = env();
+    let mut s = spec(&env, "silent", "no-handshake");
+    s.start_timeout = Duration::from_millis(300);
+    let ext = env.sup.start(s).await;
+    ext.wait_for(Duration::from_secs(5), |s| {
+        matches!(s, State::BackingOff | State::CrashLooping)
+    })
+    .await
+    .unwrap();
+    assert!(
+        ext.status()
+            .last_error
+            .unwrap()
+            .contains("no answer to `initialize`")
+    );
+    env.sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_preflight_is_refused_with_its_reason_until_restarted() {
+    let env = env();
+    let mut s = spec(&env, "tampered", "ok");
+    let allowed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let a = allowed.clone();
+    s.preflight = Some(Arc::new(move || {
+        if a.load(std::sync::atomic::Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err("main.py changed after install".into())
+        }
+    }));
+    let ext = env.sup.start(s).await;
+    ext.wait_for(READY, |s| s == State::Refused).await.unwrap();
+    assert_eq!(
+        ext.status().last_error.as_deref(),
+        Some("main.py changed after install")
+    );
+    allowed.store(true, std::sync::atomic::Ordering::SeqCst);
+    ext.restart();
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    env.sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_program_backs_off_with_a_clear_error() {
+    let env = env();
+    let mut s = spec(&env, "ghost", "ok");
+    s.command.program = "/nonexistent/conduit-ghost".into();
+    let ext = env.sup.start(s).await;
+    ext.wait_for(Duration::from_secs(5), |s| {
+        matches!(s, State::BackingOff | State::CrashLooping)
+    })
+    .await
+    .unwrap();
+    let err = ext.status().last_error.unwrap();
+    assert!(
+        err.contains("cannot start `/nonexistent/conduit-ghost`"),
+        "{err}"
+    );
+    env.sup.shutdown().await;
+}
