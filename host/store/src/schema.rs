@@ -1,0 +1,154 @@
+//! The schema, as an ordered list of migrations tracked by `PRAGMA user_version`.
+//!
+//! `user_version` is the number of migrations applied: a new file is at 0, and after
+//! `MIGRATIONS[i]` runs it is `i + 1`. Each migration runs in its own `BEGIN IMMEDIATE`
+//! transaction together with the bump of `user_version`, so a crash leaves the file at a whole
+//! version, and two processes opening a new file at once apply each migration once.
+//!
+//! Invariant: a migration, once released, is never edited or removed; a change is a new entry
+//! appended at the end. A file whose version is past the end of the list belongs to a newer
+//! build and is refused rather than guessed at.
+//!
+//! The live reads of the host loop go through partial indexes (`events_unrouted`, `work_live`,
+//! `timers_due`, `waits_active`, `emissions_planned`) whose `WHERE` clause names the live set, so
+//! an idle pass reads nothing of the retained history. The queries repeat each index's `WHERE`
+//! term literally, because SQLite uses a partial index only when the query's `WHERE` implies it.
+//! All times are Unix milliseconds chosen by the caller. State columns are plain text without
+//! `CHECK` constraints, so that adding a state is an append-only change and not a table rebuild;
+//! the Rust enums are the check.
+
+use std::path::Path;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::StoreError;
+
+/// Every migration, oldest first. Append only.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: the coordination records.
+    r#"
+CREATE TABLE work (
+    id         INTEGER PRIMARY KEY,
+    kind       TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    state      TEXT    NOT NULL,  -- open | ready | done
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+) STRICT;
+-- At most one unfinished Work per (kind, key); done Work keeps its key without blocking a new one.
+CREATE UNIQUE INDEX work_live_key ON work (kind, key) WHERE state != 'done';
+CREATE INDEX work_live ON work (id) WHERE state != 'done';
+
+CREATE TABLE events (
+    id          INTEGER PRIMARY KEY,
+    source      TEXT    NOT NULL,
+    delivery_id TEXT    NOT NULL,
+    kind        TEXT    NOT NULL,
+    payload     TEXT    NOT NULL,  -- JSON
+    accepted_at INTEGER NOT NULL,
+    routed_at   INTEGER,           -- NULL until the routing pass has decided
+    work_id     INTEGER REFERENCES work (id),
+    UNIQUE (source, delivery_id)
+) STRICT;
+CREATE INDEX events_unrouted ON events (id) WHERE routed_at IS NULL;
+CREATE INDEX events_by_source ON events (source, id);
+
+CREATE TABLE work_inputs (
+    work_id  INTEGER NOT NULL REFERENCES work (id),
+    event_id INTEGER NOT NULL REFERENCES events (id),
+    added_at INTEGER NOT NULL,
+    PRIMARY KEY (work_id, event_id)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE timers (
+    id            INTEGER PRIMARY KEY,
+    extension     TEXT    NOT NULL,
+    recurrence    TEXT    NOT NULL,
+    spec          TEXT    NOT NULL,
+    next_at       INTEGER,          -- NULL: stopped
+    last_fired_at INTEGER,
+    created_at    INTEGER NOT NULL
+) STRICT;
+CREATE INDEX timers_due ON timers (next_at) WHERE next_at IS NOT NULL;
+
+CREATE TABLE waits (
+    id              INTEGER PRIMARY KEY,
+    extension       TEXT    NOT NULL,
+    filter          TEXT    NOT NULL,
+    subject         TEXT    NOT NULL,
+    work_id         INTEGER REFERENCES work (id),
+    cursor_event_id INTEGER NOT NULL,  -- the last event considered; 0 before any
+    state           TEXT    NOT NULL,  -- active | satisfied
+    satisfied_by    INTEGER REFERENCES events (id),
+    created_at      INTEGER NOT NULL,
+    satisfied_at    INTEGER
+) STRICT;
+CREATE INDEX waits_active ON waits (id) WHERE state = 'active';
+
+CREATE TABLE emissions (
+    id           INTEGER PRIMARY KEY,
+    extension    TEXT    NOT NULL,
+    emission     TEXT    NOT NULL,
+    work_id      INTEGER REFERENCES work (id),
+    payload      TEXT    NOT NULL,  -- JSON
+    commit_nonce TEXT    NOT NULL,  -- random; the commit id is em-<id>-<nonce>
+    state        TEXT    NOT NULL,  -- planned | committed | failed
+    error        TEXT,
+    planned_at   INTEGER NOT NULL,
+    finished_at  INTEGER
+) STRICT;
+CREATE INDEX emissions_planned ON emissions (id) WHERE state = 'planned';
+
+CREATE TABLE emission_records (
+    emission_id INTEGER NOT NULL REFERENCES emissions (id),
+    seq         INTEGER NOT NULL,
+    kind        TEXT    NOT NULL,
+    body        TEXT    NOT NULL,  -- JSON
+    PRIMARY KEY (emission_id, seq)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE artifacts (
+    id         INTEGER PRIMARY KEY,
+    sha256     TEXT    NOT NULL UNIQUE,  -- lower-case hex; the content's address on disk
+    size       INTEGER NOT NULL,
+    name       TEXT    NOT NULL,
+    media_type TEXT,
+    extension  TEXT    NOT NULL,
+    created_at INTEGER NOT NULL
+) STRICT;
+"#,
+];
+
+/// Brings the file at `path` (already open as `conn`) up to `MIGRATIONS.len()`.
+pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    loop {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(StoreError::Begin)?;
+        // Read the version under the write lock, so a concurrent opener's migration is seen.
+        let found: i64 = tx
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .map_err(|source| StoreError::Open {
+                path: path.to_owned(),
+                what: "reading user_version",
+                source,
+            })?;
+        let applied = usize::try_from(found).unwrap_or(usize::MAX);
+        if applied == MIGRATIONS.len() {
+            return Ok(());
+        }
+        if applied > MIGRATIONS.len() {
+            return Err(StoreError::TooNew {
+                path: path.to_owned(),
+                found,
+                known: MIGRATIONS.len(),
+            });
+        }
+        let version = applied + 1;
+        tx.execute_batch(MIGRATIONS[applied])
+            .and_then(|()| tx.pragma_update(None, "user_version", version as i64))
+            .and_then(|()| tx.commit())
+            .map_err(|source| StoreError::Migration { version, source })?;
+        tracing::info!(version, path = %path.display(), "applied store migration");
+    }
+}

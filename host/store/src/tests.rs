@@ -1,0 +1,264 @@
+//! Tests of what only the crate can see: the pragmas on each connection, the migrations'
+//! bookkeeping, and the query plans of the live reads. The public API's behaviour is tested in
+//! `tests/store.rs`.
+//!
+//! Invariant: every test uses its own SQLite file in a temporary directory.
+
+use rusqlite::Connection;
+use serde_json::json;
+
+use super::*;
+
+fn temp_store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("conduit.db")).unwrap();
+    (dir, store)
+}
+
+fn user_version(conn: &Connection) -> i64 {
+    conn.pragma_query_value(None, "user_version", |row| row.get(0))
+        .unwrap()
+}
+
+#[test]
+fn writer_pragmas() {
+    let (_dir, store) = temp_store();
+    let conn = store.writer.lock().unwrap();
+    let mode: String = conn
+        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+        .unwrap();
+    let sync: i64 = conn
+        .pragma_query_value(None, "synchronous", |r| r.get(0))
+        .unwrap();
+    let fk: i64 = conn
+        .pragma_query_value(None, "foreign_keys", |r| r.get(0))
+        .unwrap();
+    let busy: i64 = conn
+        .pragma_query_value(None, "busy_timeout", |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    assert_eq!(sync, 2, "synchronous=FULL is 2");
+    assert_eq!(fk, 1);
+    assert_eq!(busy, 5000);
+}
+
+#[test]
+fn readers_are_query_only() {
+    let (_dir, store) = temp_store();
+    let err = store
+        .read(|r| {
+            r.conn
+                .execute("INSERT INTO timers (extension, recurrence, spec, created_at) VALUES ('x', 'y', 'z', 0)", [])
+                .context("write on a reader")
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Sql { ref source, .. } if source.to_string().contains("readonly")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn migrations_from_empty_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("conduit.db");
+    {
+        let store = Store::open(&path).unwrap();
+        assert_eq!(
+            user_version(&store.writer.lock().unwrap()),
+            MIGRATIONS.len() as i64
+        );
+        store
+            .write(|tx| tx.accept_event("s", "d1", "k", &json!({}), 1))
+            .unwrap();
+    }
+    // Reopening applies nothing and keeps the data.
+    let store = Store::open(&path).unwrap();
+    assert_eq!(
+        user_version(&store.writer.lock().unwrap()),
+        MIGRATIONS.len() as i64
+    );
+    let ev = store.read(|r| r.event(1)).unwrap().unwrap();
+    assert_eq!(ev.event.delivery_id, "d1");
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("conduit.db");
+    drop(Store::open(&path).unwrap());
+    let conn = Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", MIGRATIONS.len() as i64 + 1)
+        .unwrap();
+    drop(conn);
+    let err = Store::open(&path).unwrap_err();
+    assert!(
+        matches!(err, StoreError::TooNew { found, known, .. } if found == MIGRATIONS.len() as i64 + 1 && known == MIGRATIONS.len()),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_damaged_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("conduit.db");
+    std::fs::write(&path, b"this is not a database, not even close to one").unwrap();
+    let err = Store::open(&path).unwrap_err();
+    assert!(
+        matches!(err, StoreError::Open { .. } | StoreError::Corrupt { .. }),
+        "{err:?}"
+    );
+}
+
+/// The plan SQLite chooses for `sql`, one detail line per step.
+fn plan(conn: &Connection, sql: &str) -> Vec<String> {
+    let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+    let n = stmt.parameter_count();
+    let params: Vec<i64> = vec![1; n];
+    stmt.query_map(rusqlite::params_from_iter(params), |row| {
+        row.get::<_, String>(3)
+    })
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
+
+/// Asserts that the plan reads `table` only through `index`, and scans no table whole.
+fn assert_uses(conn: &Connection, sql: &str, table: &str, index: &str) {
+    let plan = plan(conn, sql);
+    let through_index = plan.iter().any(|line| {
+        line.starts_with(&format!("SCAN {table} USING INDEX {index}"))
+            || line.starts_with(&format!("SCAN {table} USING COVERING INDEX {index}"))
+            || line.starts_with(&format!("SEARCH {table} USING INDEX {index}"))
+            || line.starts_with(&format!("SEARCH {table} USING COVERING INDEX {index}"))
+    });
+    assert!(through_index, "{sql}\ndoes not use {index}: {plan:#?}");
+    for line in &plan {
+        // A `SCAN t` without `USING` reads every row of `t`.
+        let whole = line.starts_with("SCAN ") && !line.contains(" USING ");
+        assert!(!whole, "{sql}\nscans a table: {plan:#?}");
+    }
+}
+
+fn assert_live_reads_use_partial_indexes(conn: &Connection) {
+    assert_uses(conn, events::SQL_UNROUTED, "events", "events_unrouted");
+    assert_uses(conn, work::SQL_OPEN_WORK, "work", "work_live");
+    assert_uses(conn, work::SQL_LIVE_BY_KEY, "work", "work_live_key");
+    assert_uses(conn, timers::SQL_DUE, "timers", "timers_due");
+    assert_uses(conn, waits::SQL_ACTIVE, "waits", "waits_active");
+    assert_uses(
+        conn,
+        emissions::SQL_PLANNED,
+        "emissions",
+        "emissions_planned",
+    );
+}
+
+#[test]
+fn live_reads_use_their_partial_indexes() {
+    let (_dir, store) = temp_store();
+    // On an empty file, where SQLite has no statistics.
+    assert_live_reads_use_partial_indexes(&store.writer.lock().unwrap());
+
+    // With retained history, and after ANALYZE, where the statistics say the history is large.
+    store
+        .write(|tx| {
+            for thread in 0..40 {
+                let mut ids = Vec::new();
+                for i in 0..25 {
+                    let delivery = format!("{thread}-{i}");
+                    ids.push(
+                        tx.accept_event("s", &delivery, "k", &json!({"i": i}), 1)?
+                            .event_id,
+                    );
+                }
+                let work = tx.open_or_feed_work("k", &thread.to_string(), &ids, true, 1)?;
+                for id in ids {
+                    tx.mark_routed(id, Some(work), 1)?;
+                }
+                tx.set_work_state(work, WorkState::Done, 2)?;
+                let timer = tx.create_timer("x", "every", "1m", 10, 1)?;
+                tx.reschedule_timer(timer, None, 10)?;
+                let wait = tx.create_wait("x", "f", "s", Some(work), 0, 1)?;
+                tx.satisfy_wait(wait, 1, 2)?;
+                let planned = tx.plan_emission("x", "e", Some(work), &json!({}), 1)?;
+                tx.commit_emission(planned.emission_id, &[], 2)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let conn = store.writer.lock().unwrap();
+    assert_live_reads_use_partial_indexes(&conn);
+    conn.execute_batch("ANALYZE").unwrap();
+    assert_live_reads_use_partial_indexes(&conn);
+}
+
+#[test]
+fn history_reads_use_their_indexes() {
+    let (_dir, store) = temp_store();
+    let conn = store.writer.lock().unwrap();
+    // Paging by source must not scan every Event of every source.
+    let by_source = plan(
+        &conn,
+        "SELECT id FROM events WHERE source = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+    );
+    assert!(
+        by_source.iter().any(|l| l.contains("events_by_source")),
+        "{by_source:#?}"
+    );
+}
+
+#[test]
+fn reader_checkout_waits_at_most_its_timeout() {
+    let (_dir, store) = temp_store();
+    let held: Vec<_> = (0..MAX_READERS)
+        .map(|_| store.readers.checkout(Duration::from_millis(10)).unwrap())
+        .collect();
+    let start = std::time::Instant::now();
+    let err = store
+        .readers
+        .checkout(Duration::from_millis(50))
+        .unwrap_err();
+    assert!(matches!(err, StoreError::ReaderTimeout { .. }), "{err:?}");
+    assert!(start.elapsed() >= Duration::from_millis(50));
+    // A returned reader is handed to the next checkout.
+    drop(held);
+    store.readers.checkout(Duration::from_millis(10)).unwrap();
+}
+
+#[test]
+fn cached_live_reads_are_not_reprepared() {
+    let (_dir, store) = temp_store();
+    // Different limits each time: a changed binding must not force a new plan (see
+    // `configure_statements`).
+    for limit in [1, 100, 200, 7] {
+        store
+            .write(|tx| {
+                tx.unrouted_events(limit)?;
+                tx.due_timers(i64::from(limit), limit)?;
+                tx.active_waits(Some(i64::from(limit)), limit)?;
+                tx.planned_emissions(limit)?;
+                tx.open_work(limit).map(drop)
+            })
+            .unwrap();
+        store.read(|r| r.unrouted_events(limit).map(drop)).unwrap();
+    }
+    let conn = store.writer.lock().unwrap();
+    for sql in [
+        events::SQL_UNROUTED,
+        timers::SQL_DUE,
+        waits::SQL_ACTIVE,
+        emissions::SQL_PLANNED,
+        work::SQL_OPEN_WORK,
+    ] {
+        let stmt = conn.prepare_cached(sql).unwrap();
+        let n = stmt.get_status(rusqlite::StatementStatus::RePrepare);
+        assert_eq!(n, 0, "{sql} was re-prepared {n} times");
+    }
+    let reader = store.readers.checkout(Duration::from_millis(10)).unwrap();
+    assert!(
+        reader
+            .db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG)
+            .unwrap()
+    );
+}
