@@ -30,26 +30,20 @@ pub(crate) fn peek(head: &[u8]) -> Peek {
         }
         s.ws();
         match key.as_slice() {
-            b"id" => match s.b.get(s.i) {
-                Some(b'"') => match s.string() {
-                    Some(v) => out.id = String::from_utf8(v).ok().map(RequestId::str),
-                    None => return out,
-                },
-                Some(_) => {
-                    let start = s.i;
-                    while s.i < s.b.len() && (s.b[s.i] == b'-' || s.b[s.i].is_ascii_digit()) {
-                        s.i += 1;
-                    }
-                    if s.i == s.b.len() {
-                        return out; // the number may go on past the head
-                    }
-                    out.id = std::str::from_utf8(&s.b[start..s.i])
-                        .ok()
-                        .and_then(|t| t.parse::<i64>().ok())
-                        .map(RequestId::num);
+            b"id" => {
+                // The id counts only if its whole value is in the head and is a valid id.
+                let start = s.i;
+                if !s.skip_value() || s.i == s.b.len() {
+                    return out;
                 }
-                None => return out,
-            },
+                let token = std::str::from_utf8(&s.b[start..s.i])
+                    .unwrap_or("")
+                    .trim_end();
+                match serde_json::from_str::<RequestId>(token) {
+                    Ok(id) => out.id = Some(id),
+                    Err(_) => return out,
+                }
+            }
             b"method" => {
                 out.has_method = true;
                 if !s.skip_value() {
@@ -90,8 +84,8 @@ impl Scanner<'_> {
         }
     }
 
-    /// A string's raw bytes (escapes kept as written, which is enough to compare keys and ids
-    /// without escapes). `None` if the head ends inside it.
+    /// A string's raw bytes (escapes kept as written, which is enough to compare keys; ids are
+    /// read with a real JSON parser). `None` if the head ends inside it.
     fn string(&mut self) -> Option<Vec<u8>> {
         if !self.eat(b'"') {
             return None;
@@ -187,5 +181,15 @@ mod tests {
         );
         assert_eq!(peek(b"garbage").id, None);
         assert_eq!(peek(b"").id, None);
+        assert_eq!(
+            peek(br#"{"id":1.5,"method":"m","params":"#).id,
+            None,
+            "not a valid id"
+        );
+        assert_eq!(peek(br#"{"id":true,"method":"m","params":"#).id, None);
+        assert_eq!(
+            peek(br#"{"id":"a\"b","method":"m","params":"#).id,
+            Some(RequestId::str("a\"b"))
+        );
     }
 }

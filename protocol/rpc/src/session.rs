@@ -106,10 +106,17 @@ pub struct Request {
 }
 
 impl Request {
-    /// The params as `T`; absent params read as `null`. A mismatch is `invalid_params`.
+    /// The params as `T`. A mismatch is `invalid_params`.
     pub fn params<T: DeserializeOwned>(&self) -> Result<T, RpcError> {
-        let raw = self.params.as_deref().map_or("null", RawValue::get);
-        serde_json::from_str(raw).map_err(|e| RpcError::invalid_params(&self.method, e))
+        match self.params.as_deref() {
+            Some(raw) => serde_json::from_str(raw.get())
+                .map_err(|e| RpcError::invalid_params(&self.method, e)),
+            // Params may be left out: read that as `null`, or as `{}` for a type of all-optional
+            // fields.
+            None => serde_json::from_str("null")
+                .or_else(|_| serde_json::from_str("{}"))
+                .map_err(|e| RpcError::invalid_params(&self.method, e)),
+        }
     }
 }
 

@@ -16,8 +16,10 @@ pub struct Software {
     pub version: String,
 }
 
-/// Limits the host enforces, told to the extension so it can stay within them.
+/// Limits the host enforces, told to the extension so it can stay within them. A member left
+/// out reads as its default.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct Limits {
     pub max_message_bytes: usize,
     pub max_concurrent_requests: usize,
@@ -36,8 +38,10 @@ impl Default for Limits {
     }
 }
 
-/// Deadlines the host applies to its calls, in milliseconds.
+/// Deadlines the host applies to its calls, in milliseconds. A member left out reads as its
+/// default.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct Deadlines {
     pub in_transaction_ms: u64,
     pub default_ms: u64,

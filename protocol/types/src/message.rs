@@ -202,8 +202,8 @@ struct Envelope<'a> {
     jsonrpc: Option<Cow<'a, str>>,
     #[serde(borrow, default, deserialize_with = "present")]
     id: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    method: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     params: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
@@ -221,11 +221,33 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
 impl<'a> Message<'a> {
     /// Classify one received line (without its newline).
     pub fn parse(line: &'a [u8]) -> Result<Message<'a>, MessageError> {
+        // Serde reads a struct from a JSON array too (by position); a message is an object.
+        match line.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'{') => {}
+            Some(b'[') if serde_json::from_slice::<serde::de::IgnoredAny>(line).is_ok() => {
+                return Err(MessageError::Invalid {
+                    id: None,
+                    reason: "batches are not supported: send one message per line".into(),
+                });
+            }
+            _ => {
+                return Err(
+                    match serde_json::from_slice::<serde::de::IgnoredAny>(line) {
+                        Ok(_) => MessageError::Invalid {
+                            id: None,
+                            reason: "a message must be a JSON object".into(),
+                        },
+                        Err(e) => MessageError::Parse(e.to_string()),
+                    },
+                );
+            }
+        }
         let env: Envelope<'a> = match serde_json::from_slice(line) {
             Ok(env) => env,
             Err(e) if e.is_data() => return Err(invalid_shape(line, e)),
             Err(e) => return Err(MessageError::Parse(e.to_string())),
         };
+        let is_request_like = env.method.is_some();
         // `"id": null` is the same as no id for a request, and marks an orphan error response.
         let id = match env.id {
             None => None,
@@ -233,21 +255,36 @@ impl<'a> Message<'a> {
             Some(raw) => match serde_json::from_str::<RequestId>(raw.get()) {
                 Ok(id) => Some(id),
                 Err(_) => {
+                    let reason = format!("`id` must be an integer or a string, not {}", raw.get());
+                    // A response is never answered, not even one with a bad id.
+                    return Err(if is_request_like {
+                        MessageError::Invalid { id: None, reason }
+                    } else {
+                        MessageError::BadResponse { id: None, reason }
+                    });
+                }
+            },
+        };
+        let method: Option<Cow<'a, str>> = match env.method {
+            None => None,
+            Some(raw) => match serde_json::from_str::<Cow<'a, str>>(raw.get()) {
+                Ok(m) => Some(m),
+                Err(_) => {
                     return Err(MessageError::Invalid {
-                        id: None,
-                        reason: format!("`id` must be an integer or a string, not {}", raw.get()),
+                        id,
+                        reason: format!("`method` must be a string, not {}", raw.get()),
                     });
                 }
             },
         };
         if env.jsonrpc.as_deref() != Some("2.0") {
             let reason = "`jsonrpc` must be \"2.0\"".to_owned();
-            return Err(match env.method {
+            return Err(match method {
                 Some(_) => MessageError::Invalid { id, reason },
                 None => MessageError::BadResponse { id, reason },
             });
         }
-        match (env.method, id, env.result, env.error) {
+        match (method, id, env.result, env.error) {
             (Some(method), Some(id), None, None) => Ok(Message::Request {
                 id,
                 method,
@@ -457,6 +494,29 @@ mod tests {
             "{e:?}"
         );
         assert!(e.reply().is_none(), "a response is never answered");
+        // Arrays are never read as messages by position.
+        let e = Message::parse(br#"["2.0",43,"echo",{"text":"x"}]"#).unwrap_err();
+        assert!(matches!(e, MessageError::Invalid { id: None, .. }), "{e:?}");
+        assert!(matches!(
+            Message::parse(b"[]").unwrap_err(),
+            MessageError::Invalid { .. }
+        ));
+        assert!(matches!(
+            Message::parse(b"42").unwrap_err(),
+            MessageError::Invalid { .. }
+        ));
+        // A null or non-string method is an invalid request that keeps its id.
+        let e = Message::parse(br#"{"jsonrpc":"2.0","id":8,"method":null}"#).unwrap_err();
+        assert!(
+            matches!(e, MessageError::Invalid { id: Some(ref i), .. } if *i == RequestId::num(8)),
+            "{e:?}"
+        );
+        // A response with a bad id is never answered.
+        let e = Message::parse(br#"{"jsonrpc":"2.0","id":1.5,"result":1}"#).unwrap_err();
+        assert!(e.reply().is_none(), "{e:?}");
+        // Repeated members are refused, keeping the id.
+        let e = Message::parse(br#"{"jsonrpc":"2.0","id":45,"id":46,"method":"a"}"#).unwrap_err();
+        assert!(matches!(e, MessageError::Invalid { .. }), "{e:?}");
         let e = Message::parse(br#"{"jsonrpc":"2.0","id":1,"error":"oops"}"#).unwrap_err();
         assert!(
             matches!(e, MessageError::BadResponse { id: Some(_), .. }),
