@@ -1,0 +1,330 @@
+//! Writing an artifact to the host as a pipelined stream of chunks (`docs/protocol.md` §8).
+//!
+//! ```text
+//!   open ──► chunk 0 ─┐                        acks arrive in any order; the next chunk
+//!            chunk 1 ─┤  at most `window`      goes out as soon as the count of
+//!            …        │  unanswered at once    unanswered chunks drops below `window`
+//!            chunk k ─┘
+//!   (all acked) ──► close {size, sha256}  ──► {artifact_id: "sha256:…"}
+//! ```
+//!
+//! Chunks are `chunk_bytes` long (64 KiB by default, never more than the host's
+//! `max_chunk_bytes`), except the last. Size and SHA-256 are computed as bytes are written, so
+//! the content is never held whole.
+//!
+//! Invariants: chunks are queued for writing in `seq` order; no more than `window` are
+//! unanswered at once; `close` is sent only after every chunk was acknowledged; a writer that
+//! fails or is dropped before `finish` aborts the stream, so the host keeps nothing of it.
+
+use std::fmt;
+use std::time::Duration;
+
+use base64::Engine as _;
+use conduit_protocol::calls::{
+    ArtifactAbort, ArtifactChunk, ArtifactClose, ArtifactOpen, ArtifactOpened, ArtifactStored,
+    ChunkAck, Empty,
+};
+use conduit_protocol::{ErrorCode, methods};
+use conduit_rpc::{BoxFuture, CallError, Peer};
+use futures::FutureExt as _;
+use futures::stream::{FuturesUnordered, StreamExt};
+use sha2::{Digest, Sha256};
+
+use crate::ctx::{Host, HostError};
+
+/// How long a best-effort `artifact.abort` may take; nobody waits for its answer but the task
+/// that sends it.
+const ABORT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Session calls wait for one of 64 outgoing slots, so a wider window would not put more chunks
+/// on the wire; it would only make them queue here instead of there.
+const MAX_WINDOW: usize = conduit_protocol::MAX_CONCURRENT_REQUESTS;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Open,
+    /// A chunk or the close failed; the stream was aborted (or the host ended it).
+    Failed,
+    /// Closed or aborted on purpose.
+    Done,
+}
+
+/// An open artifact stream. Write bytes with [`write`](Self::write), then
+/// [`finish`](Self::finish); see the module docs for the flow control.
+///
+/// Dropped before `finish` (the handler returned early, failed, or was cancelled), it aborts
+/// the stream in a background task.
+pub struct ArtifactWriter {
+    peer: Peer,
+    deadline: Option<Duration>,
+    name: String,
+    stream_id: String,
+    max_chunk_bytes: usize,
+    chunk_bytes: usize,
+    window: usize,
+    /// Bytes written but not yet sent: less than one chunk.
+    buf: Vec<u8>,
+    seq: u64,
+    size: u64,
+    hasher: Sha256,
+    in_flight: FuturesUnordered<BoxFuture<Result<ChunkAck, CallError>>>,
+    state: State,
+}
+
+impl fmt::Debug for ArtifactWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ArtifactWriter")
+            .field("name", &self.name)
+            .field("stream_id", &self.stream_id)
+            .field("chunk_bytes", &self.chunk_bytes)
+            .field("window", &self.window)
+            .field("seq", &self.seq)
+            .field("size", &self.size)
+            .field("in_flight", &self.in_flight.len())
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+impl ArtifactWriter {
+    pub(crate) async fn open(host: &Host, open: ArtifactOpen) -> Result<Self, HostError> {
+        let name = open.name.clone();
+        let opened: ArtifactOpened = host.call(methods::ext::ARTIFACT_OPEN, &open).await?;
+        let max_chunk_bytes = opened
+            .max_chunk_bytes
+            .min(conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES);
+        let mut w = ArtifactWriter {
+            peer: host.peer.clone(),
+            deadline: host.deadline,
+            name,
+            stream_id: opened.stream_id,
+            max_chunk_bytes,
+            chunk_bytes: conduit_protocol::DEFAULT_ARTIFACT_CHUNK_BYTES.min(max_chunk_bytes),
+            window: opened.window.clamp(1, MAX_WINDOW),
+            buf: Vec::new(),
+            seq: 0,
+            size: 0,
+            hasher: Sha256::new(),
+            in_flight: FuturesUnordered::new(),
+            state: State::Open,
+        };
+        if max_chunk_bytes == 0 {
+            // Nothing could ever be sent; give the stream back rather than hold it open.
+            let detail = "the host answered `max_chunk_bytes` 0".to_owned();
+            w.abort_now().await;
+            return Err(HostError::Artifact {
+                name: w.name.clone(),
+                detail,
+            });
+        }
+        Ok(w)
+    }
+
+    /// Use chunks of `n` bytes from now on (clamped to 1 ..= the host's `max_chunk_bytes`).
+    /// Bytes already buffered go out in chunks of the new size.
+    pub fn set_chunk_bytes(&mut self, n: usize) {
+        self.chunk_bytes = n.clamp(1, self.max_chunk_bytes);
+    }
+
+    /// The chunk size in use.
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
+    /// How many chunks may be unanswered at once (the host's `window`).
+    pub fn window(&self) -> usize {
+        self.window
+    }
+
+    /// The stream's id, as the host named it.
+    pub fn stream_id(&self) -> &str {
+        &self.stream_id
+    }
+
+    /// Bytes written so far.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Append `data`. Whole chunks are sent at once, waiting only when `window` chunks are
+    /// already unanswered; the rest is kept until more is written or the stream is finished.
+    pub async fn write(&mut self, mut data: &[u8]) -> Result<(), HostError> {
+        self.check_open()?;
+        self.hasher.update(data);
+        self.size += data.len() as u64;
+        if !self.buf.is_empty() {
+            let take = (self.chunk_bytes.saturating_sub(self.buf.len())).min(data.len());
+            self.buf.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if self.buf.len() >= self.chunk_bytes {
+                let chunk = std::mem::take(&mut self.buf);
+                self.send_chunk(&chunk).await?;
+            }
+        }
+        while data.len() >= self.chunk_bytes {
+            let (chunk, rest) = data.split_at(self.chunk_bytes);
+            self.send_chunk(chunk).await?;
+            data = rest;
+        }
+        self.buf.extend_from_slice(data);
+        Ok(())
+    }
+
+    /// Send what is buffered, wait for every chunk's ack, and close the stream with its size
+    /// and SHA-256. The host verifies both and answers the stored artifact's id.
+    pub async fn finish(mut self) -> Result<ArtifactStored, HostError> {
+        self.check_open()?;
+        if !self.buf.is_empty() {
+            let chunk = std::mem::take(&mut self.buf);
+            // A buffer left from a larger chunk size is cut to the current one.
+            for piece in chunk.chunks(self.chunk_bytes) {
+                self.send_chunk(piece).await?;
+            }
+        }
+        while let Some(ack) = self.in_flight.next().await {
+            self.on_ack(ack).await?;
+        }
+        let close = ArtifactClose {
+            stream_id: self.stream_id.clone(),
+            size: self.size,
+            sha256: hex::encode(std::mem::take(&mut self.hasher).finalize()),
+        };
+        match self
+            .peer
+            .call(methods::ext::ARTIFACT_CLOSE, &close, self.deadline)
+            .await
+        {
+            Ok(stored) => {
+                self.state = State::Done;
+                Ok(stored)
+            }
+            Err(e) => Err(self.fail(e).await),
+        }
+    }
+
+    /// Give up on the stream: the host discards what it received.
+    pub async fn abort(mut self) -> Result<(), HostError> {
+        if self.state != State::Open {
+            return Ok(());
+        }
+        self.state = State::Done;
+        self.in_flight.clear();
+        let _: Empty = self
+            .peer
+            .call(
+                methods::ext::ARTIFACT_ABORT,
+                &ArtifactAbort {
+                    stream_id: self.stream_id.clone(),
+                },
+                self.deadline,
+            )
+            .await?;
+        Ok(())
+    }
+
+    fn check_open(&self) -> Result<(), HostError> {
+        match self.state {
+            State::Open => Ok(()),
+            State::Failed | State::Done => Err(HostError::Artifact {
+                name: self.name.clone(),
+                detail: "the stream has already failed or ended".into(),
+            }),
+        }
+    }
+
+    async fn send_chunk(&mut self, bytes: &[u8]) -> Result<(), HostError> {
+        while self.in_flight.len() >= self.window {
+            let ack = self
+                .in_flight
+                .next()
+                .await
+                .expect("a full window is not empty");
+            self.on_ack(ack).await?;
+        }
+        let params = ArtifactChunk {
+            stream_id: self.stream_id.clone(),
+            seq: self.seq,
+            data: base64::engine::general_purpose::STANDARD.encode(bytes),
+        };
+        self.seq += 1;
+        let peer = self.peer.clone();
+        let deadline = self.deadline;
+        self.in_flight.push(Box::pin(async move {
+            peer.call(methods::ext::ARTIFACT_CHUNK, &params, deadline)
+                .await
+        }));
+        // Poll the new call once now, so that it is written at once rather than when the
+        // window next needs draining. Its first poll queues the frame: the session's send path
+        // takes its two semaphores (outgoing slots, write-queue bytes), both FIFO-fair, and
+        // `FuturesUnordered` first polls futures in the order they were pushed, so frames are
+        // queued in `seq` order even when a call has to wait for room. Acks that are already
+        // in are taken on the way.
+        while let Some(Some(ack)) = self.in_flight.next().now_or_never() {
+            self.on_ack(ack).await?;
+        }
+        Ok(())
+    }
+
+    async fn on_ack(&mut self, ack: Result<ChunkAck, CallError>) -> Result<(), HostError> {
+        match ack {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.fail(e).await),
+        }
+    }
+
+    /// The stream failed with `e`: drop the chunks in flight (each is sent `$/cancel`), abort
+    /// the stream unless the host already ended it, and hand back the error.
+    async fn fail(&mut self, e: CallError) -> HostError {
+        tracing::debug!(artifact = %self.name, stream = %self.stream_id, error = %e, "artifact stream failed");
+        self.state = State::Failed;
+        self.in_flight.clear();
+        // `artifact_invalid` ends the stream on the host (§8); an abort would only draw another.
+        if !e.is(ErrorCode::ArtifactInvalid) {
+            self.abort_now().await;
+        }
+        HostError::Call(e)
+    }
+
+    async fn abort_now(&mut self) {
+        self.state = State::Failed;
+        let abort = ArtifactAbort {
+            stream_id: self.stream_id.clone(),
+        };
+        let res: Result<Empty, _> = self
+            .peer
+            .call(methods::ext::ARTIFACT_ABORT, &abort, Some(ABORT_DEADLINE))
+            .await;
+        if let Err(e) = res {
+            tracing::debug!(artifact = %self.name, error = %e, "artifact.abort failed");
+        }
+    }
+}
+
+impl Drop for ArtifactWriter {
+    fn drop(&mut self) {
+        if self.state != State::Open {
+            return;
+        }
+        // Dropped unfinished: the chunks in flight are cancelled as their calls drop; tell the
+        // host to discard the stream. Drop cannot wait, so a task sends it; outside a runtime
+        // (the process is ending) there is no session left to tell.
+        self.in_flight.clear();
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let peer = self.peer.clone();
+        let abort = ArtifactAbort {
+            stream_id: std::mem::take(&mut self.stream_id),
+        };
+        let name = std::mem::take(&mut self.name);
+        rt.spawn(async move {
+            let res: Result<Empty, _> = peer
+                .call(methods::ext::ARTIFACT_ABORT, &abort, Some(ABORT_DEADLINE))
+                .await;
+            match res {
+                Ok(_) => tracing::debug!(artifact = %name, "unfinished artifact stream aborted"),
+                Err(e) => tracing::debug!(artifact = %name, error = %e, "artifact.abort failed"),
+            }
+        });
+    }
+}

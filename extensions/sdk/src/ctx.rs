@@ -1,0 +1,190 @@
+//! What a handler gets besides its params: the request's cancellation, and the host to call back.
+//!
+//! [`Host`] is a typed face over the session's `Peer` for the callbacks of `docs/protocol.md` §7.
+//! Callbacks may be made while the handler's own request is pending (the session keeps reading
+//! and serving meanwhile), and from tasks the handler spawns after it has answered — which is
+//! where writes belong when the handler is an in-transaction call, since the host refuses them
+//! with `reentrant_write` during one.
+//!
+//! Invariant: a callback whose caller goes away (the handler was cancelled, the future dropped)
+//! is cancelled on the host with `$/cancel`; nothing here waits on the host without either a
+//! caller still interested or a deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conduit_protocol::calls::{
+    ArtifactOpen, ArtifactStored, EmitParams, EmitResult, Event, EventRef, EventsPage, EventsQuery,
+    PushParams, PushResult, Work, WorkRef,
+};
+use conduit_protocol::handshake::InitializeParams;
+use conduit_protocol::{ErrorCode, RpcError, methods};
+use conduit_rpc::{CallError, Peer};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::artifact::ArtifactWriter;
+
+/// The context of one request: its cancellation, the host's handshake, and the host handle.
+#[derive(Clone, Debug)]
+pub struct Ctx {
+    pub(crate) host: Host,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl Ctx {
+    /// The host, for callbacks.
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// Cancelled when the host cancels this request (`$/cancel`), when the session ends, or
+    /// when a `shutdown` gives up waiting for it. The SDK answers `cancelled` and drops the
+    /// handler's future by itself; watch this token in tasks the handler spawned, or to stop a
+    /// long computation between steps.
+    pub fn cancel_token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Whether this request has been cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Cancelled when the host asks the extension to shut down. Running requests may still
+    /// finish (within the shutdown grace); a handler that waits for something open-ended
+    /// (a long poll) should stop waiting when this fires.
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// What the host sent in `initialize`: its name and version, limits and deadlines.
+    pub fn init(&self) -> &InitializeParams {
+        &self.host.init
+    }
+}
+
+/// Why a callback to the host failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostError {
+    /// The call itself failed: the host answered an error (for example `not_found`,
+    /// `reentrant_write`, `artifact_invalid`), the deadline passed, or the session ended.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// An artifact stream failed on this side: the host's `artifact.open` answer was unusable,
+    /// or the stream was used after it failed.
+    #[error("artifact `{name}`: {detail}")]
+    Artifact { name: String, detail: String },
+}
+
+impl HostError {
+    /// The error code this failure is reported as (the host's own code when it answered one).
+    pub fn code(&self) -> i32 {
+        match self {
+            HostError::Call(e) => e.code(),
+            HostError::Artifact { .. } => ErrorCode::InternalError.number(),
+        }
+    }
+
+    /// Whether the failure carries `code`.
+    pub fn is(&self, code: ErrorCode) -> bool {
+        self.code() == code.number()
+    }
+
+    /// As a wire error, to answer the handler's own request with: the host's error unchanged,
+    /// a local failure as its code with this error's message.
+    pub fn to_rpc_error(&self) -> RpcError {
+        match self {
+            HostError::Call(e) => e.to_rpc_error(),
+            HostError::Artifact { .. } => RpcError::internal(self.to_string()),
+        }
+    }
+}
+
+/// Lets a handler pass a failed callback on with `?`.
+impl From<HostError> for RpcError {
+    fn from(e: HostError) -> Self {
+        e.to_rpc_error()
+    }
+}
+
+/// The host, as seen from a handler: typed callbacks and artifact streams. Cheap to clone; a
+/// clone may be moved into a spawned task to call the host after the handler has answered.
+#[derive(Clone, Debug)]
+pub struct Host {
+    pub(crate) peer: Peer,
+    pub(crate) init: Arc<InitializeParams>,
+    pub(crate) deadline: Option<Duration>,
+}
+
+impl Host {
+    /// The same host, with a deadline on every call made through the copy. Past it the call
+    /// fails with `deadline_exceeded` and the host is sent `$/cancel`. Without one, a call
+    /// waits as long as its caller does (the host sets no deadline on callbacks).
+    pub fn with_deadline(&self, deadline: Duration) -> Host {
+        Host {
+            deadline: Some(deadline),
+            ..self.clone()
+        }
+    }
+
+    /// `state.event`: one event by id (`not_found` if there is none).
+    pub async fn event(&self, event_id: i64) -> Result<Event, HostError> {
+        self.call(methods::ext::STATE_EVENT, &EventRef { event_id })
+            .await
+    }
+
+    /// `state.events`: a page of events, oldest first.
+    pub async fn events(&self, query: EventsQuery) -> Result<EventsPage, HostError> {
+        self.call(methods::ext::STATE_EVENTS, &query).await
+    }
+
+    /// `state.work`: one Work by id (`not_found` if there is none).
+    pub async fn work(&self, work_id: i64) -> Result<Work, HostError> {
+        self.call(methods::ext::STATE_WORK, &WorkRef { work_id })
+            .await
+    }
+
+    /// `operation.emit`: plan an emission, committed later through `emit.commit`. Refused with
+    /// `reentrant_write` during an in-transaction call to this extension.
+    pub async fn emit(&self, params: EmitParams) -> Result<EmitResult, HostError> {
+        self.call(methods::ext::OPERATION_EMIT, &params).await
+    }
+
+    /// `ingress.push`: push one event; answered once it is committed (a repeated delivery id is
+    /// acknowledged with `duplicate: true`). Refused with `reentrant_write` during an
+    /// in-transaction call to this extension.
+    pub async fn push(&self, params: PushParams) -> Result<PushResult, HostError> {
+        self.call(methods::ext::INGRESS_PUSH, &params).await
+    }
+
+    /// `artifact.open`: start an artifact stream. Write to the returned writer, then
+    /// [`finish`](ArtifactWriter::finish) it; dropped unfinished, it aborts the stream.
+    pub async fn artifact(&self, open: ArtifactOpen) -> Result<ArtifactWriter, HostError> {
+        ArtifactWriter::open(self, open).await
+    }
+
+    /// Store `bytes` as one artifact: open (with `size` filled in), chunks, close.
+    pub async fn store_artifact(
+        &self,
+        mut open: ArtifactOpen,
+        bytes: &[u8],
+    ) -> Result<ArtifactStored, HostError> {
+        open.size.get_or_insert(bytes.len() as u64);
+        let mut w = self.artifact(open).await?;
+        w.write(bytes).await?;
+        w.finish().await
+    }
+
+    /// Any callback by name, for methods newer than this SDK.
+    pub async fn call<P, R>(&self, method: &str, params: &P) -> Result<R, HostError>
+    where
+        P: Serialize + ?Sized,
+        R: DeserializeOwned,
+    {
+        Ok(self.peer.call(method, params, self.deadline).await?)
+    }
+}

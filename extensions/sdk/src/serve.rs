@@ -1,0 +1,509 @@
+//! Serving an [`Extension`] over one session: the handshake, dispatch, `shutdown` and EOF.
+//!
+//! ```text
+//!   phase:  New ──initialize ok──► Ready ──shutdown──► Stopping ──answered──► (session closed)
+//!            │  any other request: not_initialized      │ new requests: shutting_down
+//!            └─ initialize again after a refusal is allowed; after success: invalid_request
+//! ```
+//!
+//! The phase is read and changed in [`Handler::request`], which the session calls on its reader
+//! task in the order requests arrive, so a request that follows `initialize` or `shutdown` on the
+//! wire always sees the phase they set. Handlers themselves run in the session's tasks.
+//!
+//! At stdin EOF the session would cancel every running handler at once; [`DrainAtEof`] holds the
+//! EOF back for at most [`EOF_DRAIN`] so that requests which arrived before it are still
+//! answered, then lets the session end. `shutdown` likewise waits for them (within half of the
+//! host's grace) before it is answered.
+//!
+//! Not here: the framing, the 64-request limit and `$/cancel`, which the session (`conduit-rpc`)
+//! applies before a request reaches this dispatcher.
+//!
+//! Invariant: every request is answered exactly once (by a handler, or by the session when it is
+//! cancelled); a handler that panics is answered `internal_error` rather than leaving its
+//! request, and its slot among the 64, held forever.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::io;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use conduit_protocol::calls::{
+    CommitParams, Empty, FilterParams, IngressPollParams, IngressPollResult, RecurrenceParams,
+    SleepParams, SleepResult, TriggerParams,
+};
+use conduit_protocol::handshake::{self, InitializeParams, InitializeResult, Software};
+use conduit_protocol::{ErrorCode, RpcError, methods};
+use conduit_rpc::{
+    BoxFuture, CloseReason, Handler, HandlerResult, Request, Session, SessionConfig, to_raw,
+};
+use futures::FutureExt as _;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::ctx::{Ctx, Host};
+use crate::extension::{Extension, TypedFn};
+
+/// How long the session may take, after `shutdown` was answered, to write what is queued.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
+
+/// At stdin EOF, how long requests that arrived before it may take to finish and be answered
+/// before the session sees the EOF and abandons the rest. Short, because EOF means "exit
+/// promptly" (§5); long enough for every answer that is only a computation away — which is what
+/// lets `printf '<initialize>\n<request>\n' | extension` print both answers.
+const EOF_DRAIN: Duration = Duration::from_millis(100);
+
+/// After the session saw EOF, how long queued answers get to reach stdout.
+const EOF_GRACE: Duration = Duration::from_millis(100);
+
+/// Why [`Extension::serve`] returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExitReason {
+    /// The host sent `shutdown`; it was answered and the session closed.
+    Shutdown,
+    /// The host closed its end (stdin EOF, or stdout's reader went away).
+    HostClosed,
+    /// Reading or writing failed.
+    Broken(String),
+}
+
+impl ExitReason {
+    /// The process exit code: 0 for a stop the host asked for (both `shutdown` and EOF are the
+    /// host's way of saying so), 1 when the streams broke.
+    pub fn code(&self) -> i32 {
+        match self {
+            ExitReason::Shutdown | ExitReason::HostClosed => 0,
+            ExitReason::Broken(_) => 1,
+        }
+    }
+}
+
+impl Extension {
+    /// Serve this extension over `read` (the host's messages) and `write` (ours) until the host
+    /// sends `shutdown` or closes `read`. Must be polled inside a tokio runtime; [`run`](crate::run)
+    /// calls it with this process's stdin and stdout.
+    pub async fn serve<R, W>(self, read: R, write: W) -> ExitReason
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let name = self.name.clone();
+        tracing::info!(extension = %name, version = %self.version, "serving");
+        let dispatch = Dispatch::new(self);
+        let answered_shutdown = dispatch.answered_shutdown.clone();
+        let read = DrainAtEof {
+            inner: read,
+            tracker: dispatch.tracker.clone(),
+            stopping: dispatch.stopping.clone(),
+            answered_shutdown: answered_shutdown.clone(),
+            state: Eof::Reading,
+        };
+        let session = Session::new(read, write, dispatch, SessionConfig::named("host"));
+        let ended = tokio::select! {
+            reason = session.wait() => Some(reason),
+            () = answered_shutdown.cancelled() => None,
+        };
+        let reason = match ended {
+            None => {
+                // The shutdown handler has queued its answer; closing waits for it to be
+                // written, then closes our stdout so the host sees EOF.
+                session.close(CLOSE_GRACE).await;
+                ExitReason::Shutdown
+            }
+            Some(reason) => {
+                // The session already failed every pending call and cancelled every handler
+                // still running after the drain; answers queued before still get written.
+                session.close(EOF_GRACE).await;
+                match reason {
+                    CloseReason::PeerClosed | CloseReason::Local => ExitReason::HostClosed,
+                    CloseReason::Broken(e) => ExitReason::Broken(e),
+                }
+            }
+        };
+        tracing::info!(extension = %name, ?reason, "stopped");
+        reason
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    New,
+    Ready,
+    Stopping,
+}
+
+struct State {
+    phase: Phase,
+    init: Option<Arc<InitializeParams>>,
+}
+
+/// The session's handler: the handshake, then routing by method and name.
+struct Dispatch {
+    ext: Extension,
+    state: Mutex<State>,
+    /// Tracks every request being answered (except `shutdown` itself), so that `shutdown` and
+    /// stdin EOF can wait for them.
+    tracker: TaskTracker,
+    /// Cancelled when `shutdown` arrives (handlers see it as [`Ctx::shutdown_token`]).
+    stopping: CancellationToken,
+    /// Cancelled when `shutdown` stops waiting: the handlers still running answer `cancelled`.
+    cancel_all: CancellationToken,
+    /// Cancelled when `shutdown` is about to be answered: [`Extension::serve`] closes the session.
+    answered_shutdown: CancellationToken,
+}
+
+impl Dispatch {
+    fn new(ext: Extension) -> Self {
+        Dispatch {
+            ext,
+            state: Mutex::new(State {
+                phase: Phase::New,
+                init: None,
+            }),
+            tracker: TaskTracker::new(),
+            stopping: CancellationToken::new(),
+            cancel_all: CancellationToken::new(),
+            answered_shutdown: CancellationToken::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every critical section is a plain read or assignment, so a poisoned lock still holds
+        // a consistent state.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn initialize(&self, req: &Request) -> HandlerResult {
+        let params: InitializeParams = parse_params(&req.method, req.params.as_deref(), true)?;
+        let mut st = self.lock();
+        if st.phase != Phase::New {
+            return Err(RpcError::new(
+                ErrorCode::InvalidRequest,
+                "`initialize` was already answered in this session",
+            ));
+        }
+        let version = match handshake::negotiate(
+            &params.protocol_versions,
+            &self.ext.protocol_versions,
+        ) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(host_versions = ?params.protocol_versions, ours = ?self.ext.protocol_versions, "no protocol version in common");
+                return Err(e);
+            }
+        };
+        tracing::info!(host = %params.host.name, host_version = %params.host.version, protocol = version, "initialized");
+        st.phase = Phase::Ready;
+        st.init = Some(Arc::new(params));
+        to_raw(&InitializeResult {
+            protocol_version: version,
+            extension: Software {
+                name: self.ext.name.clone(),
+                version: self.ext.version.clone(),
+            },
+            capabilities: self.ext.capabilities(),
+        })
+    }
+
+    /// Stop taking requests, let the running ones finish within half the grace the host gives,
+    /// cancel the rest, then answer.
+    fn shutdown(&self, init: &InitializeParams) -> BoxFuture<HandlerResult> {
+        self.lock().phase = Phase::Stopping;
+        self.stopping.cancel();
+        tracing::info!("shutdown requested");
+        // The host allows `shutdown_grace_ms` from `shutdown` to exit; give running requests
+        // half of it, which leaves ample time to cancel the rest, answer, and exit.
+        let wait = Duration::from_millis(init.deadlines.shutdown_grace_ms / 2);
+        let tracker = self.tracker.clone();
+        let cancel_all = self.cancel_all.clone();
+        let answered = self.answered_shutdown.clone();
+        Box::pin(async move {
+            tracker.close();
+            if tokio::time::timeout(wait, tracker.wait()).await.is_err() {
+                tracing::warn!(
+                    running = tracker.len(),
+                    "cancelling requests still running at shutdown"
+                );
+                cancel_all.cancel();
+                let _ = tokio::time::timeout(Duration::from_millis(100), tracker.wait()).await;
+            }
+            answered.cancel();
+            to_raw(&Empty {})
+        })
+    }
+
+    /// Route a request of the ready phase to its handler.
+    fn route(&self, req: Request, init: Arc<InitializeParams>) -> BoxFuture<HandlerResult> {
+        let cx = Ctx {
+            host: Host {
+                peer: req.peer.clone(),
+                init,
+                deadline: None,
+            },
+            cancel: req.cancel.clone(),
+            shutdown: self.stopping.clone(),
+        };
+        let params = req.params.as_deref();
+        let ext = &self.ext;
+        let started = match req.method.as_str() {
+            methods::host::WORK_KIND_TRIGGER => by_name(
+                &req.method,
+                params,
+                &ext.triggers,
+                cx,
+                "work kind",
+                |p: &TriggerParams| &p.kind,
+            ),
+            methods::host::RECURRENCE_NEXT => by_name(
+                &req.method,
+                params,
+                &ext.recurrences,
+                cx,
+                "recurrence",
+                |p: &RecurrenceParams| &p.recurrence,
+            ),
+            methods::host::DEPENDENCY_FILTER => by_name(
+                &req.method,
+                params,
+                &ext.filters,
+                cx,
+                "dependency filter",
+                |p: &FilterParams| &p.filter,
+            ),
+            methods::host::EMIT_COMMIT => by_name(
+                &req.method,
+                params,
+                &ext.emissions,
+                cx,
+                "emission",
+                |p: &CommitParams| &p.emission,
+            ),
+            methods::host::INGRESS_POLL => self.poll(&req.method, params, cx),
+            methods::host::CHECK_SLEEP => check_sleep(&req.method, params, cx),
+            method => match ext.methods.get(method) {
+                Some(handler) => Ok(handler(cx, params)),
+                None => Err(RpcError::method_not_found(method)),
+            },
+        };
+        let fut = match started {
+            Ok(fut) => fut,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        let method = req.method;
+        let cancel = req.cancel;
+        let cancel_all = self.cancel_all.clone();
+        Box::pin(async move {
+            tokio::select! {
+                biased;
+                res = AssertUnwindSafe(fut).catch_unwind() => res.unwrap_or_else(|panic| {
+                    let what = panic_message(&*panic);
+                    tracing::error!(%method, panic = %what, "handler panicked");
+                    Err(RpcError::internal(format!("the handler of `{method}` panicked: {what}")))
+                }),
+                () = cancel_all.cancelled() => {
+                    // Let tasks the handler spawned see the cancellation too.
+                    cancel.cancel();
+                    Err(RpcError::cancelled())
+                }
+            }
+        })
+    }
+
+    fn poll(
+        &self,
+        method: &str,
+        params: Option<&RawValue>,
+        cx: Ctx,
+    ) -> Result<BoxFuture<HandlerResult>, RpcError> {
+        let p: IngressPollParams = parse_params(method, params, true)?;
+        match self.ext.ingress.get(&p.source) {
+            Some(Some(handler)) => {
+                let fut = handler(cx, p);
+                Ok(Box::pin(async move { to_raw(&fut.await?) }))
+            }
+            // A push-only source has nothing to poll (§6.5).
+            Some(None) => Ok(Box::pin(std::future::ready(to_raw(
+                &IngressPollResult::default(),
+            )))),
+            None => Err(undeclared(method, "ingress source", &p.source)),
+        }
+    }
+}
+
+impl Handler for Dispatch {
+    fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
+        let answer: BoxFuture<HandlerResult> = if req.method == methods::host::INITIALIZE {
+            Box::pin(std::future::ready(self.initialize(&req)))
+        } else {
+            let (phase, init) = {
+                let st = self.lock();
+                (st.phase, st.init.clone())
+            };
+            match (phase, init) {
+                (Phase::New, _) | (_, None) => ready_err(RpcError::new(
+                    ErrorCode::NotInitialized,
+                    format!("`{}` came before `initialize`", req.method),
+                )),
+                (Phase::Stopping, _) => ready_err(RpcError::new(
+                    ErrorCode::ShuttingDown,
+                    "the extension is shutting down and takes no new requests",
+                )),
+                // Not tracked: it waits for everything that is.
+                (Phase::Ready, Some(init)) if req.method == methods::host::SHUTDOWN => {
+                    return self.shutdown(&init);
+                }
+                (Phase::Ready, Some(init)) => self.route(req, init),
+            }
+        };
+        // Even answers that are ready at once are tracked: the session writes them from a task
+        // of its own, and `shutdown` and EOF must not overtake them.
+        Box::pin(self.tracker.track_future(answer))
+    }
+}
+
+fn ready_err(e: RpcError) -> BoxFuture<HandlerResult> {
+    Box::pin(std::future::ready(Err(e)))
+}
+
+/// The host's stream, with its end held back for at most [`EOF_DRAIN`] while the requests that
+/// arrived before it (a `shutdown` among them) are answered.
+///
+/// The session ends at EOF by cancelling every running handler, which is right for a host that
+/// went away, but would also drop answers that were about to be written — including all of them
+/// when the whole input arrives at once, as when an extension is tried by hand from a pipe.
+struct DrainAtEof<R> {
+    inner: R,
+    tracker: TaskTracker,
+    stopping: CancellationToken,
+    answered_shutdown: CancellationToken,
+    state: Eof,
+}
+
+enum Eof {
+    Reading,
+    Draining(Pin<Box<dyn Future<Output = ()> + Send>>),
+    Reached,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for DrainAtEof<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            match &mut this.state {
+                Eof::Reading => {
+                    let before = buf.filled().len();
+                    ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+                    if buf.filled().len() > before || buf.remaining() == 0 {
+                        return Poll::Ready(Ok(()));
+                    }
+                    tracing::debug!("stdin closed; answering what is running before stopping");
+                    // Nothing can arrive after EOF, so the tracker can close: `wait` then ends
+                    // when the last running request is answered.
+                    let tracker = this.tracker.clone();
+                    tracker.close();
+                    let stopping = this.stopping.clone();
+                    let answered = this.answered_shutdown.clone();
+                    this.state = Eof::Draining(Box::pin(async move {
+                        let drained = async {
+                            tracker.wait().await;
+                            // A `shutdown` is answered once the others are; it is not tracked.
+                            if stopping.is_cancelled() {
+                                answered.cancelled().await;
+                            }
+                        };
+                        let _ = tokio::time::timeout(EOF_DRAIN, drained).await;
+                    }));
+                }
+                Eof::Draining(drain) => {
+                    ready!(drain.as_mut().poll(cx));
+                    this.state = Eof::Reached;
+                }
+                Eof::Reached => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+}
+
+/// Read params as `P`; absent params read as `{}` (§3.1). Protocol methods take objects only,
+/// since serde would otherwise read a struct from a positional array.
+pub(crate) fn parse_params<P: DeserializeOwned>(
+    method: &str,
+    params: Option<&RawValue>,
+    object_only: bool,
+) -> Result<P, RpcError> {
+    let raw = params.map_or("{}", RawValue::get);
+    if object_only && !raw.trim_start().starts_with('{') {
+        return Err(RpcError::invalid_params(
+            method,
+            "params must be a JSON object",
+        ));
+    }
+    serde_json::from_str(raw).map_err(|e| RpcError::invalid_params(method, e))
+}
+
+fn undeclared(method: &str, what: &str, name: &str) -> RpcError {
+    RpcError::invalid_params(
+        method,
+        format!("{what} `{name}` is not declared by this extension"),
+    )
+}
+
+/// Parse `P`, find the handler registered under the name it carries, and start it.
+fn by_name<P, R>(
+    method: &str,
+    params: Option<&RawValue>,
+    handlers: &HashMap<String, TypedFn<P, R>>,
+    cx: Ctx,
+    what: &str,
+    name_of: impl Fn(&P) -> &String,
+) -> Result<BoxFuture<HandlerResult>, RpcError>
+where
+    P: DeserializeOwned,
+    R: Serialize + 'static,
+{
+    let p: P = parse_params(method, params, true)?;
+    let Some(handler) = handlers.get(name_of(&p)) else {
+        return Err(undeclared(method, what, name_of(&p)));
+    };
+    let fut = handler(cx, p);
+    Ok(Box::pin(async move { to_raw(&fut.await?) }))
+}
+
+/// `check.sleep`: hold for `ms`, or until cancelled (the session answers `cancelled`) or the
+/// extension is asked to shut down — a conformance probe is not work worth finishing.
+fn check_sleep(
+    method: &str,
+    params: Option<&RawValue>,
+    cx: Ctx,
+) -> Result<BoxFuture<HandlerResult>, RpcError> {
+    let p: SleepParams = parse_params(method, params, true)?;
+    Ok(Box::pin(async move {
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(p.ms)) => {}
+            () = cx.shutdown.cancelled() => return Err(RpcError::cancelled()),
+        }
+        to_raw(&SleepResult { slept_ms: p.ms })
+    }))
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".to_owned()
+    }
+}
