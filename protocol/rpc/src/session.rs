@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use conduit_protocol::message::{self, CancelParams};
 use conduit_protocol::{ErrorCode, Message, MessageError, RequestId, RpcError, methods};
+use futures::FutureExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
@@ -806,9 +807,11 @@ async fn on_message(
             let fut = handler.request(req);
             let shared = shared.clone();
             handlers.spawn(async move {
+                // A handler that panics still answers (and frees its slot).
+                let fut = std::panic::AssertUnwindSafe(fut).catch_unwind();
                 let res = tokio::select! {
                     biased;
-                    r = fut => r,
+                    r = fut => r.unwrap_or_else(|_| Err(RpcError::internal("the handler panicked"))),
                     () = cancel.cancelled() => Err(RpcError::cancelled()),
                 };
                 let still_ours = shared.lock().incoming.remove(&id).is_some();

@@ -4,7 +4,8 @@
 //! Methods: `echo` (answers its params), `hold` (waits until cancelled, counts the cancel it
 //! saw), `sleep` (`{"ms"}`), `callback` (calls the other side's `echo` with its params and
 //! answers with that), `stats` (`{"cancels_seen"}`), `big` (`{"bytes"}`: answers a string of
-//! that many bytes), `exit` (`{"code"}`: the process exits at once, without answering).
+//! that many bytes), `panic` (panics), `exit` (`{"code"}`: the process exits at once, without
+//! answering).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -57,6 +58,10 @@ impl Handler for TestHandler {
                     let p: serde_json::Value = req.params()?;
                     let n = p["bytes"].as_u64().unwrap_or(0) as usize;
                     to_raw(&"x".repeat(n))
+                }
+                // `resume_unwind` unwinds without the panic hook, so the tests stay quiet.
+                "panic" => {
+                    std::panic::resume_unwind(Box::new("the test handler was asked to panic"))
                 }
                 "exit" => {
                     let p: serde_json::Value = req.params()?;

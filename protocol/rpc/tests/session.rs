@@ -98,6 +98,7 @@ both!(
     a_handler_can_call_back_while_its_request_is_pending,
     the_peer_going_away_fails_every_pending_call_at_once,
     unknown_methods_get_method_not_found,
+    a_panicking_handler_is_answered_internal_error_and_frees_its_slot,
 );
 
 async fn stats(peer: &Peer) -> Value {
@@ -308,6 +309,23 @@ async fn the_peer_going_away_fails_every_pending_call_at_once(mut pair: Pair) {
         .await
         .unwrap_err();
     assert!(matches!(err, CallError::Closed { .. }), "{err}");
+}
+
+async fn a_panicking_handler_is_answered_internal_error_and_frees_its_slot(pair: Pair) {
+    let peer = pair.peer();
+    for _ in 0..100 {
+        let err = peer
+            .call::<_, Value>("panic", &json!({}), Some(Duration::from_secs(5)))
+            .await
+            .unwrap_err();
+        assert!(err.is(ErrorCode::InternalError), "{err}");
+    }
+    // 100 panics later, all 64 slots are still free.
+    let v: Value = peer
+        .call("echo", &json!(1), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(v, json!(1));
 }
 
 async fn unknown_methods_get_method_not_found(pair: Pair) {
