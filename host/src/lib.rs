@@ -1,1 +1,7 @@
-//! placeholder
+//! conduit's host side, as libraries the `conduit` binary is a thin layer over.
+//!
+//! One module per concern; this file only lists them. Only the binary (`main.rs`, `cli/`)
+//! installs tracing subscribers, prints, and turns errors into exit codes.
+
+pub mod check;
+pub mod manifest;

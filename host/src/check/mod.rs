@@ -1,0 +1,404 @@
+//! `conduit ext check`: run a package, in any language, through the protocol's rules.
+//!
+//! The checker plays the host. It starts the package from its manifest and drives it with the
+//! same `conduit_rpc::Session` the daemon uses, then breaks the rules on purpose where the
+//! protocol says a package must survive that (a garbage line, a 16 MiB + 1 request, a 65th
+//! concurrent request). Three instances run, one after another:
+//!
+//! | instance   | rules |
+//! |------------|-------|
+//! | `main`     | handshake, capabilities-match-manifest, declared-methods-answer, unknown-method, malformed-line, oversized-line, cancellation, shutdown |
+//! | `version`  | version (offers only protocol version 99) |
+//! | `overload` | overload (holds 64 `check.sleep` calls; a separate instance so that a package that ignores `$/cancel` cannot spoil it, nor it the others) |
+//!
+//! and `stdout-only-protocol` judges every line any of them wrote to stdout.
+//!
+//! Invariants: every rule ends in bounded time (each wait has a timeout); a rule that cannot
+//! run says why (`skip`) instead of failing for another rule's fault — once the main session
+//! has ended, the rules after it are skipped, naming the rule during which it ended; no process
+//! of the package outlives the check. The report is data ([`Report`]); printing it and the exit
+//! code belong to the CLI.
+
+mod callbacks;
+mod instance;
+mod rules;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use conduit_rpc::SessionConfig;
+use serde::Serialize;
+
+use crate::manifest::{Manifest, ManifestError, ResolvedCommand};
+use callbacks::CheckHost;
+use instance::Instance;
+
+pub use rules::RULES;
+
+/// How a rule came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Pass,
+    Fail,
+    Skip,
+}
+
+/// One rule's outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct RuleResult {
+    /// The rule's stable id (one of [`RULES`]).
+    pub id: &'static str,
+    pub status: Status,
+    /// What was seen: on a failure, what is wrong; on a skip, why it did not run.
+    pub detail: String,
+    /// On a failure, what the package's author should change.
+    pub fix: Option<String>,
+    /// Things worth knowing that do not fail the rule (a slow answer, an accepted error).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+impl RuleResult {
+    pub(crate) fn pass(id: &'static str, detail: impl Into<String>) -> Self {
+        RuleResult {
+            id,
+            status: Status::Pass,
+            detail: detail.into(),
+            fix: None,
+            notes: Vec::new(),
+        }
+    }
+
+    pub(crate) fn fail(
+        id: &'static str,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        RuleResult {
+            id,
+            status: Status::Fail,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+            notes: Vec::new(),
+        }
+    }
+
+    pub(crate) fn skip(id: &'static str, why: impl Into<String>) -> Self {
+        RuleResult {
+            id,
+            status: Status::Skip,
+            detail: why.into(),
+            fix: None,
+            notes: Vec::new(),
+        }
+    }
+
+    pub(crate) fn with_notes(mut self, notes: Vec<String>) -> Self {
+        self.notes.extend(notes);
+        self
+    }
+}
+
+/// The package, as the report names it.
+#[derive(Clone, Debug, Serialize)]
+pub struct PackageInfo {
+    pub name: String,
+    pub version: String,
+    pub path: PathBuf,
+    pub protocol: Vec<u32>,
+    pub command: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// The outcome of a whole check.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub package: PackageInfo,
+    /// True when no rule failed (skips do not count against it).
+    pub passed: bool,
+    /// Every rule of [`RULES`], in that order.
+    pub rules: Vec<RuleResult>,
+    /// The end of each instance's stderr, by instance (`main`, `version`, `overload`); only
+    /// instances that wrote something.
+    pub stderr: BTreeMap<String, String>,
+    pub elapsed_ms: u64,
+}
+
+impl Report {
+    /// How many rules came out with `status`.
+    pub fn count(&self, status: Status) -> usize {
+        self.rules.iter().filter(|r| r.status == status).count()
+    }
+}
+
+/// Knobs of a check.
+#[derive(Clone, Debug)]
+pub struct CheckOptions {
+    /// How long to wait for each answer that may take work: the handshake, each declared
+    /// method. Answers the protocol wants "at once" have their own, shorter waits.
+    pub timeout: Duration,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        CheckOptions {
+            // The host's start timeout.
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What every rule may look at.
+pub(crate) struct Ctx<'a> {
+    pub(crate) manifest: &'a Manifest,
+    pub(crate) opts: &'a CheckOptions,
+    pub(crate) host: CheckHost,
+    pub(crate) now_ms: i64,
+    pub(crate) source: String,
+}
+
+impl Ctx<'_> {
+    /// For answers the protocol wants at once (a parse error, `overloaded` …): generous enough
+    /// for a loaded machine, short enough that a package that never answers costs little.
+    pub(crate) fn prompt(&self) -> Duration {
+        self.opts.timeout.min(Duration::from_secs(5))
+    }
+}
+
+/// Check the package in `dir`. Only an unusable manifest is an error; everything the package
+/// does wrong is in the report.
+pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, ManifestError> {
+    let started = Instant::now();
+    let manifest = Manifest::load(dir)?;
+    let cmd = manifest.resolve_command(dir)?;
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let source = manifest
+        .capabilities
+        .ingress
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "check".to_owned());
+    let host = CheckHost::new(callbacks::synthetic_events(&source, now_ms));
+    let ctx = Ctx {
+        manifest: &manifest,
+        opts,
+        host,
+        now_ms,
+        source,
+    };
+
+    let mut results: Vec<RuleResult> = Vec::new();
+    let mut instances: Vec<Instance> = Vec::new();
+    let mut chosen = None;
+    match start(&ctx, &cmd, dir, "main") {
+        Err(res) => {
+            results.push(res);
+            skip_session_rules(
+                &mut results,
+                "the package could not be started (see `handshake`)",
+            );
+        }
+        Ok(mut main) => {
+            let hs = rules::handshake::handshake(&ctx, &mut main).await;
+            results.push(hs.result);
+            chosen = hs.chosen;
+            match &hs.init {
+                Some(init) => {
+                    ctx.host.set_capabilities(&init.capabilities);
+                    results.push(rules::handshake::capabilities_match(&ctx, init));
+                    session_rules(&ctx, &mut main, init, &mut results).await;
+                }
+                None => skip_session_rules(
+                    &mut results,
+                    "needs a completed handshake (see `handshake`)",
+                ),
+            }
+            main.finish().await;
+            instances.push(main);
+            if let Some(init) = &hs.init {
+                results.push(overload(&ctx, &cmd, dir, init, &mut instances).await);
+            }
+        }
+    }
+    results.push(version(&ctx, &cmd, dir, chosen, &mut instances).await);
+
+    let logs: Vec<(&'static str, Vec<instance::Seen>)> = instances
+        .iter()
+        .map(|i| (i.label, i.stdout.snapshot()))
+        .collect();
+    results.push(if instances.is_empty() {
+        RuleResult::skip(
+            rules::STDOUT_ONLY,
+            "no instance of the package could be started",
+        )
+    } else {
+        rules::lines::stdout_only(&logs)
+    });
+
+    let mut stderr = BTreeMap::new();
+    for inst in &instances {
+        let text = inst.stderr.lock().unwrap().text();
+        if !text.trim().is_empty() {
+            stderr.insert(inst.label.to_owned(), text);
+        }
+    }
+    let order = |id: &str| {
+        RULES
+            .iter()
+            .position(|(r, _)| *r == id)
+            .unwrap_or(usize::MAX)
+    };
+    results.sort_by_key(|r| order(r.id));
+    let passed = results.iter().all(|r| r.status != Status::Fail);
+    Ok(Report {
+        package: PackageInfo {
+            name: manifest.name.clone(),
+            version: manifest.version.clone(),
+            path: dir.canonicalize().unwrap_or_else(|_| dir.to_owned()),
+            protocol: manifest.protocol.clone(),
+            command: manifest.command.clone(),
+            description: manifest.description.clone(),
+        },
+        passed,
+        rules: results,
+        stderr,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// Spawn an instance, or the `handshake` failure that says why it could not start.
+fn start(
+    ctx: &Ctx<'_>,
+    cmd: &ResolvedCommand,
+    dir: &Path,
+    label: &'static str,
+) -> Result<Instance, RuleResult> {
+    let config = SessionConfig {
+        name: format!("{} ({label})", ctx.manifest.name),
+        // More than 64, so the checker can send the 65th concurrent request itself.
+        max_outgoing: 2 * conduit_protocol::MAX_CONCURRENT_REQUESTS,
+        ..SessionConfig::default()
+    };
+    Instance::spawn(cmd, dir, label, ctx.host.clone(), config).map_err(|e| {
+        RuleResult::fail(
+            rules::HANDSHAKE,
+            format!("could not start `{}`: {e}", cmd.program.display()),
+            "make `command` in conduit-extension.toml start the extension: a script needs a `#!` line and the execute bit, a binary must be built for this machine",
+        )
+    })
+}
+
+/// Skip every rule that needs the main session.
+fn skip_session_rules(results: &mut Vec<RuleResult>, why: &str) {
+    for &(id, _) in RULES {
+        if !matches!(id, rules::HANDSHAKE | rules::VERSION | rules::STDOUT_ONLY) {
+            results.push(RuleResult::skip(id, why));
+        }
+    }
+}
+
+/// The rules that run one after another on the main session. Once the session has ended, the
+/// rest are skipped, naming the rule during which it ended: the author fixes that one first.
+async fn session_rules(
+    ctx: &Ctx<'_>,
+    main: &mut Instance,
+    init: &conduit_protocol::InitializeResult,
+    results: &mut Vec<RuleResult>,
+) {
+    use rules::{flow, lines, methods};
+    let mut last = rules::HANDSHAKE;
+    for &id in &[
+        rules::DECLARED_METHODS,
+        rules::UNKNOWN_METHOD,
+        rules::MALFORMED_LINE,
+        rules::OVERSIZED_LINE,
+        rules::CANCELLATION,
+        rules::SHUTDOWN,
+    ] {
+        if main.session_ended() {
+            let state = main.state_note().await;
+            results.push(RuleResult::skip(
+                id,
+                format!("the session ended during `{last}` ({state}); fix that rule first"),
+            ));
+            continue;
+        }
+        let res = match id {
+            rules::DECLARED_METHODS => methods::declared_methods(ctx, main, init).await,
+            rules::UNKNOWN_METHOD => methods::unknown_method(ctx, main).await,
+            rules::MALFORMED_LINE => lines::malformed_line(ctx, main).await,
+            rules::OVERSIZED_LINE => lines::oversized_line(ctx, main).await,
+            rules::CANCELLATION => flow::cancellation(ctx, main, init).await,
+            rules::SHUTDOWN => flow::shutdown(ctx, main).await,
+            _ => unreachable!("every id above has a rule"),
+        };
+        results.push(res);
+        last = id;
+    }
+}
+
+/// The overload rule, on an instance of its own.
+async fn overload(
+    ctx: &Ctx<'_>,
+    cmd: &ResolvedCommand,
+    dir: &Path,
+    init: &conduit_protocol::InitializeResult,
+    instances: &mut Vec<Instance>,
+) -> RuleResult {
+    if !rules::declares_sleep(init) {
+        return RuleResult::skip(rules::OVERLOAD, rules::NEEDS_SLEEP);
+    }
+    let mut inst = match start(ctx, cmd, dir, "overload") {
+        Ok(inst) => inst,
+        Err(res) => {
+            return RuleResult::fail(
+                rules::OVERLOAD,
+                format!("a second instance {}", res.detail),
+                res.fix.unwrap_or_default(),
+            );
+        }
+    };
+    let hs = rules::handshake::handshake(ctx, &mut inst).await;
+    let res = match hs.init {
+        Some(_) => rules::flow::overload(ctx, &mut inst).await,
+        None => RuleResult::fail(
+            rules::OVERLOAD,
+            format!(
+                "a second instance did not complete its handshake: {}",
+                hs.result.detail
+            ),
+            hs.result.fix.unwrap_or_default(),
+        ),
+    };
+    inst.finish().await;
+    instances.push(inst);
+    res
+}
+
+/// The version rule, on an instance of its own.
+async fn version(
+    ctx: &Ctx<'_>,
+    cmd: &ResolvedCommand,
+    dir: &Path,
+    chosen: Option<u32>,
+    instances: &mut Vec<Instance>,
+) -> RuleResult {
+    let mut inst = match start(ctx, cmd, dir, "version") {
+        Ok(inst) => inst,
+        Err(_) => {
+            return RuleResult::skip(
+                rules::VERSION,
+                "the package could not be started (see `handshake`)",
+            );
+        }
+    };
+    let res = rules::handshake::version(ctx, &mut inst, chosen).await;
+    inst.finish().await;
+    instances.push(inst);
+    res
+}

@@ -1,0 +1,342 @@
+//! The rules about requests over time: `cancellation`, `overload` and `shutdown`.
+//!
+//! The first two hold requests open with `check.sleep` (docs/protocol.md §6.7), so they run
+//! only when the package declares it. `overload` runs on an instance of its own (see
+//! `check::overload`), so that 64 held requests — which a package that ignores `$/cancel`
+//! would keep for 10 s — cannot disturb the other rules.
+//!
+//! Invariant: every request these rules leave open is cancelled or given up within bounded
+//! time; each wait has a timeout derived from the protocol's numbers.
+
+use std::time::{Duration, Instant};
+
+use conduit_protocol::calls::SleepParams;
+use conduit_protocol::methods::host::{CHECK_SLEEP, SHUTDOWN};
+use conduit_protocol::{ErrorCode, InitializeResult, MAX_CONCURRENT_REQUESTS, SHUTDOWN_GRACE};
+use conduit_rpc::CallError;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    CANCELLATION, NEEDS_SLEEP, OVERLOAD, SHUTDOWN as SHUTDOWN_RULE, call_failure, declares_sleep,
+    error_text, ms, raw, rpc_is,
+};
+use crate::check::instance::{Instance, describe_exit};
+use crate::check::{Ctx, RuleResult};
+
+/// How long `check.sleep` is asked to hold a request: far longer than any rule waits.
+const HOLD: SleepParams = SleepParams { ms: 10_000 };
+
+/// When the checker sends `$/cancel`, after the request.
+const CANCEL_AFTER: Duration = Duration::from_millis(50);
+
+/// How soon after `$/cancel` the `cancelled` answer must come.
+const CANCEL_WITHIN: Duration = Duration::from_secs(1);
+
+/// How soon the 65th request must be refused ("at once", with room for a loaded machine).
+const REFUSE_WITHIN: Duration = Duration::from_secs(1);
+
+/// `cancellation`: `$/cancel` ends a pending `check.sleep` with `cancelled` within 1 s.
+pub(crate) async fn cancellation(
+    _ctx: &Ctx<'_>,
+    inst: &mut Instance,
+    init: &InitializeResult,
+) -> RuleResult {
+    if !declares_sleep(init) {
+        return RuleResult::skip(CANCELLATION, NEEDS_SLEEP);
+    }
+    let fix = "on `$/cancel` {\"id\": N}, answer request N at once with the error cancelled (-32001), even if its work cannot stop; drop its late result (docs/protocol.md §9)";
+    let peer = inst.peer();
+    let token = CancellationToken::new();
+    let trigger = token.clone();
+    let canceller = tokio::spawn(async move {
+        tokio::time::sleep(CANCEL_AFTER).await;
+        trigger.cancel();
+    });
+    let t0 = Instant::now();
+    let res = peer
+        .call_raw_cancellable(
+            CHECK_SLEEP,
+            &raw(&HOLD),
+            Some(CANCEL_AFTER + CANCEL_WITHIN),
+            Some(&token),
+        )
+        .await;
+    let took = t0.elapsed();
+    canceller.abort();
+    match res {
+        Err(e) if rpc_is(&e, ErrorCode::Cancelled) => RuleResult::pass(
+            CANCELLATION,
+            format!(
+                "answered cancelled {} ms after `$/cancel`",
+                ms(took.saturating_sub(CANCEL_AFTER))
+            ),
+        ),
+        Err(CallError::DeadlineExceeded { .. }) => RuleResult::fail(
+            CANCELLATION,
+            format!(
+                "did not answer check.sleep {{\"ms\": {}}} within {} ms of `$/cancel`",
+                HOLD.ms,
+                ms(CANCEL_WITHIN)
+            ),
+            fix,
+        ),
+        Ok(_) if !token.is_cancelled() => RuleResult::fail(
+            CANCELLATION,
+            format!(
+                "answered check.sleep {{\"ms\": {}}} after {} ms, without holding it",
+                HOLD.ms,
+                ms(took)
+            ),
+            "hold check.sleep for `ms` milliseconds or until it is cancelled (docs/protocol.md §6.7)",
+        ),
+        Ok(_) => RuleResult::fail(
+            CANCELLATION,
+            "answered the cancelled check.sleep with a result instead of the error cancelled",
+            fix,
+        ),
+        Err(CallError::Rpc { error, .. }) => RuleResult::fail(
+            CANCELLATION,
+            format!(
+                "answered the cancelled check.sleep with {} instead of cancelled (-32001)",
+                error_text(&error)
+            ),
+            fix,
+        ),
+        Err(e) => {
+            let state = inst.state_note().await;
+            RuleResult::fail(
+                CANCELLATION,
+                format!(
+                    "asked to cancel a check.sleep, the package {}; {state}",
+                    call_failure(&e)
+                ),
+                fix,
+            )
+        }
+    }
+}
+
+type Held = (
+    CancellationToken,
+    tokio::task::JoinHandle<Result<Box<serde_json::value::RawValue>, CallError>>,
+);
+
+/// `overload`: with 64 requests held, the 65th is answered `overloaded` at once.
+pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
+    let limit = MAX_CONCURRENT_REQUESTS;
+    let fix = "serve at most 64 requests at once: answer a request that arrives while 64 are unfinished at once with overloaded (-32000) and data {\"limit\": 64}, without running its handler (docs/protocol.md §10)";
+    let peer = inst.peer();
+    let mut held: Vec<Held> = Vec::with_capacity(limit);
+    for _ in 0..limit {
+        let token = CancellationToken::new();
+        let (p, t) = (peer.clone(), token.clone());
+        let task = tokio::spawn(async move {
+            p.call_raw_cancellable(
+                CHECK_SLEEP,
+                &raw(&HOLD),
+                Some(Duration::from_secs(15)),
+                Some(&t),
+            )
+            .await
+        });
+        held.push((token, task));
+    }
+    // The session queues a call for writing as soon as it is pending, so once all 64 are
+    // pending (and a moment has passed for the writer), the 65th is written after them.
+    let until = Instant::now() + ctx.prompt();
+    while peer.outgoing_in_flight() < limit
+        && Instant::now() < until
+        && !held.iter().any(|(_, t)| t.is_finished())
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let t0 = Instant::now();
+    let res = peer
+        .call_raw(CHECK_SLEEP, &raw(&HOLD), Some(REFUSE_WITHIN))
+        .await;
+    let took = t0.elapsed();
+    // A refusal of an earlier request was written before the answer to the 65th.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let early = early_answers(&mut held).await;
+    release(held).await;
+
+    if let Some((n, what)) = early.first() {
+        return RuleResult::fail(
+            OVERLOAD,
+            format!(
+                "while it should have been holding 64 check.sleep requests, it {what} (request {n} of 64; {} answered early)",
+                early.len()
+            ),
+            fix,
+        );
+    }
+    match res {
+        Err(CallError::Rpc { error, .. }) if error.is(ErrorCode::Overloaded) => {
+            let limit_ok = error
+                .data
+                .as_ref()
+                .and_then(|d| serde_json::from_str::<serde_json::Value>(d.get()).ok())
+                .is_some_and(|d| d["limit"] == serde_json::json!(limit));
+            if limit_ok {
+                RuleResult::pass(
+                    OVERLOAD,
+                    format!(
+                        "answered the 65th concurrent request with overloaded after {} ms",
+                        ms(took)
+                    ),
+                )
+            } else {
+                RuleResult::fail(
+                    OVERLOAD,
+                    format!(
+                        "answered the 65th concurrent request with overloaded, but its data is {} instead of {{\"limit\": 64}}",
+                        error.data.as_ref().map_or("absent", |d| d.get())
+                    ),
+                    "add data {\"limit\": 64} to the overloaded error",
+                )
+            }
+        }
+        Err(CallError::DeadlineExceeded { .. }) => RuleResult::fail(
+            OVERLOAD,
+            format!(
+                "accepted a 65th concurrent request: it was not refused within {} ms",
+                ms(REFUSE_WITHIN)
+            ),
+            fix,
+        ),
+        Ok(_) => RuleResult::fail(
+            OVERLOAD,
+            "served a 65th concurrent request instead of refusing it",
+            fix,
+        ),
+        Err(CallError::Rpc { error, .. }) => RuleResult::fail(
+            OVERLOAD,
+            format!(
+                "answered the 65th concurrent request with {} instead of overloaded (-32000)",
+                error_text(&error)
+            ),
+            fix,
+        ),
+        Err(e) => {
+            let state = inst.state_note().await;
+            RuleResult::fail(
+                OVERLOAD,
+                format!(
+                    "sent a 65th concurrent request, the package {}; {state}",
+                    call_failure(&e)
+                ),
+                fix,
+            )
+        }
+    }
+}
+
+/// Held requests that were answered although nobody cancelled them: (their number, what).
+async fn early_answers(held: &mut [Held]) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (i, (_, task)) in held.iter_mut().enumerate() {
+        if !task.is_finished() {
+            continue;
+        }
+        let what = match task.await {
+            Ok(Ok(_)) => "answered a held check.sleep with a result".to_owned(),
+            Ok(Err(e)) if rpc_is(&e, ErrorCode::Overloaded) => {
+                "refused a request with overloaded before 64 were running".to_owned()
+            }
+            Ok(Err(e)) => format!("failed a held check.sleep: it {}", call_failure(&e)),
+            Err(_) => "lost a held request".to_owned(),
+        };
+        out.push((i + 1, what));
+    }
+    out
+}
+
+/// Cancel the held requests and wait a little for their answers; whatever is left is dropped
+/// (the instance is killed right after).
+async fn release(held: Vec<Held>) {
+    for (token, _) in &held {
+        token.cancel();
+    }
+    let until = tokio::time::Instant::now() + Duration::from_millis(300);
+    for (_, task) in held {
+        if task.is_finished() {
+            continue;
+        }
+        let abort = task.abort_handle();
+        if tokio::time::timeout_at(until, task).await.is_err() {
+            abort.abort();
+        }
+    }
+}
+
+/// `shutdown`: answered, then the process exits with code 0 within the grace period. The
+/// checker keeps stdin open meanwhile: `shutdown` alone must be enough.
+pub(crate) async fn shutdown(_ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
+    let fix_answer =
+        "answer `shutdown` with {}, then exit with code 0 within 5 s (docs/protocol.md §5)";
+    let t0 = Instant::now();
+    let res = inst
+        .peer()
+        .call_raw(SHUTDOWN, &raw(&serde_json::json!({})), Some(SHUTDOWN_GRACE))
+        .await;
+    match res {
+        Ok(_) => {}
+        Err(CallError::Closed { .. }) => {
+            let status = inst
+                .exit_status(SHUTDOWN_GRACE.saturating_sub(t0.elapsed()))
+                .await;
+            let how = status.map_or_else(
+                || "closed its stdout".to_owned(),
+                |s| format!("exited ({})", describe_exit(&s)),
+            );
+            return RuleResult::fail(
+                SHUTDOWN_RULE,
+                format!("{how} without answering `shutdown`"),
+                fix_answer,
+            );
+        }
+        Err(e) => {
+            let state = inst.state_note().await;
+            return RuleResult::fail(
+                SHUTDOWN_RULE,
+                format!(
+                    "asked to `shutdown`, the package {}; {state}",
+                    call_failure(&e)
+                ),
+                fix_answer,
+            );
+        }
+    }
+    let answered = t0.elapsed();
+    match inst
+        .exit_status(SHUTDOWN_GRACE.saturating_sub(answered))
+        .await
+    {
+        Some(status) if status.success() => RuleResult::pass(
+            SHUTDOWN_RULE,
+            format!(
+                "answered `shutdown` in {} ms and exited with code 0, {} ms after the request",
+                ms(answered),
+                ms(t0.elapsed())
+            ),
+        ),
+        Some(status) => RuleResult::fail(
+            SHUTDOWN_RULE,
+            format!(
+                "answered `shutdown`, then exited with {}",
+                describe_exit(&status)
+            ),
+            "exit with code 0 after `shutdown`: the host counts any other exit as a crash",
+        ),
+        None => RuleResult::fail(
+            SHUTDOWN_RULE,
+            format!(
+                "answered `shutdown` but was still running {} ms later",
+                ms(SHUTDOWN_GRACE)
+            ),
+            "after answering `shutdown`, finish or cancel what is running and exit with code 0 within 5 s, without waiting for stdin to close (docs/protocol.md §5)",
+        ),
+    }
+}

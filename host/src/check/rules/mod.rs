@@ -1,0 +1,146 @@
+//! The rules of `conduit ext check`: their stable ids, and what they share.
+//!
+//! Each rule is one async function that returns a [`RuleResult`]; it never panics on what the
+//! package does, and every wait in it has a timeout. A failure says what was wrong and, in
+//! `fix`, what the author should change, in terms of the protocol (`docs/protocol.md`).
+//!
+//! The ids are part of the CLI's `--json` output: never rename one; add new rules instead.
+
+pub(crate) mod flow;
+pub(crate) mod handshake;
+pub(crate) mod lines;
+pub(crate) mod methods;
+
+use std::time::Duration;
+
+use conduit_protocol::{ErrorCode, InitializeResult, RpcError, methods as names};
+use conduit_rpc::CallError;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+pub(crate) const HANDSHAKE: &str = "handshake";
+pub(crate) const VERSION: &str = "version";
+pub(crate) const CAPABILITIES_MATCH: &str = "capabilities-match-manifest";
+pub(crate) const DECLARED_METHODS: &str = "declared-methods-answer";
+pub(crate) const UNKNOWN_METHOD: &str = "unknown-method";
+pub(crate) const MALFORMED_LINE: &str = "malformed-line";
+pub(crate) const OVERSIZED_LINE: &str = "oversized-line";
+pub(crate) const CANCELLATION: &str = "cancellation";
+pub(crate) const OVERLOAD: &str = "overload";
+pub(crate) const SHUTDOWN: &str = "shutdown";
+pub(crate) const STDOUT_ONLY: &str = "stdout-only-protocol";
+
+/// Every rule, in report order, with what it checks.
+pub const RULES: &[(&str, &str)] = &[
+    (
+        HANDSHAKE,
+        "answers `initialize` in time with a well-formed result and a version the host offered",
+    ),
+    (
+        VERSION,
+        "refuses a host that speaks only version 99 with version_mismatch (-32003) and both lists; agrees with the manifest's `protocol`",
+    ),
+    (
+        CAPABILITIES_MATCH,
+        "the handshake declares exactly the manifest's [capabilities]",
+    ),
+    (
+        DECLARED_METHODS,
+        "every declared work kind, recurrence, filter, emission, ingress source and method answers a well-formed request",
+    ),
+    (
+        UNKNOWN_METHOD,
+        "an unknown method is answered method_not_found (-32601)",
+    ),
+    (
+        MALFORMED_LINE,
+        "a line that is not JSON is answered parse_error (-32700) with id null, and the session goes on",
+    ),
+    (
+        OVERSIZED_LINE,
+        "a request of 16 MiB + 1 byte is answered message_too_large (-32004), and the session goes on",
+    ),
+    (
+        CANCELLATION,
+        "`$/cancel` ends a pending check.sleep with cancelled (-32001) within 1 s",
+    ),
+    (
+        OVERLOAD,
+        "with 64 requests held, the 65th is answered overloaded (-32000) at once",
+    ),
+    (
+        SHUTDOWN,
+        "`shutdown` is answered and the process exits with code 0 within 5 s",
+    ),
+    (
+        STDOUT_ONLY,
+        "everything the package wrote to stdout was a JSON-RPC message",
+    ),
+];
+
+/// Why the rules that hold requests open were skipped.
+pub(crate) const NEEDS_SLEEP: &str =
+    "declare check.sleep to run this rule (capabilities.methods; see docs/protocol.md §6.7)";
+
+/// The method the checker calls to find out whether a session still works; no package serves
+/// it, so the answer is `method_not_found`, and any answer at all means "alive".
+pub(crate) const PROBE_METHOD: &str = "conduit.check.no-such-method";
+
+/// The id the checker gives requests it writes itself, far from the session's own ids.
+pub(crate) const RAW_ID: i64 = 900_000_001;
+
+pub(crate) fn declares_sleep(init: &InitializeResult) -> bool {
+    init.capabilities
+        .methods
+        .iter()
+        .any(|m| m == names::host::CHECK_SLEEP)
+}
+
+pub(crate) fn raw(v: &impl Serialize) -> Box<RawValue> {
+    serde_json::value::to_raw_value(v).expect("the checker's params serialize")
+}
+
+/// `overloaded (-32000): already serving 64 requests`.
+pub(crate) fn error_text(e: &RpcError) -> String {
+    let name = e
+        .error_code()
+        .map_or_else(|| "error".to_owned(), |c| c.name().to_owned());
+    format!("{name} ({}): {}", e.code, e.message)
+}
+
+/// A call's failure, for a report: "answered method_not_found (-32601): …", "no answer within
+/// 10000 ms", "the session ended".
+pub(crate) fn call_failure(e: &CallError) -> String {
+    match e {
+        CallError::Rpc { error, .. } => format!("answered {}", error_text(error)),
+        CallError::DeadlineExceeded { deadline, .. } => {
+            format!("gave no answer within {} ms", deadline.as_millis())
+        }
+        CallError::Closed { .. } => "ended the session before answering".to_owned(),
+        CallError::TooLarge { detail, .. } => {
+            format!("answered with a message over the cap ({detail})")
+        }
+        CallError::BadResult { detail, .. } => format!("answered something malformed ({detail})"),
+        other => other.to_string(),
+    }
+}
+
+/// Whether the error carries `code`.
+pub(crate) fn rpc_is(e: &CallError, code: ErrorCode) -> bool {
+    matches!(e, CallError::Rpc { error, .. } if error.is(code))
+}
+
+/// Whether the session still answers: any answer to a probe within `wait` counts.
+pub(crate) async fn alive(peer: &conduit_rpc::Peer, wait: Duration) -> Result<(), String> {
+    match peer
+        .call_raw(PROBE_METHOD, &raw(&serde_json::json!({})), Some(wait))
+        .await
+    {
+        Ok(_) | Err(CallError::Rpc { .. }) => Ok(()),
+        Err(e) => Err(call_failure(&e)),
+    }
+}
+
+pub(crate) fn ms(d: Duration) -> u128 {
+    d.as_millis()
+}

@@ -1,0 +1,36 @@
+//! The `conduit` binary: parse the command line, install logging, run the subcommand, exit.
+//!
+//! Invariant: this is the only place that exits the process; every exit code comes from
+//! `cli::CliError` or a subcommand's own documented outcome.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    // Usage errors exit 2 (clap's convention, which `cli` keeps for its own usage errors);
+    // `--help` and `--version` exit 0.
+    let args = cli::Cli::parse();
+    install_logging();
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {:#}", e.error);
+            ExitCode::from(e.code)
+        }
+    }
+}
+
+/// Logs go to stderr, `warn` and above unless `CONDUIT_LOG` (an `EnvFilter` directive such as
+/// `debug` or `conduit_rpc=trace`) says otherwise.
+fn install_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CONDUIT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

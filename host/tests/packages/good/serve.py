@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""A conduit extension for the tests of `conduit ext check`, in the Python 3 standard library.
+
+Every fixture folder under host/tests/packages/ holds an identical copy of this file (a test
+keeps them identical), so each folder is a self-contained package. Its manifest's command
+picks a behaviour with flags; without flags it follows docs/protocol.md and passes every rule:
+
+  --name NAME           the name it gives in the handshake
+  --versions 2[,3]      the protocol versions it speaks (default 1)
+  --banner              prints a banner line on stdout before serving (breaks stdout-only-protocol)
+  --ignore-cancel       ignores $/cancel (breaks cancellation)
+  --no-overload-limit   serves any number of requests at once (breaks overload)
+  --grandchild FILE     starts a long `sleep` and writes its pid to FILE (shows the group is killed)
+
+Invariant: stdout carries only protocol messages (but for --banner); logs go to stderr.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+HEAD_BYTES = 4096
+LIMIT = 64
+
+# What it serves; each fixture's conduit-extension.toml declares the same.
+CAPABILITIES = {
+    "work_kinds": [{"name": "note", "trigger": True}],
+    "recurrences": ["digest"],
+    "dependency_filters": ["note-closed"],
+    "emissions": ["note-summary"],
+    "ingress": ["inbox"],
+    "methods": ["echo", "check.sleep"],
+}
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+OVERLOADED = -32000
+CANCELLED = -32001
+VERSION_MISMATCH = -32003
+MESSAGE_TOO_LARGE = -32004
+NOT_INITIALIZED = -32007
+SHUTTING_DOWN = -32008
+
+
+def log(*parts):
+    print("fixture:", *parts, file=sys.stderr, flush=True)
+
+
+class RpcError(Exception):
+    def __init__(self, code, message, data=None):
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
+
+
+def peek_id(head):
+    """The top-level "id" of a cut-off message, and whether it has a "method"."""
+    text = head.decode("utf-8", "replace")
+    dec = json.JSONDecoder()
+    i, n = 0, len(text)
+
+    def ws(i):
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        return i
+
+    found, has_method = None, False
+    i = ws(i)
+    if i >= n or text[i] != "{":
+        return None, False
+    i += 1
+    while True:
+        try:
+            i = ws(i)
+            key, i = dec.raw_decode(text, i)
+            i = ws(i)
+            if i >= n or text[i] != ":":
+                break
+            value, i = dec.raw_decode(text, ws(i + 1))
+        except ValueError:
+            break  # the head ends inside this member
+        if key == "id" and (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
+            found = value
+        elif key == "method":
+            has_method = True
+        i = ws(i)
+        if i < n and text[i] == ",":
+            i += 1
+            continue
+        break
+    return found, has_method
+
+
+class Server:
+    def __init__(self, args):
+        self.args = args
+        self.out = sys.stdout.buffer
+        self.write_lock = threading.Lock()
+        self.lock = threading.Lock()
+        self.running = {}  # json.dumps(id) -> threading.Event set on cancel
+        self.initialized = False
+        self.shutting_down = False
+
+    # ---- writing ------------------------------------------------------------------------
+
+    def send(self, msg):
+        line = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+        with self.write_lock:
+            self.out.write(line)
+            self.out.flush()
+
+    def answer(self, id, result=None, error=None):
+        if error is None:
+            self.send({"jsonrpc": "2.0", "id": id, "result": result})
+        else:
+            err = {"code": error.code, "message": error.message}
+            if error.data is not None:
+                err["data"] = error.data
+            self.send({"jsonrpc": "2.0", "id": id, "error": err})
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def run(self):
+        stdin = sys.stdin.buffer
+        while True:
+            line = stdin.readline(MAX_MESSAGE_BYTES + 2)
+            if not line:
+                break
+            if not line.endswith(b"\n"):
+                if len(line) < MAX_MESSAGE_BYTES + 2:
+                    log("stdin ended in the middle of a line; dropped it")
+                    break
+                # Over the cap: discard up to the next newline without keeping it.
+                head, size = line[:HEAD_BYTES], len(line)
+                while True:
+                    chunk = stdin.readline(1 << 16)
+                    size += len(chunk)
+                    if not chunk or chunk.endswith(b"\n"):
+                        break
+                self.on_oversized(head, size)
+                continue
+            body = line[:-1]
+            if body.endswith(b"\r"):
+                body = body[:-1]
+            if not body:
+                continue
+            if len(body) > MAX_MESSAGE_BYTES:
+                self.on_oversized(body[:HEAD_BYTES], len(body))
+                continue
+            self.on_line(body)
+        # stdin EOF means the same as shutdown: exit 0 promptly, abandoning running requests.
+        self.exit()
+
+    def exit(self):
+        with self.write_lock:
+            self.out.flush()
+            os._exit(0)
+
+    def on_oversized(self, head, size):
+        log(f"discarded a message of {size} bytes, over the cap")
+        id, has_method = peek_id(head)
+        if id is not None and has_method:
+            self.answer(id, error=RpcError(
+                MESSAGE_TOO_LARGE,
+                f"the request was {size} bytes, over the {MAX_MESSAGE_BYTES}-byte cap",
+                {"limit": MAX_MESSAGE_BYTES, "size": size}))
+
+    def on_line(self, body):
+        try:
+            msg = json.loads(body)
+        except ValueError as e:  # includes invalid UTF-8
+            self.answer(None, error=RpcError(PARSE_ERROR, f"parse error: {e}"))
+            return
+        if not isinstance(msg, dict):
+            why = "batches are not supported" if isinstance(msg, list) else "a message is a JSON object"
+            self.answer(None, error=RpcError(INVALID_REQUEST, why))
+            return
+        raw_id = msg.get("id")
+        id_ok = isinstance(raw_id, str) or (isinstance(raw_id, int) and not isinstance(raw_id, bool))
+        method = msg.get("method")
+        if method is None:
+            return  # a response or an error: this extension makes no calls, so only log it
+        if msg.get("jsonrpc") != "2.0" or not isinstance(method, str):
+            self.answer(raw_id if id_ok else None, error=RpcError(INVALID_REQUEST, "not a JSON-RPC 2.0 request"))
+            return
+        params = msg.get("params")
+        if params is None:
+            params = {}
+        if "id" not in msg:
+            self.on_notification(method, params)
+            return
+        if not id_ok:
+            self.answer(None, error=RpcError(INVALID_REQUEST, "`id` must be an integer or a string"))
+            return
+        if not isinstance(params, dict):
+            self.answer(raw_id, error=RpcError(INVALID_PARAMS, "params must be an object"))
+            return
+        self.on_request(raw_id, method, params)
+
+    def on_notification(self, method, params):
+        if method != "$/cancel" or self.args.ignore_cancel or not isinstance(params, dict):
+            return
+        id = params.get("id")
+        with self.lock:
+            cancel = self.running.pop(json.dumps(id), None)
+        if cancel is not None:
+            cancel.set()
+            self.answer(id, error=RpcError(CANCELLED, "the request was cancelled"))
+
+    def on_request(self, id, method, params):
+        if method == "initialize":
+            if self.initialized:
+                self.answer(id, error=RpcError(INVALID_REQUEST, "initialize was already answered"))
+            else:
+                self.initialize(id, params)
+            return
+        if not self.initialized:
+            self.answer(id, error=RpcError(NOT_INITIALIZED, "the handshake has not finished"))
+            return
+        if self.shutting_down:
+            self.answer(id, error=RpcError(SHUTTING_DOWN, "shutting down"))
+            return
+        if method == "shutdown":
+            self.shutdown(id)
+            return
+        key = json.dumps(id)
+        with self.lock:
+            if key in self.running:
+                refusal = RpcError(INVALID_REQUEST, f"id {key} is in use by a running request")
+            elif len(self.running) >= LIMIT and not self.args.no_overload_limit:
+                refusal = RpcError(OVERLOADED, f"already serving {LIMIT} requests; retry after one finishes",
+                                   {"limit": LIMIT})
+            else:
+                refusal = None
+                cancel = self.running[key] = threading.Event()
+        if refusal is not None:
+            self.answer(id, error=refusal)
+            return
+        threading.Thread(target=self.serve, args=(id, key, method, params, cancel), daemon=True).start()
+
+    def serve(self, id, key, method, params, cancel):
+        try:
+            result, error = self.dispatch(method, params, cancel), None
+        except RpcError as e:
+            result, error = None, e
+        except Exception as e:  # a bug in a handler is an internal error, not a dead reader
+            result, error = None, RpcError(-32603, f"{type(e).__name__}: {e}")
+        with self.lock:
+            still_ours = self.running.pop(key, None) is not None
+        if still_ours:  # a cancelled request was answered already
+            self.answer(id, result, error)
+
+    # ---- methods ------------------------------------------------------------------------
+
+    def initialize(self, id, params):
+        offered = params.get("protocol_versions")
+        if not isinstance(offered, list) or not all(isinstance(v, int) for v in offered):
+            self.answer(id, error=RpcError(INVALID_PARAMS, "protocol_versions must be a list of integers"))
+            return
+        common = [v for v in offered if v in self.args.versions]
+        if not common:
+            self.answer(id, error=RpcError(
+                VERSION_MISMATCH,
+                f"no protocol version in common: the host speaks {offered}, the extension {self.args.versions}",
+                {"host_versions": offered, "extension_versions": self.args.versions}))
+            return
+        self.initialized = True
+        self.answer(id, {
+            "protocol_version": max(common),
+            "extension": {"name": self.args.name, "version": "0.1.0"},
+            "capabilities": CAPABILITIES,
+        })
+
+    def shutdown(self, id):
+        self.shutting_down = True
+        with self.lock:
+            running, self.running = self.running, {}
+        if not self.args.ignore_cancel:
+            for key, cancel in running.items():
+                cancel.set()
+                self.answer(json.loads(key), error=RpcError(CANCELLED, "the extension is shutting down"))
+        self.answer(id, {})
+        self.exit()
+
+    def dispatch(self, method, params, cancel):
+        def declared(field, name):
+            names = [k["name"] for k in CAPABILITIES[field]] if field == "work_kinds" else CAPABILITIES[field]
+            if name not in names:
+                raise RpcError(INVALID_PARAMS, f"{name!r} is not a declared {field} name")
+
+        if method == "echo":
+            if not isinstance(params.get("text"), str):
+                raise RpcError(INVALID_PARAMS, "echo needs {\"text\": string}")
+            return params
+        if method == "check.sleep":
+            ms = params.get("ms")
+            if not isinstance(ms, int) or ms < 0:
+                raise RpcError(INVALID_PARAMS, "check.sleep needs {\"ms\": integer}")
+            if cancel.wait(ms / 1000):
+                raise RpcError(CANCELLED, "the request was cancelled")
+            return {"slept_ms": ms}
+        if method == "work_kind.trigger":
+            declared("work_kinds", params.get("kind"))
+            inputs = params.get("inputs") or []
+            if not inputs:
+                raise RpcError(INVALID_PARAMS, "inputs must not be empty")
+            return {"groups": [{"key": "notes", "event_ids": [e["id"] for e in inputs], "start": True}]}
+        if method == "recurrence.next":
+            declared("recurrences", params.get("recurrence"))
+            spec, fired = params.get("spec", ""), params.get("fired_at_ms")
+            units = {"s": 1000, "m": 60_000, "h": 3_600_000}
+            parts = spec.split()
+            if len(parts) != 2 or parts[0] != "every" or parts[1][-1:] not in units or not parts[1][:-1].isdigit():
+                raise RpcError(INVALID_PARAMS, f"cannot read the spec {spec!r}; write `every 15m`")
+            return {"next_at_ms": fired + int(parts[1][:-1]) * units[parts[1][-1]]}
+        if method == "dependency.filter":
+            declared("dependency_filters", params.get("filter"))
+            payload = (params.get("event") or {}).get("payload") or {}
+            return {"satisfied": payload.get("closed") is True}
+        if method == "emit.commit":
+            declared("emissions", params.get("emission"))
+            # Computed from the params alone, so a repeated commit_id gets the same records.
+            return {"records": [{"kind": "note-summary",
+                                 "body": {"commit_id": params.get("commit_id"), "payload": params.get("payload")}}]}
+        if method == "ingress.poll":
+            declared("ingress", params.get("source"))
+            return {"events": []}
+        raise RpcError(METHOD_NOT_FOUND, f"method `{method}` is not served here")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", default="good")
+    parser.add_argument("--versions", default="1", type=lambda s: [int(v) for v in s.split(",")])
+    parser.add_argument("--banner", action="store_true")
+    parser.add_argument("--ignore-cancel", action="store_true")
+    parser.add_argument("--no-overload-limit", action="store_true")
+    parser.add_argument("--grandchild", metavar="FILE")
+    args = parser.parse_args()
+    if args.grandchild:
+        child = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        with open(args.grandchild, "a") as f:
+            f.write(f"{child.pid}\n")
+    if args.banner:
+        sys.stdout.write(f"{args.name} fixture 0.1.0 starting\n")
+        sys.stdout.flush()
+    log(f"{args.name}: serving protocol {args.versions}")
+    Server(args).run()
+
+
+if __name__ == "__main__":
+    main()
