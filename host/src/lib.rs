@@ -5,3 +5,5 @@
 
 pub mod check;
 pub mod manifest;
+pub mod packages;
+pub mod state_dir;

@@ -1,0 +1,614 @@
+//! Installing a package from a folder or a `.tar.gz`: validate, stage, hash, swap.
+//!
+//! ```text
+//! source ──validate manifest (folders)──▶ lock packages/ ──▶ stage into tmp/install-XXXXXX/pkg
+//!        ──manifest (archives), command, version order──▶ hash every file
+//!        ──▶ rename packages/<name> aside ──▶ rename staged folder in ──▶ write registry
+//!        ──▶ drop staging (deletes the old version)
+//! ```
+//!
+//! Invariant: until the staged folder is renamed in, nothing outside `tmp/install-XXXXXX/` has
+//! changed, and that folder is deleted on every return; after it, each failure undoes the steps
+//! before it. So a failed install leaves the state directory as it found it.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::registry::{
+    PackageError, PackageRecord, Registry, StoreLock, now_ms, sweep_stale, sync_dir,
+};
+use super::tree::{Budget, Scan, StageError, copy_folder, scan};
+use super::{DEFAULT_MAX_ENTRIES, DEFAULT_MAX_TOTAL_BYTES, archive, package_dir};
+use crate::manifest::{MANIFEST_FILE, Manifest, ManifestError};
+use crate::state_dir::StateDir;
+
+/// How an install may go.
+#[derive(Debug, Clone)]
+pub struct InstallOptions {
+    /// Allow replacing an installed package with a lower version.
+    pub allow_downgrade: bool,
+    /// The most bytes of files a package may hold; more is refused as a likely archive bomb.
+    pub max_total_bytes: u64,
+    /// The most files, folders and links a package may hold.
+    pub max_entries: u64,
+}
+
+impl Default for InstallOptions {
+    fn default() -> InstallOptions {
+        InstallOptions {
+            allow_downgrade: false,
+            max_total_bytes: DEFAULT_MAX_TOTAL_BYTES,
+            max_entries: DEFAULT_MAX_ENTRIES,
+        }
+    }
+}
+
+/// What an install did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InstallOutcome {
+    #[serde(flatten)]
+    pub change: InstallChange,
+    /// The package's record as now written in the registry.
+    pub record: PackageRecord,
+}
+
+/// How the installed version relates to what was there before.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "change", rename_all = "snake_case")]
+pub enum InstallChange {
+    /// The package was not installed.
+    Installed,
+    /// A lower version was replaced.
+    Upgraded { from: String, to: String },
+    /// A higher version was replaced (only with [`InstallOptions::allow_downgrade`]).
+    Downgraded { from: String, to: String },
+    /// The same version was installed again; its files were replaced and re-hashed.
+    Reinstalled,
+}
+
+impl fmt::Display for InstallOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = &self.record.name;
+        match &self.change {
+            InstallChange::Installed => write!(f, "installed {name} {}", self.record.version),
+            InstallChange::Upgraded { from, to } => {
+                write!(f, "upgraded {name} from {from} to {to}")
+            }
+            InstallChange::Downgraded { from, to } => {
+                write!(f, "downgraded {name} from {from} to {to}")
+            }
+            InstallChange::Reinstalled => write!(f, "reinstalled {name} {}", self.record.version),
+        }
+    }
+}
+
+/// Why an entry of a package (a file in a folder, an entry of an archive) is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnsafeEntry {
+    AbsolutePath,
+    ParentDir,
+    NonUtf8Name,
+    /// A link whose target leaves the package.
+    LinkEscapes {
+        target: String,
+    },
+    /// A link to something that is not a file of the package.
+    LinkDangling {
+        target: String,
+    },
+    /// A link to a folder; only links to files are installed (as copies).
+    LinkToFolder {
+        target: String,
+    },
+    /// A chain of links too long to be anything but a loop.
+    LinkLoop,
+    /// A device, fifo, socket or sparse file.
+    Special {
+        kind: &'static str,
+    },
+    /// An archive entry whose path an earlier entry already took.
+    Duplicate,
+    /// An archive entry of a type this installer does not know.
+    UnknownType {
+        byte: u8,
+    },
+}
+
+impl fmt::Display for UnsafeEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UnsafeEntry::AbsolutePath => f.write_str(
+                "is an absolute path, which could write anywhere; pack the archive from inside the package folder (`tar -C <folder> -czf <archive> .`)",
+            ),
+            UnsafeEntry::ParentDir => f.write_str(
+                "has a `..` component, which could write outside the package; pack the archive from inside the package folder (`tar -C <folder> -czf <archive> .`)",
+            ),
+            UnsafeEntry::NonUtf8Name => f.write_str("has a name that is not UTF-8; rename it"),
+            UnsafeEntry::LinkEscapes { target } => write!(
+                f,
+                "is a link to `{target}`, which is outside the package; put the file itself in the package"
+            ),
+            UnsafeEntry::LinkDangling { target } => write!(
+                f,
+                "is a link to `{target}`, which is not a file in the package; fix the link or remove it"
+            ),
+            UnsafeEntry::LinkToFolder { target } => write!(
+                f,
+                "is a link to the folder `{target}`; only links to files are installed, so put the folder itself in the package"
+            ),
+            UnsafeEntry::LinkLoop => {
+                f.write_str("is a link in a loop or in a chain of more than 32 links; link to the file itself")
+            }
+            UnsafeEntry::Special { kind } => write!(
+                f,
+                "is a {kind}; a package may hold only regular files, folders and links to files inside it, so remove it"
+            ),
+            UnsafeEntry::Duplicate => f.write_str(
+                "appears more than once in the archive (or as both a file and a folder); rebuild the archive so each path appears once",
+            ),
+            UnsafeEntry::UnknownType { byte } => write!(
+                f,
+                "has tar entry type {:?}, which a package may not hold; rebuild the archive with plain files and folders",
+                char::from(*byte)
+            ),
+        }
+    }
+}
+
+/// Why an install was refused or failed. Whatever the variant, the state directory is as it was
+/// before the call (see the module invariant), except for [`PackageError::Stranded`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InstallError {
+    #[error("cannot install {}: {problem}", origin.display())]
+    Source { origin: PathBuf, problem: String },
+    #[error("cannot install {}: {source}", origin.display())]
+    Manifest {
+        origin: PathBuf,
+        // Boxed: a manifest error is large, and every `Result` of this module carries the enum.
+        #[source]
+        source: Box<ManifestError>,
+    },
+    #[error(
+        "cannot install {}: `command` program `{program}` {problem}",
+        origin.display()
+    )]
+    Command {
+        origin: PathBuf,
+        program: String,
+        problem: String,
+    },
+    #[error("cannot install {}: `{entry}` {problem}", origin.display())]
+    Unsafe {
+        origin: PathBuf,
+        entry: String,
+        problem: UnsafeEntry,
+    },
+    #[error(
+        "cannot install {}: its files add up to more than {}, the limit for a package (is it an archive bomb?); make the package smaller",
+        origin.display(), human_bytes(*limit)
+    )]
+    TooLarge { origin: PathBuf, limit: u64 },
+    #[error(
+        "cannot install {}: it holds more than {limit} files, folders and links, the limit for a package (is it an archive bomb?); make the package smaller",
+        origin.display()
+    )]
+    TooManyEntries { origin: PathBuf, limit: u64 },
+    #[error(
+        "cannot install {}: it is not a valid .tar.gz archive ({source}); check that it was made with `tar -czf` and copied whole",
+        origin.display()
+    )]
+    CorruptArchive {
+        origin: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "cannot install {}: the archive has no {MANIFEST_FILE} at its top level, nor in a single top-level folder; pack the package folder itself (`tar -C <folder> -czf <archive> .`)",
+        origin.display()
+    )]
+    NoManifest { origin: PathBuf },
+    #[error("cannot install {}: cannot read {}: {source}", origin.display(), path.display())]
+    Read {
+        origin: PathBuf,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "refusing to downgrade `{name}` from {installed} to {requested}; pass --allow-downgrade to install the older version anyway"
+    )]
+    Downgrade {
+        name: String,
+        installed: String,
+        requested: String,
+    },
+    #[error(
+        "cannot install {}: cannot write {}: {source}; check that the state directory is writable and the disk is not full",
+        origin.display(), path.display()
+    )]
+    Write {
+        origin: PathBuf,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Package(#[from] PackageError),
+}
+
+impl InstallError {
+    fn from_stage(origin: &Path, e: StageError) -> InstallError {
+        let origin = origin.to_owned();
+        match e {
+            StageError::Unsafe { entry, problem } => InstallError::Unsafe {
+                origin,
+                entry,
+                problem,
+            },
+            StageError::TooLarge { limit } => InstallError::TooLarge { origin, limit },
+            StageError::Corrupt(source) => InstallError::CorruptArchive { origin, source },
+            StageError::TooManyEntries { limit } => InstallError::TooManyEntries { origin, limit },
+            StageError::NoManifest => InstallError::NoManifest { origin },
+            StageError::Read { path, source } => InstallError::Read {
+                origin,
+                path,
+                source,
+            },
+            StageError::Write { path, source } => InstallError::Write {
+                origin,
+                path,
+                source,
+            },
+        }
+    }
+}
+
+/// `n` bytes in the largest binary unit that divides it (limits are round numbers).
+fn human_bytes(n: u64) -> String {
+    for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if n >= size && n.is_multiple_of(size) {
+            return format!("{} {unit}", n / size);
+        }
+    }
+    format!("{n} bytes")
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SourceKind {
+    Folder,
+    Archive,
+}
+
+/// Installs the package at `source` (a package folder, or a `.tar.gz` of one) into `state`.
+///
+/// A folder's manifest is validated before anything else happens; an archive's as soon as it is
+/// unpacked into staging. Links inside a folder or an archive are installed as copies of the file
+/// they reach, and refused if they reach outside the package, a folder, or nothing. Installing
+/// over an installed package of the same name upgrades or reinstalls it (keeping its enabled
+/// flag); a lower version is refused unless `opts.allow_downgrade`. Blocks while another install
+/// or remove on the same state directory is running.
+pub fn install(
+    state: &StateDir,
+    source: &Path,
+    opts: &InstallOptions,
+) -> Result<InstallOutcome, InstallError> {
+    let source_err = |problem: String| InstallError::Source {
+        origin: source.to_owned(),
+        problem,
+    };
+    let origin = std::path::absolute(source).map_err(|e| source_err(e.to_string()))?;
+    let kind = source_kind(&origin)?;
+    if kind == SourceKind::Folder {
+        let manifest = Manifest::load(&origin).map_err(|e| InstallError::Manifest {
+            origin: origin.clone(),
+            source: Box::new(e),
+        })?;
+        refuse_state_inside(state, &origin)?;
+        // Refuse a downgrade before the copy; it is checked again under the lock below.
+        plan(&Registry::load(state)?, &manifest, opts)?;
+    }
+
+    let _lock = StoreLock::exclusive(state)?;
+    sweep_stale(state);
+    let registry = Registry::load(state)?;
+    let staging = tempfile::Builder::new()
+        .prefix("install-")
+        .tempdir_in(state.tmp_dir())
+        .map_err(|e| InstallError::Write {
+            origin: origin.clone(),
+            path: state.tmp_dir(),
+            source: e,
+        })?;
+    let staged = staging.path().join("pkg");
+    let mut budget = Budget::new(opts.max_total_bytes, opts.max_entries);
+    let root = match kind {
+        SourceKind::Folder => copy_folder(&origin, &staged, &mut budget).map(|()| staged),
+        SourceKind::Archive => archive::extract(&origin, &staged, &mut budget),
+    }
+    .map_err(|e| InstallError::from_stage(&origin, e))?;
+
+    // The staged copy is what gets installed, so its manifest is the one that counts (for a
+    // folder it is normally the one validated above).
+    let manifest = load_staged_manifest(&origin, &root, kind)?;
+    let change = plan(&registry, &manifest, opts)?;
+    let Scan { files, others } = scan(&root).map_err(|e| InstallError::Read {
+        origin: origin.clone(),
+        path: root.clone(),
+        source: e,
+    })?;
+    // Staging never creates links or special files; finding one means the invariant broke.
+    if let Some((path, kind)) = others.into_iter().next() {
+        return Err(InstallError::Unsafe {
+            origin,
+            entry: path,
+            problem: UnsafeEntry::Special { kind },
+        });
+    }
+    check_command(&origin, &manifest, &files)?;
+
+    let enabled = registry
+        .packages
+        .get(&manifest.name)
+        .is_none_or(|r| r.enabled);
+    let record = PackageRecord {
+        name: manifest.name.clone(),
+        version: manifest.version.clone(),
+        installed_at_ms: now_ms(),
+        enabled,
+        source: PathBuf::from(origin.to_string_lossy().into_owned()),
+        manifest,
+        files,
+    };
+    swap(state, registry, staging, &root, &record, &origin)?;
+    Ok(InstallOutcome { change, record })
+}
+
+fn source_kind(origin: &Path) -> Result<SourceKind, InstallError> {
+    let err = |problem: String| InstallError::Source {
+        origin: origin.to_owned(),
+        problem,
+    };
+    let meta = fs::metadata(origin).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => {
+            err("it does not exist; give the path of a package folder or a .tar.gz archive".into())
+        }
+        _ => err(format!("cannot read it ({e})")),
+    })?;
+    if meta.is_dir() {
+        return Ok(SourceKind::Folder);
+    }
+    if meta.is_file()
+        && archive::looks_gzipped(origin).map_err(|e| err(format!("cannot read it ({e})")))?
+    {
+        return Ok(SourceKind::Archive);
+    }
+    Err(err("it is neither a package folder nor a gzip-compressed tar archive (.tar.gz); give the folder holding conduit-extension.toml, or pack it with `tar -C <folder> -czf <archive> .`".into()))
+}
+
+/// Copying a folder that holds the state directory would copy staging into itself.
+fn refuse_state_inside(state: &StateDir, origin: &Path) -> Result<(), InstallError> {
+    let (Ok(real_state), Ok(real_origin)) = (state.path().canonicalize(), origin.canonicalize())
+    else {
+        return Ok(());
+    };
+    if real_state.starts_with(&real_origin) {
+        return Err(InstallError::Source {
+            origin: origin.to_owned(),
+            problem: format!(
+                "the state directory {} is inside it; move the state directory out of the package folder, or install from an archive",
+                state.path().display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Reads the staged manifest. Errors name it where the operator can find it (in the folder, or
+/// inside the archive: `notes.tar.gz/notes/conduit-extension.toml`), not inside staging, which
+/// is gone by the time they are read.
+fn load_staged_manifest(
+    origin: &Path,
+    root: &Path,
+    kind: SourceKind,
+) -> Result<Manifest, InstallError> {
+    let manifest_err = |e| InstallError::Manifest {
+        origin: origin.to_owned(),
+        source: Box::new(e),
+    };
+    let mut shown = origin.to_owned();
+    // An archive's `root` is staging's `pkg` or `pkg/<top>`; name the top folder if there is one.
+    if kind == SourceKind::Archive
+        && let Some(top) = root
+            .parent()
+            .filter(|p| p.file_name() == Some("pkg".as_ref()))
+            .and(root.file_name())
+    {
+        shown.push(top);
+    }
+    shown.push(MANIFEST_FILE);
+    let text = fs::read(root.join(MANIFEST_FILE)).map_err(|e| InstallError::Read {
+        origin: origin.to_owned(),
+        path: shown.clone(),
+        source: e,
+    })?;
+    let text = String::from_utf8(text).map_err(|e| {
+        manifest_err(ManifestError::Read {
+            path: shown.clone(),
+            source: io::Error::new(io::ErrorKind::InvalidData, e),
+            hint: "the manifest must be UTF-8 text",
+        })
+    })?;
+    Manifest::parse(&text, &shown).map_err(manifest_err)
+}
+
+/// What installing `manifest` over the registry's current state would be.
+fn plan(
+    registry: &Registry,
+    manifest: &Manifest,
+    opts: &InstallOptions,
+) -> Result<InstallChange, InstallError> {
+    let Some(old) = registry.packages.get(&manifest.name) else {
+        return Ok(InstallChange::Installed);
+    };
+    let (from, to) = (old.version.clone(), manifest.version.clone());
+    match compare_versions(&from, &to) {
+        Ordering::Equal => Ok(InstallChange::Reinstalled),
+        Ordering::Less => Ok(InstallChange::Upgraded { from, to }),
+        Ordering::Greater if opts.allow_downgrade => Ok(InstallChange::Downgraded { from, to }),
+        Ordering::Greater => Err(InstallError::Downgrade {
+            name: manifest.name.clone(),
+            installed: from,
+            requested: to,
+        }),
+    }
+}
+
+/// Semver precedence. The manifest only admits valid semver, so the fallback (plain string
+/// order) only matters for a hand-edited registry.
+fn compare_versions(a: &str, b: &str) -> Ordering {
+    match (semver::Version::parse(a), semver::Version::parse(b)) {
+        (Ok(a), Ok(b)) => a.cmp_precedence(&b),
+        _ => a.cmp(b),
+    }
+}
+
+/// A `command` program given as a path must be an executable file of the package. (A bare name
+/// is looked up on `PATH` when the daemon starts the package, whose `PATH` may differ from the
+/// installer's, so it is not checked here.)
+fn check_command(
+    origin: &Path,
+    manifest: &Manifest,
+    files: &std::collections::BTreeMap<String, super::FileRecord>,
+) -> Result<(), InstallError> {
+    let program = &manifest.command[0];
+    if !program.contains('/') {
+        return Ok(());
+    }
+    let err = |problem: &str| InstallError::Command {
+        origin: origin.to_owned(),
+        program: program.clone(),
+        problem: problem.to_owned(),
+    };
+    // Resolved the way the supervisor will: relative to the package folder, `..` allowed as
+    // long as it stays inside.
+    let Some(key) = archive::resolve_target(&[], program).map(|parts| parts.join("/")) else {
+        return Err(err(
+            "is not a path inside the package; name a file in the package folder, e.g. \"./bin/tool\"",
+        ));
+    };
+    match files.get(&key) {
+        None => Err(err(
+            "is not a file in the package; build or copy the program into the package, or fix `command`",
+        )),
+        Some(f) if !f.executable => Err(err(
+            "is not executable; `chmod +x` it before packing, or fix `command`",
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Puts the staged package in place and records it; undoes what it did on failure.
+fn swap(
+    state: &StateDir,
+    mut registry: Registry,
+    staging: tempfile::TempDir,
+    root: &Path,
+    record: &PackageRecord,
+    origin: &Path,
+) -> Result<(), InstallError> {
+    let name = &record.name;
+    let target = package_dir(state, name);
+    let aside = staging.path().join("previous");
+    let write_err = |path: &Path, source| InstallError::Write {
+        origin: origin.to_owned(),
+        path: path.to_owned(),
+        source,
+    };
+    let had_old = match fs::rename(&target, &aside) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(write_err(&target, e)),
+    };
+    // Puts the previous version back after `cause`. If even that fails, the previous version must
+    // outlive staging's cleanup, and the error says where it is.
+    let undo = |staging: tempfile::TempDir, cause: InstallError| -> InstallError {
+        match had_old.then(|| fs::rename(&aside, &target)) {
+            Some(Err(e)) => {
+                let kept = super::registry::keep_out_of_sweep(staging.keep()).join("previous");
+                PackageError::Stranded {
+                    name: name.clone(),
+                    message: format!("{cause}; then restoring the previous version failed: {e}"),
+                    kept,
+                    dir: target.clone(),
+                }
+                .into()
+            }
+            _ => cause,
+        }
+    };
+    if let Err(e) = fs::rename(root, &target) {
+        return Err(undo(staging, write_err(&target, e)));
+    }
+    registry.packages.insert(name.clone(), record.clone());
+    let registry_path = state.packages_dir().join(super::REGISTRY_FILE);
+    let saved = fail_point("before-registry-save")
+        .map_err(|e| PackageError::io("write", &registry_path, e))
+        .and_then(|()| registry.save(state));
+    if let Err(e) = saved {
+        // Take the new version back out, so the previous one can return to its place.
+        if let Err(back) = fs::rename(&target, root) {
+            let cause = InstallError::Write {
+                origin: origin.to_owned(),
+                path: target.clone(),
+                source: back,
+            };
+            return Err(undo(
+                staging,
+                InstallError::Write {
+                    origin: origin.to_owned(),
+                    path: registry_path,
+                    source: io::Error::other(format!(
+                        "{e}; then taking the new version out failed: {cause}"
+                    )),
+                },
+            ));
+        }
+        return Err(undo(staging, e.into()));
+    }
+    // The registry's rename is durable already; make the package folder's rename durable too.
+    // A failure here changes nothing a reader can see, so it is not worth undoing.
+    let _ = sync_dir(&state.packages_dir());
+    // Dropping `staging` deletes the previous version.
+    drop(staging);
+    Ok(())
+}
+
+/// A test hook: fails the named step when a test has armed it on this thread.
+#[cfg(test)]
+pub(crate) fn fail_point(step: &'static str) -> io::Result<()> {
+    FAIL_AT.with(|f| {
+        if f.get() == Some(step) {
+            Err(io::Error::other(format!("injected failure at {step}")))
+        } else {
+            Ok(())
+        }
+    })
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+pub(crate) fn fail_point(_step: &'static str) -> io::Result<()> {
+    Ok(())
+}
+
+#[cfg(test)]
+thread_local! {
+    pub(crate) static FAIL_AT: std::cell::Cell<Option<&'static str>> = const { std::cell::Cell::new(None) };
+}

@@ -1,0 +1,66 @@
+//! The package store: installed extension packages on disk, and the registry that records them.
+//!
+//! ```text
+//! <state>/packages/
+//! ├── registry.json        {"format": 1, "packages": {"<name>": PackageRecord, …}}
+//! ├── notes/               the installed files of package `notes`, exactly as recorded
+//! │   ├── conduit-extension.toml
+//! │   └── bin/conduit-notes
+//! └── echo/
+//! <state>/tmp/install-XXXXXX/   staging for one install; gone when the install returns
+//! <state>/tmp/remove-XXXXXX/    a removed package on its way out
+//! <state>/tmp/kept-…/           a previous version kept after an undo failed (see the error)
+//! ```
+//!
+//! Scratch a killed install or remove leaves in `tmp/` is swept by the next one, under the lock.
+//!
+//! Package names are `[a-z0-9-]` (the manifest enforces it), so no package folder can be called
+//! `registry.json`.
+//!
+//! Invariants:
+//! - Every mutation ([`install`], [`remove`], [`set_enabled`]) holds an exclusive `flock` on the
+//!   `packages/` folder; [`verify`] holds a shared one, so it never sees half of a swap. [`list`]
+//!   and [`get`] need no lock: the registry is only ever replaced whole, by rename.
+//! - A package folder holds only regular files and folders: links are resolved at install time
+//!   and their targets copied, so nothing installed can point outside the package.
+//! - Every regular file of a package folder is in its record's `files`, with its sha256, size
+//!   and executable bit; [`verify`] re-checks exactly that before the daemon starts a package.
+//! - A failed install, remove or enable leaves `packages/` as it was: installs are staged under
+//!   `<state>/tmp/` and swapped in by rename, and each step after the first is undone on failure.
+//!   A crash (not a failure) between the swap's renames can leave a package folder missing or
+//!   newer than its record; [`verify`] then refuses the package and says to reinstall it.
+//!
+//! This module does not start, stop or talk to packages, and it does not know whether a daemon is
+//! running: a caller that replaces or removes a running package stops it first.
+
+mod archive;
+mod install;
+mod registry;
+mod tree;
+mod verify;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+
+pub use install::{
+    InstallChange, InstallError, InstallOptions, InstallOutcome, UnsafeEntry, install,
+};
+pub use registry::{
+    FileRecord, PackageError, PackageRecord, REGISTRY_FILE, get, list, remove, set_enabled,
+};
+pub use verify::{FileChange, TamperError, VerifyError, verify};
+
+use crate::state_dir::StateDir;
+
+/// The largest total size of a package's files an install accepts by default (1 GiB).
+pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 1 << 30;
+
+/// The most files, folders and links an install accepts by default.
+pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
+
+/// The folder a package named `name` is (or would be) installed in.
+pub fn package_dir(state: &StateDir, name: &str) -> PathBuf {
+    state.packages_dir().join(name)
+}

@@ -1,0 +1,374 @@
+//! `packages/registry.json`: the record of every installed package, and the lock that serialises
+//! changes to the store.
+//!
+//! Invariant: the registry file is only ever replaced whole (written to a temporary file in
+//! `<state>/tmp/`, fsynced, renamed over the old one, and the folder fsynced), so a reader sees
+//! the old registry or the new one, never a mix, and a crash never leaves it half-written.
+//! Unknown fields are tolerated on read, so an older conduit can read a newer registry of the same
+//! format number.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use conduit_protocol::Capabilities;
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::Manifest;
+use crate::state_dir::StateDir;
+
+/// The registry's file name inside `<state>/packages/`.
+pub const REGISTRY_FILE: &str = "registry.json";
+
+/// The registry format this code reads and writes. Bump it only for a change an older reader
+/// would misread; adding a field does not need it.
+const FORMAT: u32 = 1;
+
+/// One installed package, as recorded at install time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackageRecord {
+    pub name: String,
+    pub version: String,
+    /// When it was installed (or last reinstalled or upgraded), in Unix milliseconds.
+    pub installed_at_ms: u64,
+    /// Whether the daemon should run it. Installs enable; reinstalls and upgrades keep the flag.
+    pub enabled: bool,
+    /// The absolute path of the folder or archive it was installed from.
+    pub source: PathBuf,
+    /// The manifest, as validated when it was installed.
+    #[serde(with = "manifest_serde")]
+    pub manifest: Manifest,
+    /// Every regular file of the package folder, by path relative to it (`/`-separated).
+    pub files: BTreeMap<String, FileRecord>,
+}
+
+impl PackageRecord {
+    /// The total size of the package's files, in bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.files.values().map(|f| f.size).sum()
+    }
+}
+
+/// What was installed at one path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    /// Lowercase hex.
+    pub sha256: String,
+    pub size: u64,
+    /// Whether any execute bit is set. Other mode bits are normalised at install time (0644 or
+    /// 0755), so this is the only one worth recording.
+    pub executable: bool,
+}
+
+/// Why the registry could not be read or changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PackageError {
+    #[error("no package named `{name}` is installed; `conduit ext list` shows the installed ones")]
+    NotInstalled { name: String },
+    #[error(
+        "the package registry {} is damaged ({message}); move it aside and reinstall your packages with `conduit ext install`",
+        path.display()
+    )]
+    Corrupt { path: PathBuf, message: String },
+    #[error(
+        "the package registry {} has format {found}, newer than this conduit understands ({FORMAT}); upgrade conduit",
+        path.display()
+    )]
+    NewerFormat { path: PathBuf, found: u32 },
+    #[error(
+        "could not undo a failed change to package `{name}` ({message}); its previous files are kept in {}: move that folder to {} by hand, or reinstall the package",
+        kept.display(), dir.display()
+    )]
+    Stranded {
+        name: String,
+        message: String,
+        kept: PathBuf,
+        dir: PathBuf,
+    },
+    #[error("cannot {action} {}: {source}; check that the state directory is writable and the disk is not full", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl PackageError {
+    pub(crate) fn io(action: &'static str, path: &Path, source: io::Error) -> PackageError {
+        PackageError::Io {
+            action,
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// The whole registry file.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Registry {
+    format: u32,
+    pub(crate) packages: BTreeMap<String, PackageRecord>,
+}
+
+impl Registry {
+    /// Reads the registry; a store nothing was ever installed in has none, and that is empty.
+    pub(crate) fn load(state: &StateDir) -> Result<Registry, PackageError> {
+        let path = state.packages_dir().join(REGISTRY_FILE);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok(Registry {
+                    format: FORMAT,
+                    packages: BTreeMap::new(),
+                });
+            }
+            Err(e) => return Err(PackageError::io("read", &path, e)),
+        };
+        // Look at the format number first, so a newer registry is reported as newer rather than
+        // as damaged when its shape changed.
+        #[derive(Deserialize)]
+        struct Head {
+            format: u32,
+        }
+        let corrupt = |e: serde_json::Error| PackageError::Corrupt {
+            path: path.clone(),
+            message: e.to_string(),
+        };
+        let head: Head = serde_json::from_slice(&bytes).map_err(corrupt)?;
+        if head.format > FORMAT {
+            return Err(PackageError::NewerFormat {
+                path,
+                found: head.format,
+            });
+        }
+        let registry: Registry = serde_json::from_slice(&bytes).map_err(corrupt)?;
+        if let Some((key, rec)) = registry.packages.iter().find(|(k, r)| **k != r.name) {
+            return Err(PackageError::Corrupt {
+                path,
+                message: format!("the entry `{key}` records a package named `{}`", rec.name),
+            });
+        }
+        Ok(registry)
+    }
+
+    /// Replaces the registry file atomically; see the module invariant.
+    pub(crate) fn save(&mut self, state: &StateDir) -> Result<(), PackageError> {
+        self.format = FORMAT;
+        let dir = state.packages_dir();
+        let path = dir.join(REGISTRY_FILE);
+        let write = || -> io::Result<()> {
+            let mut tmp = tempfile::Builder::new()
+                .prefix("registry-")
+                .tempfile_in(state.tmp_dir())?;
+            serde_json::to_writer_pretty(&mut tmp, &*self)?;
+            tmp.write_all(b"\n")?;
+            tmp.as_file().sync_all()?;
+            tmp.persist(&path).map_err(|e| e.error)?;
+            sync_dir(&dir)
+        };
+        write().map_err(|e| PackageError::io("write", &path, e))
+    }
+}
+
+/// Makes renames into `dir` durable.
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Now, in Unix milliseconds.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A `flock` on the `packages/` folder itself (no lock file to create, so taking it changes
+/// nothing on disk). Released on drop.
+#[derive(Debug)]
+pub(crate) struct StoreLock {
+    _lock: Flock<File>,
+}
+
+impl StoreLock {
+    /// Waits for the exclusive lock: another install or remove finishes first.
+    pub(crate) fn exclusive(state: &StateDir) -> Result<StoreLock, PackageError> {
+        StoreLock::take(state, FlockArg::LockExclusive)
+    }
+
+    /// Waits for a shared lock: reads that must not see half of a change.
+    pub(crate) fn shared(state: &StateDir) -> Result<StoreLock, PackageError> {
+        StoreLock::take(state, FlockArg::LockShared)
+    }
+
+    fn take(state: &StateDir, arg: FlockArg) -> Result<StoreLock, PackageError> {
+        let dir = state.packages_dir();
+        let file = File::open(&dir).map_err(|e| PackageError::io("open", &dir, e))?;
+        let lock = Flock::lock(file, arg)
+            .map_err(|(_, errno)| PackageError::io("lock", &dir, errno.into()))?;
+        Ok(StoreLock { _lock: lock })
+    }
+}
+
+/// The prefixes of what mutations create in `<state>/tmp/`: staging, trash and registry temp files.
+const SCRATCH_PREFIXES: [&str; 3] = ["install-", "remove-", "registry-"];
+
+/// Deletes scratch left in `<state>/tmp/` by an install or remove that was killed.
+///
+/// Call only with the exclusive [`StoreLock`] held: every scratch entry is created and removed
+/// under that lock, so with it held any that exist belong to a process that died. Failures are
+/// ignored; the next sweep tries again.
+pub(crate) fn sweep_stale(state: &StateDir) {
+    let Ok(entries) = fs::read_dir(state.tmp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !SCRATCH_PREFIXES.iter().any(|p| name.starts_with(p)) {
+            continue;
+        }
+        let path = entry.path();
+        let _ = match entry.file_type() {
+            Ok(t) if t.is_dir() => fs::remove_dir_all(&path),
+            _ => fs::remove_file(&path),
+        };
+    }
+}
+
+/// Renames a scratch folder that must outlive the sweep (it holds the only copy of a package
+/// after a failed undo) to a name the sweep leaves alone; returns where it is.
+pub(crate) fn keep_out_of_sweep(dir: PathBuf) -> PathBuf {
+    let Some(name) = dir.file_name().and_then(|n| n.to_str()) else {
+        return dir;
+    };
+    let kept = dir.with_file_name(format!("kept-{name}"));
+    match fs::rename(&dir, &kept) {
+        Ok(()) => kept,
+        Err(_) => dir,
+    }
+}
+
+/// Every installed package, ordered by name.
+pub fn list(state: &StateDir) -> Result<Vec<PackageRecord>, PackageError> {
+    Ok(Registry::load(state)?.packages.into_values().collect())
+}
+
+/// The record of the package named `name`.
+pub fn get(state: &StateDir, name: &str) -> Result<PackageRecord, PackageError> {
+    Registry::load(state)?
+        .packages
+        .remove(name)
+        .ok_or_else(|| PackageError::NotInstalled {
+            name: name.to_owned(),
+        })
+}
+
+/// Turns the package named `name` on or off for the daemon; returns whether the flag changed.
+pub fn set_enabled(state: &StateDir, name: &str, enabled: bool) -> Result<bool, PackageError> {
+    let _lock = StoreLock::exclusive(state)?;
+    let mut registry = Registry::load(state)?;
+    let rec = registry
+        .packages
+        .get_mut(name)
+        .ok_or_else(|| PackageError::NotInstalled {
+            name: name.to_owned(),
+        })?;
+    if rec.enabled == enabled {
+        return Ok(false);
+    }
+    rec.enabled = enabled;
+    registry.save(state)?;
+    Ok(true)
+}
+
+/// Uninstalls the package named `name`: its folder and its record. Returns the record it had.
+///
+/// The folder is first renamed into `<state>/tmp/`, then the registry is written, then the folder
+/// deleted; if the registry cannot be written the folder is put back.
+pub fn remove(state: &StateDir, name: &str) -> Result<PackageRecord, PackageError> {
+    let _lock = StoreLock::exclusive(state)?;
+    sweep_stale(state);
+    let mut registry = Registry::load(state)?;
+    let Some(rec) = registry.packages.remove(name) else {
+        return Err(PackageError::NotInstalled {
+            name: name.to_owned(),
+        });
+    };
+    let dir = super::package_dir(state, name);
+    let trash = tempfile::Builder::new()
+        .prefix("remove-")
+        .tempdir_in(state.tmp_dir())
+        .map_err(|e| PackageError::io("create a folder in", &state.tmp_dir(), e))?;
+    let aside = trash.path().join(name);
+    let moved = match fs::rename(&dir, &aside) {
+        Ok(()) => true,
+        // A record without its folder (a crash mid-install, or a hand-deleted folder): removing
+        // the record is all that is left to do.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(PackageError::io("move aside", &dir, e)),
+    };
+    if let Err(e) = registry.save(state) {
+        if moved && let Err(back) = fs::rename(&aside, &dir) {
+            return Err(PackageError::Stranded {
+                name: name.to_owned(),
+                message: format!(
+                    "the registry could not be written: {e}; then moving the folder back failed: {back}"
+                ),
+                kept: keep_out_of_sweep(trash.keep()).join(name),
+                dir,
+            });
+        }
+        return Err(e);
+    }
+    // `trash` deletes the old files when dropped; if that fails, the next sweep retries.
+    Ok(rec)
+}
+
+/// The manifest as stored in a record. [`Manifest`] is the validated in-memory form and has no
+/// serde of its own; this mirror keeps the registry's shape under this module's control.
+mod manifest_serde {
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    struct Stored {
+        name: String,
+        version: String,
+        protocol: Vec<u32>,
+        command: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        description: Option<String>,
+        #[serde(default)]
+        capabilities: Capabilities,
+    }
+
+    pub(super) fn serialize<S: serde::Serializer>(m: &Manifest, s: S) -> Result<S::Ok, S::Error> {
+        Stored {
+            name: m.name.clone(),
+            version: m.version.clone(),
+            protocol: m.protocol.clone(),
+            command: m.command.clone(),
+            description: m.description.clone(),
+            capabilities: m.capabilities.clone(),
+        }
+        .serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Manifest, D::Error> {
+        let s = Stored::deserialize(d)?;
+        Ok(Manifest {
+            name: s.name,
+            version: s.version,
+            protocol: s.protocol,
+            command: s.command,
+            description: s.description,
+            capabilities: s.capabilities,
+        })
+    }
+}
