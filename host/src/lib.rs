@@ -3,7 +3,10 @@
 //! One module per concern; this file only lists them. Only the binary (`main.rs`, `cli/`)
 //! installs tracing subscribers, prints, and turns errors into exit codes.
 
+pub mod api;
 pub mod check;
+pub mod client;
+pub mod daemon;
 pub mod manifest;
 pub mod packages;
 pub mod state_dir;

@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     // Usage errors exit 2 (clap's convention, which `cli` keeps for its own usage errors);
     // `--help` and `--version` exit 0.
     let args = cli::Cli::parse();
-    install_logging();
+    install_logging(args.default_log_filter());
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
@@ -23,14 +23,15 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs go to stderr, `warn` and above unless `CONDUIT_LOG` (an `EnvFilter` directive such as
+/// Logs go to stderr, at the command's default level unless `CONDUIT_LOG` (an `EnvFilter` directive such as
 /// `debug` or `conduit_rpc=trace`) says otherwise.
-fn install_logging() {
+fn install_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CONDUIT_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
 }

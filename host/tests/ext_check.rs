@@ -9,10 +9,14 @@
 //! requests, and the rules' "at once" windows are fairer on a quiet machine. On failure a test
 //! prints the command, its exit code, stdout and stderr.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::Mutex;
+
+use support::{Run, stage_rust_example, workspace_root};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -34,57 +38,6 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/packages")
         .join(name)
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
-
-/// What one run of the binary produced.
-struct Run {
-    cmd: String,
-    out: Output,
-}
-
-impl Run {
-    fn code(&self) -> Option<i32> {
-        self.out.status.code()
-    }
-
-    fn stdout(&self) -> String {
-        String::from_utf8_lossy(&self.out.stdout).into_owned()
-    }
-
-    fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.out.stderr).into_owned()
-    }
-
-    /// Everything a person needs when an assertion fails.
-    fn context(&self) -> String {
-        format!(
-            "\n$ {}\nexit: {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.cmd,
-            self.out.status,
-            self.stdout(),
-            self.stderr()
-        )
-    }
-
-    #[track_caller]
-    fn expect_code(&self, code: i32) -> &Self {
-        assert_eq!(self.code(), Some(code), "{}", self.context());
-        self
-    }
-
-    /// The `--json` report.
-    #[track_caller]
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.out.stdout)
-            .unwrap_or_else(|e| panic!("--json output does not parse: {e}{}", self.context()))
-    }
 }
 
 fn conduit(args: &[&str]) -> Run {
@@ -474,41 +427,6 @@ fn usage_errors_exit_2_and_help_documents_the_codes() {
 }
 
 // ---- the example packages ------------------------------------------------------------------
-
-/// `target/<profile>/`, where this test's own binary and the examples' binaries are built.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap(); // target/<profile>/deps/ext_check-<hash>
-    exe.parent().unwrap().parent().unwrap().to_owned()
-}
-
-/// Copies a Rust example's manifest and built binary into a fresh package folder. An example
-/// without a manifest is not a package yet (said on stderr); a manifest without its binary
-/// fails, saying how to build it.
-fn stage_rust_example(example: &str, into: &Path) -> Option<PathBuf> {
-    let src = workspace_root().join("examples").join(example);
-    let manifest = src.join("conduit-extension.toml");
-    if !manifest.exists() {
-        eprintln!("examples/{example} has no conduit-extension.toml yet; it is not checked");
-        return None;
-    }
-    let text = std::fs::read_to_string(&manifest).unwrap();
-    let table: toml::Table = text.parse().unwrap();
-    let program = table["command"][0].as_str().unwrap().to_owned();
-    let name = Path::new(&program).file_name().unwrap();
-    let bin = profile_dir().join(name);
-    assert!(
-        bin.is_file(),
-        "examples/{example} has a manifest but its binary {} is not built: run `cargo build --workspace` (or `cargo build -p <the example's package>`) before this test",
-        bin.display()
-    );
-    let pkg = into.join(example);
-    let dest = pkg.join(&program);
-    std::fs::create_dir_all(&pkg).unwrap();
-    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-    std::fs::copy(&manifest, pkg.join("conduit-extension.toml")).unwrap();
-    std::fs::copy(&bin, &dest).unwrap(); // keeps the execute bit
-    Some(pkg)
-}
 
 #[track_caller]
 fn passes(pkg: &Path) {

@@ -6,9 +6,15 @@
 //!
 //! Exit codes every subcommand keeps: 0 success, 1 the command ran and found a failure (a
 //! rule failed, a package is unhealthy), 2 a usage error or unusable input (clap's own code for
-//! bad arguments). A closed stdout (`conduit … | head`) is not an error.
+//! bad arguments; also an unknown package), 3 the command needs a running daemon and none
+//! runs. A closed stdout (`conduit … | head`) is not an error.
 
+mod common;
+mod daemon_run;
 mod ext_check;
+mod ext_logs;
+mod ext_manage;
+mod ext_status;
 
 use std::process::ExitCode;
 
@@ -17,7 +23,20 @@ use clap::{Parser, Subcommand};
 /// conduit runs extension packages as child processes and speaks JSON-RPC 2.0 to them over
 /// their stdin and stdout.
 #[derive(Debug, Parser)]
-#[command(name = "conduit", version, propagate_version = true)]
+#[command(
+    name = "conduit",
+    version,
+    propagate_version = true,
+    after_help = "\
+Quick start:
+  conduit ext install ./my-package      install (a folder or a .tar.gz)
+  conduit daemon run                    run every enabled package (foreground)
+  conduit ext status                    what runs, with pids, restarts and call latencies
+  conduit ext check ./my-package        check a package against the protocol's rules
+
+Exit codes: 0 success; 1 the command found a failure; 2 usage error or unusable input;
+3 the command needs a running daemon and none runs. `conduit <command> --help` has more."
+)]
 pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -25,14 +44,44 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Work with extension packages.
+    /// Work with extension packages: install, list, status, logs, check, …
     #[command(subcommand)]
     Ext(ExtCommand),
+    /// Run the daemon.
+    #[command(subcommand)]
+    Daemon(DaemonCommand),
 }
 
 #[derive(Debug, Subcommand)]
 enum ExtCommand {
     Check(ext_check::Args),
+    Install(ext_manage::InstallArgs),
+    Remove(ext_manage::NameArgs),
+    /// Enable an installed package (a running daemon starts it).
+    Enable(ext_manage::NameArgs),
+    /// Disable an installed package (a running daemon stops it).
+    Disable(ext_manage::NameArgs),
+    List(ext_status::ListArgs),
+    Status(ext_status::StatusArgs),
+    Restart(ext_status::RestartArgs),
+    Logs(ext_logs::Args),
+    Call(ext_status::CallArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum DaemonCommand {
+    Run(daemon_run::Args),
+}
+
+impl Cli {
+    /// The log filter a command uses when `CONDUIT_LOG` is unset: the daemon tells what it
+    /// does; one-shot commands speak only of problems.
+    pub(crate) fn default_log_filter(&self) -> &'static str {
+        match self.command {
+            Command::Daemon(_) => "info",
+            Command::Ext(_) => "warn",
+        }
+    }
 }
 
 /// A failed command: the error to print and the exit code.
@@ -64,6 +113,16 @@ impl CliError {
 pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Ext(ExtCommand::Check(args)) => ext_check::run(args),
+        Command::Ext(ExtCommand::Install(args)) => ext_manage::install(args),
+        Command::Ext(ExtCommand::Remove(args)) => ext_manage::remove(args),
+        Command::Ext(ExtCommand::Enable(args)) => ext_manage::set_enabled(args, true),
+        Command::Ext(ExtCommand::Disable(args)) => ext_manage::set_enabled(args, false),
+        Command::Ext(ExtCommand::List(args)) => ext_status::list(args),
+        Command::Ext(ExtCommand::Status(args)) => ext_status::status(args),
+        Command::Ext(ExtCommand::Restart(args)) => ext_status::restart(args),
+        Command::Ext(ExtCommand::Logs(args)) => ext_logs::run(args),
+        Command::Ext(ExtCommand::Call(args)) => ext_status::call(args),
+        Command::Daemon(DaemonCommand::Run(args)) => daemon_run::run(args),
     }
 }
 

@@ -62,6 +62,9 @@ pub struct ExtensionSpec {
     /// Checked before every start (the daemon verifies the installed files); an error keeps the
     /// extension `refused` until it is restarted.
     pub preflight: Option<Arc<dyn Fn() -> Result<(), String> + Send + Sync>>,
+    /// Told each new child's pid (= its process group), so the daemon can sweep the group
+    /// after a crash of its own.
+    pub on_spawn: Option<Arc<dyn Fn(u32) + Send + Sync>>,
     pub host_version: String,
 }
 
@@ -92,6 +95,7 @@ impl ExtensionSpec {
             stop_grace: conduit_protocol::SHUTDOWN_GRACE,
             policy: RestartPolicy::default(),
             preflight: None,
+            on_spawn: None,
             host_version: env!("CARGO_PKG_VERSION").into(),
         }
     }
@@ -150,7 +154,7 @@ impl State {
 
 impl std::fmt::Display for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -487,7 +491,16 @@ async fn actor(
     let mut jitter = Jitter::default();
     let log = LogFile::new(&spec.log_path);
     loop {
-        if let Some(Err(e)) = spec.preflight.as_ref().map(|check| check()) {
+        // The preflight may hash a whole package: off the runtime's workers.
+        let preflight = match spec.preflight.clone() {
+            Some(check) => Some(
+                tokio::task::spawn_blocking(move || check())
+                    .await
+                    .unwrap_or_else(|e| Err(format!("the preflight check panicked: {e}"))),
+            ),
+            None => None,
+        };
+        if let Some(Err(e)) = preflight {
             tracing::error!(extension = %spec.name, error = %e, "refusing to start");
             ext.update(|s| {
                 s.state = State::Refused;
@@ -595,6 +608,9 @@ async fn run_once(
         }
     };
     let pid = child.id().unwrap_or(0);
+    if let Some(hook) = &spec.on_spawn {
+        hook(pid);
+    }
     let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     let (Some(stdin), Some(stdout), Some(stderr)) = (stdin, stdout, stderr) else {
         unreachable!("all three are piped in process::spawn");

@@ -150,6 +150,55 @@ pub fn group_alive(pgid: u32) -> bool {
     )
 }
 
+/// Kill what is left of an extension's process group from an earlier daemon (one killed with
+/// SIGKILL: the parent-death signal ended the extension itself, but not what it started).
+///
+/// A process group id can be reused, so only members whose environment carries
+/// `CONDUIT_EXTENSION=<name>` — set for every extension and inherited by what it starts — are
+/// killed. Returns how many were. Linux only (it reads `/proc`); elsewhere it kills nothing.
+pub fn sweep_leftovers(pgid: u32, name: &str) -> usize {
+    #[cfg(target_os = "linux")]
+    {
+        let marker = format!("CONDUIT_EXTENSION={name}");
+        let mut killed = 0;
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        for e in dir.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            let pgrp = rest
+                .split_whitespace()
+                .nth(2)
+                .and_then(|f| f.parse::<u32>().ok());
+            if pgrp != Some(pgid) {
+                continue;
+            }
+            let Ok(environ) = std::fs::read(e.path().join("environ")) else {
+                continue;
+            };
+            if environ.split(|&b| b == 0).any(|v| v == marker.as_bytes())
+                && nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok()
+            {
+                killed += 1;
+            }
+        }
+        killed
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (pgid, name);
+        0
+    }
+}
+
 /// SIGKILL the group and wait (at most `within`) until none of it runs.
 pub async fn kill_group_and_wait(pgid: u32, within: std::time::Duration) {
     let _ = signal_group(pgid, Signal::SIGKILL);

@@ -1,0 +1,100 @@
+//! What the subcommands share: the state directory, a runtime, the daemon's client, output.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use conduit_host::client::Client;
+use conduit_host::state_dir::{self, StateDir};
+
+use super::CliError;
+
+/// `--state-dir`, shared by every command that touches state.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub(crate) struct StateArgs {
+    /// The state directory (packages, logs, the daemon's socket). Default: $CONDUIT_STATE_DIR,
+    /// else $XDG_STATE_HOME/conduit or ~/.local/state/conduit (macOS: ~/Library/Application
+    /// Support/conduit).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub(crate) state_dir: Option<PathBuf>,
+}
+
+impl StateArgs {
+    /// Resolve and open the state directory (created if missing).
+    pub(crate) fn open(&self) -> Result<StateDir, CliError> {
+        let resolved =
+            state_dir::resolve_from_env(self.state_dir.as_deref()).map_err(CliError::usage)?;
+        let state = StateDir::open(&resolved.path)
+            .with_context(|| format!("state directory from {}", resolved.source))
+            .map_err(CliError::usage)?;
+        if let Some(mode) = state.tightened_from() {
+            eprintln!(
+                "note: {} was mode {mode:o}; made it owner-only (0700)",
+                state.path().display()
+            );
+        }
+        Ok(state)
+    }
+}
+
+/// A small runtime for one command.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .map_err(CliError::failure)
+}
+
+/// The running daemon's client, if one answers on this state directory's socket.
+pub(crate) fn daemon(rt: &tokio::runtime::Runtime, state: &StateDir) -> Option<Client> {
+    rt.block_on(Client::connect(&conduit_host::daemon::socket_path(state)))
+}
+
+/// Print `value` as pretty JSON and a newline.
+pub(crate) fn print_json(value: &impl serde::Serialize) -> Result<(), CliError> {
+    let mut text = serde_json::to_string_pretty(value)
+        .context("cannot serialize the output")
+        .map_err(CliError::failure)?;
+    text.push('\n');
+    super::print(&text)
+}
+
+/// Ask a running daemon to apply the registry; say what it did. No daemon: nothing to do.
+pub(crate) fn reload(
+    rt: &tokio::runtime::Runtime,
+    state: &StateDir,
+    quiet: bool,
+) -> Result<Option<serde_json::Value>, CliError> {
+    let Some(client) = daemon(rt, state) else {
+        return Ok(None);
+    };
+    let report = rt
+        .block_on(client.post("/v1/reload", None))
+        .context("the package registry changed, but the running daemon could not apply it; run `conduit ext list` to see its state")
+        .map_err(CliError::failure)?;
+    if !quiet {
+        for (key, verb) in [
+            ("started", "started"),
+            ("restarted", "restarted"),
+            ("stopped", "stopped"),
+        ] {
+            for name in report[key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str())
+            {
+                eprintln!("the running daemon {verb} `{name}`");
+            }
+        }
+        for e in report["errors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+        {
+            eprintln!("warning: {e}");
+        }
+    }
+    Ok(Some(report))
+}

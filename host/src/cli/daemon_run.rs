@@ -1,0 +1,47 @@
+//! `conduit daemon run`: run the daemon in the foreground until SIGTERM or SIGINT.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use super::CliError;
+use super::common::StateArgs;
+
+/// Run the daemon in the foreground: supervise every enabled package and serve the management
+/// API on <state>/run/conduit.sock. SIGTERM or SIGINT stops the extensions gracefully.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Logs go to stderr (CONDUIT_LOG sets the filter, default `info`).
+
+Exit codes: 0 stopped by SIGTERM/SIGINT after stopping every extension; 1 could not run (the
+socket, the runtime); 2 the state directory is unusable or another daemon holds its lock")]
+pub(crate) struct Args {
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
+    let state = args.state.open()?;
+    // A multi-thread runtime whose workers live as long as the daemon: children are spawned
+    // from them, and their parent-death signal is tied to the spawning thread.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("conduit-worker")
+        .build()
+        .context("cannot start the async runtime")
+        .map_err(CliError::failure)?;
+    let res = rt.block_on(conduit_host::daemon::run(state, CancellationToken::new()));
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    match res {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e)
+            if e.downcast_ref::<conduit_host::state_dir::StateDirError>()
+                .is_some() =>
+        {
+            Err(CliError::usage(e))
+        }
+        Err(e) => Err(CliError::failure(e)),
+    }
+}

@@ -1,0 +1,65 @@
+//! `conduit ext logs NAME [--lines N] [--follow]`: an extension's stderr log.
+//!
+//! The log lives in the state directory (`logs/NAME.log`, rotated once at 1 MiB into
+//! `NAME.log.1`), so this reads it directly whether or not a daemon runs. `--follow` polls the
+//! file and notices a rotation (the file getting shorter) by starting again from its top.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use conduit_host::packages;
+use conduit_supervisor::log::LogFile;
+
+use super::common::StateArgs;
+use super::{CliError, print};
+
+/// Show an extension's stderr log.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The package's name.
+    name: String,
+    /// How many of the last lines to show.
+    #[arg(long, short = 'n', default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    lines: u64,
+    /// Keep printing new lines as they are written (Ctrl-C stops).
+    #[arg(long, short = 'f')]
+    follow: bool,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
+    let state = args.state.open()?;
+    packages::get(&state, &args.name).map_err(CliError::usage)?;
+    let log = LogFile::new(state.logs_dir().join(format!("{}.log", args.name)));
+    let lines = log.last_lines(args.lines as usize).map_err(|e| {
+        CliError::failure(anyhow::anyhow!("cannot read {}: {e}", log.path().display()))
+    })?;
+    let mut text = lines.join("\n");
+    if !text.is_empty() {
+        text.push('\n');
+    }
+    print(&text)?;
+    if !args.follow {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut pos = std::fs::metadata(log.path()).map(|m| m.len()).unwrap_or(0);
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let Ok(mut f) = std::fs::File::open(log.path()) else {
+            continue;
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < pos {
+            pos = 0; // rotated
+        }
+        if len > pos {
+            let mut buf = Vec::new();
+            if f.seek(SeekFrom::Start(pos)).is_ok() && f.read_to_end(&mut buf).is_ok() {
+                pos += buf.len() as u64;
+                print(&String::from_utf8_lossy(&buf))?;
+            }
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! `conduit ext list`, `conduit ext status [NAME]` and `conduit ext restart NAME`.
+//!
+//! With a running daemon the answers come from it (live state, pids, call latencies); without
+//! one they come from the registry, and every enabled package shows `stopped`.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use conduit_host::daemon::ExtensionView;
+use conduit_host::packages;
+use conduit_supervisor::State;
+
+use super::common::{StateArgs, daemon, print_json, runtime};
+use super::{CliError, print};
+
+/// List installed packages and their state.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ListArgs {
+    /// Print as JSON: {"daemon_running", "extensions": [{name, version, state, pid, restarts, last_exit, …}]}.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+/// Show one package's status in detail (or every package's, without NAME).
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Exit codes: 0 every package shown is ready or disabled; 1 one is not (starting, backing-off,
+crash-looping, incompatible, refused, stopped); 2 no such package")]
+pub(crate) struct StatusArgs {
+    /// The package's name; all packages when left out.
+    name: Option<String>,
+    /// Print as JSON (one object for NAME, else {"daemon_running", "extensions": [...]}), with at
+    /// least name, version, state, pid, restarts, last_exit.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+/// Restart a running extension now (the daemon must be running).
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Exit codes: 0 restarting; 2 no such package or it is disabled; 3 no daemon is running"
+)]
+pub(crate) struct RestartArgs {
+    /// The package's name.
+    name: String,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+fn views(state_args: &StateArgs) -> Result<(bool, Vec<ExtensionView>), CliError> {
+    let state = state_args.open()?;
+    let rt = runtime()?;
+    match daemon(&rt, &state) {
+        Some(client) => {
+            let v = rt
+                .block_on(client.get("/v1/extensions"))
+                .map_err(CliError::failure)?;
+            let list: Vec<ExtensionView> = serde_json::from_value(v["extensions"].clone())
+                .context("the daemon's answer has an unexpected shape")
+                .map_err(CliError::failure)?;
+            Ok((true, list))
+        }
+        None => {
+            let recs = packages::list(&state).map_err(CliError::failure)?;
+            Ok((
+                false,
+                recs.iter()
+                    .map(|r| ExtensionView::offline(r, false))
+                    .collect(),
+            ))
+        }
+    }
+}
+
+fn healthy(v: &ExtensionView) -> bool {
+    matches!(v.status.state, State::Ready | State::Disabled)
+}
+
+fn table(list: &[ExtensionView]) -> String {
+    let mut out = format!(
+        "{:<20} {:<12} {:<14} {:>8} {:>8}  {}\n",
+        "NAME", "VERSION", "STATE", "PID", "RESTARTS", "LAST EXIT"
+    );
+    for v in list {
+        let s = &v.status;
+        let pid = s.pid.map_or("-".to_owned(), |p| p.to_string());
+        let exit = s.last_exit.map_or("-".to_owned(), |e| e.to_string());
+        let _ = writeln!(
+            out,
+            "{:<20} {:<12} {:<14} {:>8} {:>8}  {}",
+            s.name, s.version, s.state, pid, s.restarts, exit
+        );
+    }
+    out
+}
+
+pub(crate) fn list(args: ListArgs) -> Result<ExitCode, CliError> {
+    let (running, list) = views(&args.state)?;
+    if args.json {
+        print_json(&serde_json::json!({ "daemon_running": running, "extensions": list }))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if list.is_empty() {
+        print("no packages installed; `conduit ext install PATH` installs one\n")?;
+    } else {
+        print(&table(&list))?;
+    }
+    if !running {
+        eprintln!("(no daemon is running; `conduit daemon run` starts it)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn status(args: StatusArgs) -> Result<ExitCode, CliError> {
+    let (running, list) = views(&args.state)?;
+    let shown: Vec<&ExtensionView> = match &args.name {
+        Some(name) => match list.iter().find(|v| &v.status.name == name) {
+            Some(v) => vec![v],
+            None => {
+                return Err(CliError::usage(anyhow::anyhow!(
+                    "no package named `{name}` is installed; `conduit ext list` shows the installed ones"
+                )));
+            }
+        },
+        None => list.iter().collect(),
+    };
+    if args.json {
+        match &args.name {
+            Some(_) => print_json(shown[0])?,
+            None => {
+                print_json(&serde_json::json!({ "daemon_running": running, "extensions": shown }))?
+            }
+        }
+    } else {
+        let mut out = String::new();
+        for v in &shown {
+            detail(&mut out, v);
+        }
+        if !running {
+            out.push_str("(no daemon is running; `conduit daemon run` starts it)\n");
+        }
+        print(&out)?;
+    }
+    Ok(if shown.iter().all(|v| healthy(v)) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn detail(out: &mut String, v: &ExtensionView) {
+    let s = &v.status;
+    let _ = writeln!(out, "{} {} — {}", s.name, s.version, s.state);
+    if let Some(d) = &v.description {
+        let _ = writeln!(out, "  {d}");
+    }
+    if let Some(pid) = s.pid {
+        let _ = writeln!(out, "  pid           {pid}");
+    }
+    let _ = writeln!(out, "  restarts      {}", s.restarts);
+    if let Some(e) = s.last_exit {
+        let _ = writeln!(out, "  last exit     {e}");
+    }
+    if let Some(at) = s.next_start_at_ms {
+        let wait = at - now_ms();
+        let _ = writeln!(
+            out,
+            "  next start    in {:.1} s",
+            wait.max(0) as f64 / 1000.0
+        );
+    }
+    if let Some(e) = &s.last_error {
+        let _ = writeln!(out, "  last error    {e}");
+    }
+    if !s.calls.is_empty() {
+        let _ = writeln!(
+            out,
+            "  calls         {:<22} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9}",
+            "METHOD", "COUNT", "ERRORS", "P50", "P95", "P99", "MAX"
+        );
+        for (m, c) in &s.calls {
+            let _ = writeln!(
+                out,
+                "                {:<22} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9}",
+                m,
+                c.count,
+                c.errors,
+                us(c.p50_us),
+                us(c.p95_us),
+                us(c.p99_us),
+                us(c.max_us)
+            );
+        }
+    }
+    if !s.stderr_tail.is_empty() {
+        let _ = writeln!(out, "  stderr (last {} lines):", s.stderr_tail.len());
+        for l in &s.stderr_tail {
+            let _ = writeln!(out, "    {l}");
+        }
+    }
+}
+
+fn us(v: u64) -> String {
+    if v >= 10_000 {
+        format!("{:.1} ms", v as f64 / 1000.0)
+    } else {
+        format!("{v} µs")
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+pub(crate) fn restart(args: RestartArgs) -> Result<ExitCode, CliError> {
+    let state = args.state.open()?;
+    let rt = runtime()?;
+    let Some(client) = daemon(&rt, &state) else {
+        return Err(CliError {
+            code: 3,
+            error: anyhow::anyhow!(
+                "no daemon is running on {}; start it with `conduit daemon run`",
+                state.path().display()
+            ),
+        });
+    };
+    let (code, body) = rt
+        .block_on(client.request(
+            hyper::Method::POST,
+            &format!("/v1/extensions/{}/restart", args.name),
+            None,
+        ))
+        .map_err(CliError::failure)?;
+    if !code.is_success() {
+        let msg = body["error"]["message"]
+            .as_str()
+            .unwrap_or("the daemon refused")
+            .to_owned();
+        return Err(if code.is_client_error() {
+            CliError::usage(anyhow::anyhow!(msg))
+        } else {
+            CliError::failure(anyhow::anyhow!(msg))
+        });
+    }
+    print(&format!("restarting {}\n", args.name))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Call a method of a running extension and print its answer (for diagnostics).
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Example: conduit ext call echo echo '{\"text\":\"hi\"}'
+
+Prints the result as JSON. An error answer is printed as {\"error\": {code, name, message}} and
+exits 1. Exit codes: 0 answered; 1 answered with an error (or timed out); 2 no such package or
+bad PARAMS; 3 no daemon is running")]
+pub(crate) struct CallArgs {
+    /// The package's name.
+    name: String,
+    /// The method, e.g. `echo` or `check.sleep`.
+    method: String,
+    /// The params, as JSON (default: {}).
+    params: Option<String>,
+    /// How long to wait for the answer, in milliseconds.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    timeout_ms: u64,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+pub(crate) fn call(args: CallArgs) -> Result<ExitCode, CliError> {
+    let params: serde_json::Value = match &args.params {
+        Some(p) => serde_json::from_str(p)
+            .with_context(|| format!("PARAMS is not JSON: {p}"))
+            .map_err(CliError::usage)?,
+        None => serde_json::json!({}),
+    };
+    let state = args.state.open()?;
+    let rt = runtime()?;
+    let Some(client) = daemon(&rt, &state) else {
+        return Err(CliError {
+            code: 3,
+            error: anyhow::anyhow!(
+                "no daemon is running on {}; start it with `conduit daemon run`",
+                state.path().display()
+            ),
+        });
+    };
+    let body = serde_json::json!({ "method": args.method, "params": params, "timeout_ms": args.timeout_ms });
+    let (code, v) = rt
+        .block_on(client.request(
+            hyper::Method::POST,
+            &format!("/v1/extensions/{}/call", args.name),
+            Some(&body),
+        ))
+        .map_err(CliError::failure)?;
+    if !code.is_success() {
+        let msg = v["error"]["message"]
+            .as_str()
+            .unwrap_or("the daemon refused")
+            .to_owned();
+        return Err(CliError::usage(anyhow::anyhow!(msg)));
+    }
+    if v.get("error").is_some() {
+        print_json(&serde_json::json!({ "error": v["error"] }))?;
+        return Ok(ExitCode::from(1));
+    }
+    print_json(&v["result"])?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,412 @@
+//! `conduit daemon run`: the long-running process an operator starts (by hand, or under
+//! systemd or launchd).
+//!
+//! It takes the state directory's exclusive lock, serves the management API on a Unix socket
+//! in `<state>/run/`, runs every enabled package under the supervisor, and re-reads the package
+//! registry whenever the CLI asks (`POST /v1/reload`, sent after install, remove, enable and
+//! disable), so changes take effect without a restart. SIGTERM or SIGINT stops every extension
+//! gracefully and exits 0.
+//!
+//! Invariant: registry changes are applied by one reconciler task, one request at a time, so
+//! no lock is held while extensions start or stop; the API only sends it a request and waits
+//! (bounded) for its report.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use conduit_supervisor::process::ChildCommand;
+use conduit_supervisor::{ExtensionSpec, State, Status, Supervisor, no_callbacks};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::packages::{self, PackageRecord};
+use crate::state_dir::StateDir;
+
+/// The management socket's file name, inside `<state>/run/`.
+pub const SOCKET_NAME: &str = "conduit.sock";
+
+/// The management socket of a state directory.
+pub fn socket_path(state: &StateDir) -> PathBuf {
+    state.run_dir().join(SOCKET_NAME)
+}
+
+/// One extension as the API and the CLI show it: the supervisor's status plus what the
+/// registry knows.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ExtensionView {
+    #[serde(flatten)]
+    pub status: Status,
+    pub enabled: bool,
+    pub installed_at_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+impl ExtensionView {
+    /// The view of a package the daemon is not running (disabled, or no daemon at all).
+    pub fn offline(rec: &PackageRecord, daemon_running: bool) -> Self {
+        let state = if !rec.enabled {
+            State::Disabled
+        } else if daemon_running {
+            State::Starting
+        } else {
+            State::Stopped
+        };
+        ExtensionView {
+            status: Status {
+                name: rec.name.clone(),
+                version: rec.version.clone(),
+                state,
+                pid: None,
+                restarts: 0,
+                last_exit: None,
+                last_error: None,
+                next_start_at_ms: None,
+                ready_since_ms: None,
+                protocol_version: None,
+                capabilities: Some(rec.manifest.capabilities.clone()),
+                stderr_tail: Vec::new(),
+                calls: Default::default(),
+            },
+            enabled: rec.enabled,
+            installed_at_ms: rec.installed_at_ms,
+            description: rec.manifest.description.clone(),
+        }
+    }
+}
+
+/// What a reload changed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ReloadReport {
+    pub started: Vec<String>,
+    pub stopped: Vec<String>,
+    pub restarted: Vec<String>,
+    pub unchanged: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+}
+
+/// The running daemon, shared by the API and the reconciler.
+pub struct Daemon {
+    state: StateDir,
+    supervisor: Supervisor,
+    /// What each running extension was started from (version and install time), to tell a
+    /// reinstall or upgrade from an unchanged package.
+    started_from: Mutex<HashMap<String, String>>,
+    reloads: mpsc::Sender<oneshot::Sender<ReloadReport>>,
+    started_at_ms: i64,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("state", &self.state.path())
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Daemon {
+    pub fn state_dir(&self) -> &StateDir {
+        &self.state
+    }
+
+    pub fn started_at_ms(&self) -> i64 {
+        self.started_at_ms
+    }
+
+    /// Ask the reconciler to apply the registry now; waits at most a minute for its report.
+    pub async fn reload(&self) -> anyhow::Result<ReloadReport> {
+        let (tx, rx) = oneshot::channel();
+        self.reloads
+            .send(tx)
+            .await
+            .context("the daemon is shutting down")?;
+        tokio::time::timeout(Duration::from_secs(60), rx)
+            .await
+            .context("the reload did not finish within 60 s")?
+            .context("the daemon is shutting down")
+    }
+
+    /// Every installed package, with the supervisor's status for those it runs.
+    pub fn extensions(&self) -> anyhow::Result<Vec<ExtensionView>> {
+        let records = packages::list(&self.state)?;
+        Ok(records.iter().map(|r| self.view(r)).collect())
+    }
+
+    /// One package's view, or `None` if it is not installed.
+    pub fn extension(&self, name: &str) -> anyhow::Result<Option<ExtensionView>> {
+        let records = packages::list(&self.state)?;
+        Ok(records
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| self.view(r)))
+    }
+
+    fn view(&self, rec: &PackageRecord) -> ExtensionView {
+        match self.supervisor.get(&rec.name) {
+            Some(ext) if rec.enabled => ExtensionView {
+                status: ext.status(),
+                enabled: true,
+                installed_at_ms: rec.installed_at_ms,
+                description: rec.manifest.description.clone(),
+            },
+            _ => ExtensionView::offline(rec, true),
+        }
+    }
+
+    /// Restart a running extension now. `false` if it is not running here.
+    pub fn restart(&self, name: &str) -> bool {
+        match self.supervisor.get(name) {
+            Some(ext) => {
+                ext.restart();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The supervised extension, for callers inside the daemon.
+    pub fn supervisor(&self) -> &Supervisor {
+        &self.supervisor
+    }
+
+    async fn reconcile(&self) -> ReloadReport {
+        let mut report = ReloadReport::default();
+        let records = match packages::list(&self.state) {
+            Ok(r) => r,
+            Err(e) => {
+                report
+                    .errors
+                    .push(format!("cannot read the package registry: {e}"));
+                return report;
+            }
+        };
+        let wanted: HashMap<String, &PackageRecord> = records
+            .iter()
+            .filter(|r| r.enabled)
+            .map(|r| (r.name.clone(), r))
+            .collect();
+        let running: Vec<String> = self
+            .started_from
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        for name in running {
+            if !wanted.contains_key(&name) {
+                self.supervisor.stop(&name).await;
+                self.started_from
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&name);
+                report.stopped.push(name);
+            }
+        }
+        for (name, rec) in wanted {
+            let fingerprint = format!("{}@{}", rec.version, rec.installed_at_ms);
+            let before = self
+                .started_from
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&name)
+                .cloned();
+            if before.as_deref() == Some(fingerprint.as_str()) {
+                report.unchanged.push(name);
+                continue;
+            }
+            match self.spec(rec) {
+                Ok(spec) => {
+                    self.supervisor.start(spec).await;
+                    self.started_from
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(name.clone(), fingerprint);
+                    if before.is_some() {
+                        report.restarted.push(name)
+                    } else {
+                        report.started.push(name)
+                    }
+                }
+                Err(e) => report.errors.push(format!("{name}: {e:#}")),
+            }
+        }
+        for list in [
+            &mut report.started,
+            &mut report.stopped,
+            &mut report.restarted,
+            &mut report.unchanged,
+        ] {
+            list.sort();
+        }
+        report
+    }
+
+    fn spec(&self, rec: &PackageRecord) -> anyhow::Result<ExtensionSpec> {
+        let dir = packages::package_dir(&self.state, &rec.name);
+        let data_dir = self.state.path().join("data").join(&rec.name);
+        std::fs::create_dir_all(&data_dir)
+            .with_context(|| format!("cannot create {}", data_dir.display()))?;
+        // A command that does not resolve is reported by the preflight (state `refused`, with
+        // the reason) rather than here, so that it shows in the status like any other refusal.
+        let resolved = rec.manifest.resolve_command(&dir);
+        let (program, args) = match &resolved {
+            Ok(r) => (r.program.clone(), r.args.clone()),
+            Err(_) => (
+                dir.join(&rec.manifest.command[0]),
+                rec.manifest.command[1..].to_vec(),
+            ),
+        };
+        let env: Vec<(OsString, OsString)> = vec![
+            ("CONDUIT_EXTENSION".into(), rec.name.clone().into()),
+            ("CONDUIT_DATA_DIR".into(), data_dir.into_os_string()),
+            (
+                "CONDUIT_PROTOCOL_VERSION".into(),
+                conduit_protocol::PROTOCOL_VERSION.to_string().into(),
+            ),
+        ];
+        let command = ChildCommand {
+            program,
+            args: args.into_iter().map(OsString::from).collect(),
+            cwd: dir.clone(),
+            env,
+        };
+        let log = self.state.logs_dir().join(format!("{}.log", rec.name));
+        let mut spec = ExtensionSpec::new(&rec.name, &rec.version, command, log);
+        let state = self.state.clone();
+        let name = rec.name.clone();
+        let resolve_error = resolved.err().map(|e| e.to_string());
+        let pgid_file = pgid_path(&self.state, &rec.name);
+        spec.on_spawn = Some(Arc::new(move |pid| {
+            if let Err(e) = std::fs::write(&pgid_file, pid.to_string()) {
+                tracing::warn!(path = %pgid_file.display(), error = %e, "cannot record the extension's process group");
+            }
+        }));
+        spec.preflight = Some(Arc::new(move || {
+            if let Some(e) = &resolve_error {
+                return Err(e.clone());
+            }
+            packages::verify(&state, &name).map_err(|e| e.to_string())
+        }));
+        Ok(spec)
+    }
+}
+
+/// Where the process group of an extension's current child is recorded.
+fn pgid_path(state: &StateDir, name: &str) -> PathBuf {
+    state.run_dir().join(format!("{name}.pgid"))
+}
+
+/// Kill what extensions of an earlier daemon left running. A daemon killed with SIGKILL takes
+/// its extensions with it (their parent-death signal), but not the processes they started.
+fn sweep_leftovers(state: &StateDir) {
+    let Ok(dir) = std::fs::read_dir(state.run_dir()) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let path = e.path();
+        let (Some(name), Some("pgid")) = (
+            path.file_stem().and_then(|s| s.to_str()),
+            path.extension().and_then(|s| s.to_str()),
+        ) else {
+            continue;
+        };
+        if let Some(pgid) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+        {
+            let n = conduit_supervisor::process::sweep_leftovers(pgid, name);
+            if n > 0 {
+                tracing::warn!(
+                    extension = name,
+                    pgid,
+                    killed = n,
+                    "killed processes an earlier daemon's extension left running"
+                );
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// Run the daemon on `state` until SIGTERM or SIGINT (or `stop` is cancelled).
+pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()> {
+    let lock = state.lock_exclusive()?;
+    sweep_leftovers(&state);
+    let socket = socket_path(&state);
+    let listener = crate::api::bind(&socket)?;
+    let (reloads, mut reload_rx) = mpsc::channel::<oneshot::Sender<ReloadReport>>(16);
+    let shutdown = stop.child_token();
+    let daemon = Arc::new(Daemon {
+        state: state.clone(),
+        supervisor: Supervisor::new(no_callbacks()),
+        started_from: Mutex::new(HashMap::new()),
+        reloads,
+        started_at_ms: now_ms(),
+    });
+
+    let reconciler = {
+        let daemon = daemon.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    req = reload_rx.recv() => match req {
+                        Some(reply) => { let _ = reply.send(daemon.reconcile().await); }
+                        None => break,
+                    },
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        })
+    };
+    let api = tokio::spawn(crate::api::serve(
+        listener,
+        daemon.clone(),
+        shutdown.clone(),
+    ));
+    let first = daemon.reload().await?;
+    tracing::info!(pid = lock.pid(), state_dir = %state.path().display(), socket = %socket.display(), started = ?first.started, "conduit daemon running");
+    for e in &first.errors {
+        tracing::error!("{e}");
+    }
+
+    wait_for_signal(&shutdown).await;
+    tracing::info!("stopping extensions");
+    shutdown.cancel();
+    let _ = reconciler.await;
+    daemon.supervisor.shutdown().await;
+    let _ = api.await;
+    let _ = std::fs::remove_file(&socket);
+    drop(lock);
+    tracing::info!("conduit daemon stopped");
+    Ok(())
+}
+
+async fn wait_for_signal(shutdown: &CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        shutdown.cancelled().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+        () = shutdown.cancelled() => {}
+    }
+}

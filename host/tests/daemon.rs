@@ -1,0 +1,586 @@
+//! The daemon end to end: the real `conduit` binary (`daemon run` and the CLI), real extension
+//! processes, a temporary state directory.
+//!
+//! Misbehaving packages are staged from `host/supervisor/tests/fixtures/misbehave.py`, a
+//! Python extension that misbehaves on command. On failure a test prints the daemon's log and
+//! the state directory's listing.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{Run, stage_rust_example, workspace_root};
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    daemon: Option<Child>,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        Fixture {
+            dir: tempfile::tempdir().unwrap(),
+            daemon: None,
+        }
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn daemon_log(&self) -> PathBuf {
+        self.dir.path().join("daemon.log")
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_conduit"));
+        c.args(args)
+            .env("CONDUIT_STATE_DIR", self.state())
+            .env_remove("CONDUIT_LOG");
+        c
+    }
+
+    fn conduit(&self, args: &[&str]) -> Run {
+        let out = self
+            .command(args)
+            .output()
+            .expect("the conduit binary runs");
+        Run {
+            cmd: format!("conduit {}", args.join(" ")),
+            out,
+        }
+    }
+
+    /// Everything a person needs when an assertion fails.
+    fn context(&self) -> String {
+        let log = std::fs::read_to_string(self.daemon_log()).unwrap_or_default();
+        let mut listing = String::new();
+        for e in walk(&self.state()) {
+            listing.push_str(&format!(
+                "{}\n",
+                e.strip_prefix(self.dir.path()).unwrap_or(&e).display()
+            ));
+        }
+        format!("\n--- daemon log ---\n{log}\n--- state dir ---\n{listing}")
+    }
+
+    fn install(&self, pkg: &Path) {
+        let run = self.conduit(&["ext", "install", pkg.to_str().unwrap()]);
+        assert_eq!(run.code(), Some(0), "{}{}", run.context(), self.context());
+    }
+
+    /// A package running `misbehave.py` in `mode`.
+    fn misbehave(&self, name: &str, mode: &str) -> PathBuf {
+        let pkg = self.dir.path().join("src").join(name);
+        std::fs::create_dir_all(&pkg).unwrap();
+        let script = workspace_root().join("host/supervisor/tests/fixtures/misbehave.py");
+        std::fs::copy(script, pkg.join("misbehave.py")).unwrap();
+        std::fs::write(
+            pkg.join("conduit-extension.toml"),
+            format!(
+                "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"misbehave.py\", \"{mode}\"]\n\n[capabilities]\nmethods = [\"echo\"]\n"
+            ),
+        )
+        .unwrap();
+        pkg
+    }
+
+    fn start_daemon(&mut self) {
+        let log = std::fs::File::create(self.daemon_log()).unwrap();
+        let child = self
+            .command(&["daemon", "run"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start the daemon");
+        self.daemon = Some(child);
+        let socket = self.state().join("run/conduit.sock");
+        let start = Instant::now();
+        while !socket.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the daemon never opened its socket{}",
+                self.context()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn daemon_pid(&self) -> i32 {
+        self.daemon.as_ref().unwrap().id() as i32
+    }
+
+    fn status(&self, name: &str) -> Value {
+        let run = self.conduit(&["ext", "status", name, "--json"]);
+        serde_json::from_slice(&run.out.stdout)
+            .unwrap_or_else(|e| panic!("status --json: {e}{}{}", run.context(), self.context()))
+    }
+
+    /// Poll the status until `pred` holds; panics with context after `timeout`.
+    fn wait_for(&self, name: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let s = self.status(name);
+            if pred(&s) {
+                return s;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "`{name}` never reached the expected state; last status: {s:#}{}",
+                self.context()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn wait_state(&self, name: &str, state: &str, timeout: Duration) -> Value {
+        self.wait_for(name, timeout, |s| s["state"] == state)
+    }
+
+    /// SIGTERM the daemon and wait for its exit code.
+    fn stop_daemon(&mut self) -> Option<i32> {
+        let mut child = self.daemon.take()?;
+        kill(child.id() as i32, nix::sys::signal::Signal::SIGTERM);
+        let start = Instant::now();
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                return st.code();
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!(
+                    "the daemon did not exit within 20 s of SIGTERM{}",
+                    self.context()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if self.daemon.is_some() {
+            let _ = self.stop_daemon();
+        }
+    }
+}
+
+fn kill(pid: i32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            out.push(p.clone());
+            if p.is_dir() && !p.is_symlink() {
+                out.extend(walk(&p));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every pid whose process group is `pgid` and which is not a zombie (Linux).
+fn group_members(pgid: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| stat[i + 1..].to_owned()) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.get(2).and_then(|g| g.parse::<u32>().ok()) == Some(pgid) && f[0] != "Z" && f[0] != "X"
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn wait_gone(pgid: u32, within: Duration) -> Vec<u32> {
+    let start = Instant::now();
+    loop {
+        let left = group_members(pgid);
+        if left.is_empty() || start.elapsed() > within {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn stage_examples(f: &Fixture) -> Vec<PathBuf> {
+    let into = f.dir.path().join("staged");
+    let mut pkgs: Vec<PathBuf> = ["echo", "notes"]
+        .iter()
+        .filter_map(|e| stage_rust_example(e, &into))
+        .collect();
+    pkgs.push(workspace_root().join("examples/python-echo"));
+    pkgs
+}
+
+#[test]
+fn installed_examples_are_ready_within_a_second_of_the_daemon_starting() {
+    let mut f = Fixture::new();
+    for p in stage_examples(&f) {
+        f.install(&p);
+    }
+    let start = Instant::now();
+    f.start_daemon();
+    for name in ["echo", "notes", "python-echo"] {
+        f.wait_state(name, "ready", Duration::from_secs(5));
+    }
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "ready after {took:?}{}",
+        f.context()
+    );
+    let list = f.conduit(&["ext", "list", "--json"]);
+    let v: Value = serde_json::from_slice(&list.out.stdout).unwrap();
+    assert_eq!(v["daemon_running"], true);
+    for e in v["extensions"].as_array().unwrap() {
+        for key in ["name", "version", "state", "pid", "restarts", "last_exit"] {
+            assert!(e.get(key).is_some(), "`{key}` missing from {e:#}");
+        }
+    }
+    // A call through the daemon reaches the extension, and its latency shows in the status.
+    let run = f.conduit(&["ext", "call", "echo", "echo", r#"{"text":"hi"}"#]);
+    assert_eq!(run.code(), Some(0), "{}", run.context());
+    assert_eq!(
+        serde_json::from_slice::<Value>(&run.out.stdout).unwrap()["text"],
+        "hi"
+    );
+    assert_eq!(f.status("echo")["calls"]["echo"]["count"], 1);
+    assert_eq!(
+        f.stop_daemon(),
+        Some(0),
+        "SIGTERM stops the daemon with exit code 0{}",
+        f.context()
+    );
+    // Every extension got its `shutdown` and exited cleanly.
+    let v: Value =
+        serde_json::from_slice(&f.conduit(&["ext", "list", "--json"]).out.stdout).unwrap();
+    assert_eq!(v["daemon_running"], false);
+}
+
+#[test]
+fn sigkill_fails_the_pending_call_at_once_and_restarts_follow_the_backoff() {
+    let mut f = Fixture::new();
+    let pkgs = stage_examples(&f);
+    f.install(&pkgs[0]); // echo
+    f.start_daemon();
+    let s = f.wait_state("echo", "ready", Duration::from_secs(5));
+    let pid = s["pid"].as_i64().unwrap() as i32;
+
+    // A call held open by the extension…
+    let call = f
+        .command(&[
+            "ext",
+            "call",
+            "echo",
+            "check.sleep",
+            r#"{"ms":30000}"#,
+            "--timeout-ms",
+            "60000",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    kill(pid, nix::sys::signal::Signal::SIGKILL);
+    // …fails at once with extension_exited.
+    let out = call.wait_with_output().unwrap();
+    let took = t.elapsed();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        v["error"]["name"],
+        "extension_exited",
+        "{v:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "the pending call took {took:?} to fail"
+    );
+    assert_eq!(out.status.code(), Some(1));
+
+    // backing-off, then ready again, the restart counted.
+    let backing = f.wait_for("echo", Duration::from_secs(5), |s| {
+        s["state"] == "backing-off" || s["restarts"] == 1
+    });
+    let s = f.wait_state("echo", "ready", Duration::from_secs(5));
+    assert_eq!(s["restarts"], 1);
+    assert_eq!(s["last_exit"]["signal"], 9);
+    if backing["state"] == "backing-off" {
+        let delay = backing["next_start_at_ms"].as_i64().unwrap()
+            - backing["last_exit"]["at_ms"].as_i64().unwrap();
+        assert!(
+            (70..=130).contains(&delay),
+            "first delay {delay} ms, policy says 100 ms ± 20%"
+        );
+    }
+
+    // Successive crashes: each delay doubles (100, 200, 400 ms, ± 20% jitter).
+    let mut delays = Vec::new();
+    for round in 2..=4 {
+        let pid = f.wait_state("echo", "ready", Duration::from_secs(5))["pid"]
+            .as_i64()
+            .unwrap() as i32;
+        kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let s = f.wait_for("echo", Duration::from_secs(5), |s| {
+            s["restarts"] == round && s["next_start_at_ms"].is_i64()
+        });
+        delays.push(
+            s["next_start_at_ms"].as_i64().unwrap() - s["last_exit"]["at_ms"].as_i64().unwrap(),
+        );
+    }
+    for (got, want) in delays.iter().zip([200i64, 400, 800]) {
+        assert!(
+            (want * 7 / 10..=want * 13 / 10).contains(got),
+            "delays {delays:?}, policy says 200, 400, 800 ms ± 20%"
+        );
+    }
+}
+
+#[test]
+fn a_package_that_always_exits_becomes_crash_looping_and_a_version_mismatch_incompatible() {
+    let mut f = Fixture::new();
+    f.install(&f.misbehave("crasher", "exit-at-start"));
+    f.install(&workspace_root().join("host/tests/packages/wrong-version"));
+    f.start_daemon();
+    let s = f.wait_state("crasher", "crash-looping", Duration::from_secs(15));
+    assert!(s["restarts"].as_u64().unwrap() >= 5);
+    assert_eq!(s["last_exit"]["code"], 3);
+    let tail = s["stderr_tail"].as_array().unwrap();
+    assert!(
+        tail.iter()
+            .any(|l| l.as_str().unwrap().contains("configuration is missing")),
+        "{s:#}"
+    );
+    let human = f.conduit(&["ext", "status", "crasher"]);
+    assert_eq!(
+        human.code(),
+        Some(1),
+        "an unhealthy package exits 1{}",
+        human.context()
+    );
+    assert!(
+        human.stdout().contains("crash-looping")
+            && human.stdout().contains("configuration is missing")
+    );
+
+    let s = f.wait_state("wrong-version", "incompatible", Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(500));
+    let s2 = f.status("wrong-version");
+    assert_eq!(
+        (s2["state"].as_str(), s2["restarts"].as_u64()),
+        (Some("incompatible"), Some(0)),
+        "{s:#}"
+    );
+    assert!(
+        s2["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("extension_versions"),
+        "{s2:#}"
+    );
+}
+
+#[test]
+fn stopping_leaves_no_process_of_the_group_and_a_killed_daemon_leaves_no_extension_running() {
+    let mut f = Fixture::new();
+    f.install(&f.misbehave("spawner", "grandchildren"));
+    f.install(&f.misbehave("other", "ok"));
+    f.start_daemon();
+    let pgid = f.wait_state("spawner", "ready", Duration::from_secs(5))["pid"]
+        .as_u64()
+        .unwrap() as u32;
+    assert!(
+        group_members(pgid).len() >= 3,
+        "the extension and its two grandchildren"
+    );
+    let run = f.conduit(&["ext", "disable", "spawner"]);
+    assert_eq!(run.code(), Some(0), "{}", run.context());
+    assert_eq!(
+        wait_gone(pgid, Duration::from_secs(2)),
+        Vec::<u32>::new(),
+        "after a stop, nothing of the group runs"
+    );
+    f.wait_state("spawner", "disabled", Duration::from_secs(2));
+
+    // SIGKILL the daemon: its extensions die with it (parent-death signal)…
+    f.conduit(&["ext", "enable", "spawner"]);
+    let pgid = f.wait_state("spawner", "ready", Duration::from_secs(5))["pid"]
+        .as_u64()
+        .unwrap() as u32;
+    let other = f.wait_state("other", "ready", Duration::from_secs(5))["pid"]
+        .as_u64()
+        .unwrap() as u32;
+    kill(f.daemon_pid(), nix::sys::signal::Signal::SIGKILL);
+    let _ = f.daemon.take().unwrap().wait();
+    assert_eq!(
+        wait_gone(other, Duration::from_secs(2)),
+        Vec::<u32>::new(),
+        "an extension outlived the killed daemon"
+    );
+    let left = group_members(pgid);
+    assert!(
+        !left.contains(&pgid),
+        "the extension itself outlived the killed daemon"
+    );
+    // …and what its extensions started themselves is swept when the daemon starts again.
+    f.start_daemon();
+    assert_eq!(
+        wait_gone(pgid, Duration::from_secs(3)),
+        Vec::<u32>::new(),
+        "grandchildren of the killed daemon's extension still run{}",
+        f.context()
+    );
+    f.wait_state("spawner", "ready", Duration::from_secs(5));
+}
+
+#[test]
+fn ten_mib_of_stderr_keeps_the_log_within_its_cap_and_the_daemon_unaffected() {
+    let mut f = Fixture::new();
+    f.install(&f.misbehave("noisy", "stderr-flood"));
+    f.start_daemon();
+    f.wait_state("noisy", "ready", Duration::from_secs(10));
+    let log = f.state().join("logs/noisy.log");
+    let size = std::fs::metadata(&log).unwrap().len();
+    assert!(size <= 1024 * 1024, "log is {size} bytes");
+    let run = f.conduit(&["ext", "call", "noisy", "echo", r#"{"still":"here"}"#]);
+    assert_eq!(run.code(), Some(0), "{}", run.context());
+    let logs = f.conduit(&["ext", "logs", "noisy", "-n", "3"]);
+    assert_eq!(logs.stdout().lines().count(), 3, "{}", logs.context());
+}
+
+#[test]
+fn a_package_changed_after_install_is_refused_and_named_in_the_status() {
+    let mut f = Fixture::new();
+    f.install(&f.misbehave("tampered", "ok"));
+    std::fs::write(
+        f.state().join("packages/tampered/misbehave.py"),
+        "print('not what was installed')\n",
+    )
+    .unwrap();
+    f.start_daemon();
+    let s = f.wait_state("tampered", "refused", Duration::from_secs(5));
+    let err = s["last_error"].as_str().unwrap();
+    assert!(
+        err.contains("misbehave.py") && err.contains("reinstall"),
+        "{err}"
+    );
+    // Reinstalling fixes it, and the running daemon picks it up.
+    f.install(&f.dir.path().join("src/tampered"));
+    f.wait_state("tampered", "ready", Duration::from_secs(5));
+}
+
+#[test]
+fn refused_installs_say_why_and_change_nothing() {
+    let f = Fixture::new();
+    f.install(&f.misbehave("fine", "ok"));
+    let before = walk(&f.state());
+    let bad = f.misbehave("bad", "ok");
+    std::fs::write(
+        bad.join("conduit-extension.toml"),
+        "name = \"Bad Name\"\nversion = \"1\"\nprotocol = 1\ncommand = [\"x\"]\n",
+    )
+    .unwrap();
+    let run = f.conduit(&["ext", "install", bad.to_str().unwrap()]);
+    assert_eq!(run.code(), Some(2), "{}", run.context());
+    assert!(
+        run.stderr().contains("name"),
+        "the error names the field{}",
+        run.context()
+    );
+
+    // An archive whose entry climbs out with `..`.
+    let archive = f.dir.path().join("evil.tar.gz");
+    let gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(&archive).unwrap(),
+        flate2::Compression::fast(),
+    );
+    let mut tar = tar::Builder::new(gz);
+    let manifest = std::fs::read(f.dir.path().join("src/fine/conduit-extension.toml")).unwrap();
+    let mut h = tar::Header::new_gnu();
+    h.set_size(manifest.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    tar.append_data(&mut h, "conduit-extension.toml", &manifest[..])
+        .unwrap();
+    let evil = b"escaped";
+    let mut h = tar::Header::new_gnu();
+    h.as_old_mut().name[..12].copy_from_slice(b"../../escape");
+    h.set_size(evil.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    tar.append(&h, &evil[..]).unwrap();
+    tar.into_inner().unwrap().finish().unwrap();
+    let run = f.conduit(&["ext", "install", archive.to_str().unwrap()]);
+    assert_eq!(run.code(), Some(2), "{}", run.context());
+    assert!(run.stderr().contains(".."), "{}", run.context());
+
+    assert_eq!(
+        walk(&f.state()),
+        before,
+        "a refused install changed the state directory"
+    );
+}
+
+#[test]
+fn the_management_socket_refuses_other_users() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: connecting as another uid needs root to switch users");
+        return;
+    }
+    let mut f = Fixture::new();
+    f.start_daemon();
+    let socket = f.state().join("run/conduit.sock");
+    // A client as `nobody`: a raw HTTP request over the socket, the answer's status line.
+    let probe = |sock: &Path| -> String {
+        use std::os::unix::process::CommandExt;
+        let script = format!(
+            "import socket\ns=socket.socket(socket.AF_UNIX)\ntry:\n  s.connect({:?})\nexcept OSError as e:\n  print('connect:', e.errno); raise SystemExit\ns.sendall(b'GET /v1/health HTTP/1.1\\r\\nhost: x\\r\\nconnection: close\\r\\n\\r\\n')\nprint(s.recv(200).split(b'\\r\\n')[0].decode())",
+            sock.to_str().unwrap()
+        );
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    // The folder is 0700: another user cannot even reach the socket.
+    assert_eq!(probe(&socket), "connect: 13", "EACCES expected");
+    // With the folder and socket opened up, the peer-uid check still refuses the connection.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(f.state(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        f.state().join("run"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_eq!(probe(&socket), "HTTP/1.1 403 Forbidden");
+    // The owner is served.
+    let run = f.conduit(&["ext", "list", "--json"]);
+    assert_eq!(run.code(), Some(0), "{}", run.context());
+}
