@@ -4,9 +4,11 @@
 #   make build               debug build of the whole workspace
 #   make test                every test: Rust (nextest if installed, else cargo test), doc tests,
 #                            and the Python example's own tests
-#   make check               fmt check, clippy with warnings denied, the tests, then the
-#                            latency budget gate on its own (once it exists)
-#   make run                 build, stage the example packages, and run them through conduit
+#   make check               fmt check, clippy with warnings denied, the tests, the API docs,
+#                            then the in-transaction latency budget gate on its own
+#   make run                 the daemon with the example packages installed, on a state
+#                            directory inside the target folder (Ctrl-C stops it)
+#   make bench-extension     the budget gate in release, both regimes, with its numbers
 #   make bench-roundtrip     the session's echo round trip beside this machine's pipe floor
 #   make doc                 API docs for the SDK and the protocol crates, warnings denied
 
@@ -15,14 +17,15 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: build test test-rust test-python check fmt-check clippy run stage doc bench-roundtrip
+.PHONY: build test test-rust test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate
 
 build:
 	$(CARGO) build --workspace --bins
 
 test: test-rust test-python
 
-test-rust:
+# The end-to-end tests run the example packages' binaries, so every binary is built first.
+test-rust: build
 ifeq ($(NEXTEST),yes)
 	$(CARGO) nextest run --workspace --no-fail-fast
 	$(CARGO) test --workspace --doc
@@ -42,16 +45,24 @@ clippy:
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p conduit-protocol -p conduit-rpc -p conduit-extension
 
+# The gate runs in the recipe, after every prerequisite, so even `make -j check` runs it alone.
 check: fmt-check clippy test doc
+	$(MAKE) gate
+
+gate:
+	$(CARGO) build -p conduit-example-notes -p conduit-bench
+	$(TARGET_DIR)/debug/bench-extension --json $(TARGET_DIR)/bench-extension/results.json
 
 stage: build
 	scripts/stage-examples.sh debug $(PACKAGES)
 
-run: stage
-	@for p in $(PACKAGES)/*/; do \
-		echo "== conduit ext check $$p"; \
-		$(TARGET_DIR)/debug/conduit ext check "$$p" || exit 1; \
-	done
+run: build
+	scripts/run-demo.sh $(TARGET_DIR)
+
+bench-extension:
+	$(CARGO) build --release -p conduit-example-notes -p conduit-bench
+	$(TARGET_DIR)/release/bench-extension --regime idle --json $(TARGET_DIR)/bench-extension/results-idle.json
+	$(TARGET_DIR)/release/bench-extension --regime awake --json $(TARGET_DIR)/bench-extension/results.json
 
 bench-roundtrip:
 	$(CARGO) run --release -p conduit-bench --bin roundtrip -- --regime both
