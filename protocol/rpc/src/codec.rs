@@ -251,9 +251,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Make sure the next read has room, growing the buffer by doubling up to the bound and
     /// never past it. `BytesMut::reserve` could double a buffer of `max_len` bytes; this copies
     /// into one of exactly the size wanted instead.
+    ///
+    /// Asking for a whole `READ_CHUNK` of free space before every read would allocate a fresh
+    /// buffer for nearly every message (each frame split off the front takes some of the
+    /// capacity with it); a small minimum keeps one allocation serving many messages.
     fn make_room(&mut self) {
         let len = self.buf.len();
-        if self.buf.capacity() - len >= READ_CHUNK.min(self.codec.max_len + 2) {
+        if self.buf.capacity() - len >= MIN_SPARE.min(self.codec.max_len + 2) {
             return;
         }
         let bound = self.codec.max_len + 2 + READ_CHUNK;
@@ -263,6 +267,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.buf = grown;
     }
 }
+
+/// The least free space [`FrameReader`] wants before a read.
+const MIN_SPARE: usize = 4 * 1024;
 
 #[cfg(test)]
 mod tests;

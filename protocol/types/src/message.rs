@@ -199,7 +199,7 @@ impl MessageError {
 #[derive(Deserialize)]
 struct Envelope<'a> {
     #[serde(borrow, default)]
-    jsonrpc: Option<Cow<'a, str>>,
+    jsonrpc: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     id: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
@@ -267,7 +267,11 @@ impl<'a> Message<'a> {
         };
         let method: Option<Cow<'a, str>> = match env.method {
             None => None,
-            Some(raw) => match serde_json::from_str::<Cow<'a, str>>(raw.get()) {
+            // A plain `&str` borrows from the line; only a name with escapes is copied.
+            Some(raw) => match serde_json::from_str::<&'a str>(raw.get())
+                .map(Cow::Borrowed)
+                .or_else(|_| serde_json::from_str::<String>(raw.get()).map(Cow::Owned))
+            {
                 Ok(m) => Some(m),
                 Err(_) => {
                     return Err(MessageError::Invalid {
@@ -277,7 +281,7 @@ impl<'a> Message<'a> {
                 }
             },
         };
-        if env.jsonrpc.as_deref() != Some("2.0") {
+        if env.jsonrpc.map(RawValue::get) != Some("\"2.0\"") {
             let reason = "`jsonrpc` must be \"2.0\"".to_owned();
             return Err(match method {
                 Some(_) => MessageError::Invalid { id, reason },
