@@ -8,6 +8,15 @@
 //! GET  /v1/extensions/{name}/logs?lines=N the last N lines of its stderr log (default 100)
 //! POST /v1/extensions/{name}/call         {"method", "params", "timeout_ms"}: call it (diagnostics)
 //! POST /v1/reload                         apply the package registry (the CLI sends this)
+//! POST /v1/events                         push an event {source, delivery_id, kind, payload}
+//!                                         (body ≤ 1 MiB); answered after it commits
+//! GET  /v1/events?after=&limit=&source=   events, oldest first, pages of 1–200 (default 50)
+//! GET  /v1/work?after=&limit=             Work, oldest first, same paging; /v1/work/{id}
+//! POST /v1/timers                         {recurrence, spec, extension?, first_at_ms?}
+//! POST /v1/waits                          {filter, subject, extension?, work_id?}
+//! POST /v1/emissions                      {emission, payload, extension?, work_id?}
+//! GET  /v1/timers/{id}, /v1/waits/{id}, /v1/emissions/{id}
+//! GET  /v1/artifacts/{id}                 the content (id: `sha256:<hex>`)
 //! ```
 //!
 //! Access: the socket is 0600 inside a 0700 folder, and each connection's peer uid (read once
@@ -53,6 +62,9 @@ impl Connected<IncomingStream<'_, UnixListener>> for PeerCred {
     }
 }
 
+/// The largest body `POST /v1/events` accepts.
+pub const MAX_PUSH_BODY: usize = 1024 * 1024;
+
 /// Bind the socket: remove a stale one, bind, and make it owner-only.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     if let Some(dir) = path.parent() {
@@ -87,6 +99,21 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .route("/v1/extensions/{name}/logs", get(logs))
         .route("/v1/extensions/{name}/call", post(call))
         .route("/v1/reload", post(reload))
+        .route(
+            "/v1/events",
+            post(push_event)
+                .get(list_events)
+                .layer(axum::extract::DefaultBodyLimit::max(MAX_PUSH_BODY)),
+        )
+        .route("/v1/work", get(list_work))
+        .route("/v1/work/{id}", get(one_work))
+        .route("/v1/timers", post(create_timer))
+        .route("/v1/timers/{id}", get(one_timer))
+        .route("/v1/waits", post(create_wait))
+        .route("/v1/waits/{id}", get(one_wait))
+        .route("/v1/emissions", post(create_emission))
+        .route("/v1/emissions/{id}", get(one_emission))
+        .route("/v1/artifacts/{id}", get(get_artifact))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -195,6 +222,7 @@ async fn health(State(d): State<Arc<Daemon>>) -> ApiResult {
         "started_at_ms": d.started_at_ms(),
         "state_dir": d.state_dir().path(),
         "extensions": { "installed": exts.len(), "ready": ready },
+        "host_loop": d.core().stats.snapshot(),
     }))
     .into_response())
 }
@@ -303,4 +331,340 @@ async fn call(
 
 async fn reload(State(d): State<Arc<Daemon>>) -> ApiResult {
     Ok(Json(d.reload().await?).into_response())
+}
+
+// ---- events, work, timers, waits, emissions, artifacts --------------------------------------
+
+use conduit_store::StoreError;
+
+fn store_err(e: StoreError) -> ApiError {
+    match e {
+        StoreError::InvalidLimit { .. } | StoreError::Invalid { .. } => {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid", e.to_string())
+        }
+        StoreError::NotFound { .. } => {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
+        }
+        other => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "store",
+            other.to_string(),
+        ),
+    }
+}
+
+fn bad_request(msg: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid", msg)
+}
+
+/// `Json<T>` whose rejection (bad JSON, missing field, body too large) is our error shape.
+struct Body<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(rej) => {
+                let status = rej.status();
+                let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    "too_large"
+                } else {
+                    "invalid"
+                };
+                let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    format!("the body is over the {MAX_PUSH_BODY}-byte limit")
+                } else {
+                    rej.body_text()
+                };
+                Err(ApiError::new(status, code, msg))
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct PushBody {
+    source: String,
+    delivery_id: String,
+    kind: String,
+    #[serde(default)]
+    payload: serde_json::Value,
+}
+
+async fn push_event(State(d): State<Arc<Daemon>>, Body(b): Body<PushBody>) -> ApiResult {
+    crate::core::callbacks::check_event_fields(&b.source, &b.delivery_id, &b.kind)
+        .map_err(|e| bad_request(e.message))?;
+    let core = d.core().clone();
+    let accepted = core
+        .write(move |tx| {
+            tx.accept_event(
+                &b.source,
+                &b.delivery_id,
+                &b.kind,
+                &b.payload,
+                crate::core::now_ms(),
+            )
+        })
+        .await
+        .map_err(store_err)?;
+    if !accepted.duplicate {
+        core.nudge();
+    }
+    let status = if accepted.duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(json!({ "event_id": accepted.event_id, "duplicate": accepted.duplicate })),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+struct PageQuery {
+    after: Option<i64>,
+    limit: Option<u32>,
+    source: Option<String>,
+}
+
+impl PageQuery {
+    fn limit(&self) -> Result<u32, ApiError> {
+        let limit = self.limit.unwrap_or(50);
+        if (1..=conduit_store::MAX_PAGE).contains(&limit) {
+            Ok(limit)
+        } else {
+            Err(bad_request(format!(
+                "`limit` must be 1 to {}, not {limit}",
+                conduit_store::MAX_PAGE
+            )))
+        }
+    }
+}
+
+async fn list_events(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+    let limit = q.limit()?;
+    let events = d
+        .core()
+        .read(move |r| r.list_events(q.after, q.source.as_deref(), limit))
+        .await
+        .map_err(store_err)?;
+    let next = events.last().map(|e| e.event.id);
+    Ok(Json(json!({ "events": events, "next_after": next })).into_response())
+}
+
+async fn list_work(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+    let limit = q.limit()?;
+    let work = d
+        .core()
+        .read(move |r| r.list_work(q.after, limit))
+        .await
+        .map_err(store_err)?;
+    let next = work.last().map(|w| w.id);
+    Ok(Json(json!({ "work": work, "next_after": next })).into_response())
+}
+
+async fn one_work(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    let w = d
+        .core()
+        .read(move |r| r.work(id))
+        .await
+        .map_err(store_err)?;
+    w.map(|w| Json(w).into_response())
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no work {id}")))
+}
+
+/// The running extension that declared `name` in the capability list `pick`, unless the
+/// caller named one.
+fn owner(
+    d: &Daemon,
+    named: Option<String>,
+    what: &str,
+    name: &str,
+    pick: impl Fn(&conduit_protocol::Capabilities) -> bool,
+) -> Result<String, ApiError> {
+    if let Some(ext) = named {
+        let caps = d
+            .core()
+            .capabilities(&ext)
+            .ok_or_else(|| bad_request(format!("extension `{ext}` is not running here")))?;
+        return if pick(&caps) {
+            Ok(ext)
+        } else {
+            Err(bad_request(format!(
+                "extension `{ext}` does not declare the {what} `{name}`"
+            )))
+        };
+    }
+    d.core()
+        .extensions()
+        .into_iter()
+        .find(|(_, c)| pick(c))
+        .map(|(e, _)| e.name().to_owned())
+        .ok_or_else(|| bad_request(format!("no running extension declares the {what} `{name}`; `conduit ext status` shows what each declares")))
+}
+
+#[derive(Deserialize)]
+struct TimerBody {
+    recurrence: String,
+    spec: String,
+    extension: Option<String>,
+    first_at_ms: Option<i64>,
+}
+
+async fn create_timer(State(d): State<Arc<Daemon>>, Body(b): Body<TimerBody>) -> ApiResult {
+    let rec = b.recurrence.clone();
+    let ext = owner(&d, b.extension, "recurrence", &rec, |c| {
+        c.recurrences.contains(&rec)
+    })?;
+    let now = crate::core::now_ms();
+    let first = b.first_at_ms.unwrap_or(now);
+    let core = d.core().clone();
+    let id = core
+        .write(move |tx| tx.create_timer(&ext, &b.recurrence, &b.spec, first, now))
+        .await
+        .map_err(store_err)?;
+    core.nudge();
+    Ok((StatusCode::CREATED, Json(json!({ "timer_id": id }))).into_response())
+}
+
+async fn one_timer(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    let t = d
+        .core()
+        .read(move |r| r.timer(id))
+        .await
+        .map_err(store_err)?;
+    t.map(|t| Json(t).into_response())
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no timer {id}")))
+}
+
+#[derive(Deserialize)]
+struct WaitBody {
+    filter: String,
+    subject: String,
+    extension: Option<String>,
+    work_id: Option<i64>,
+}
+
+async fn create_wait(State(d): State<Arc<Daemon>>, Body(b): Body<WaitBody>) -> ApiResult {
+    let filter = b.filter.clone();
+    let ext = owner(&d, b.extension, "dependency filter", &filter, |c| {
+        c.dependency_filters.contains(&filter)
+    })?;
+    let core = d.core().clone();
+    let id = core
+        .write(move |tx| {
+            // Only events after the wait was made can satisfy it.
+            let after = tx.latest_event_id()?.unwrap_or(0);
+            tx.create_wait(
+                &ext,
+                &b.filter,
+                &b.subject,
+                b.work_id,
+                after,
+                crate::core::now_ms(),
+            )
+        })
+        .await
+        .map_err(store_err)?;
+    Ok((StatusCode::CREATED, Json(json!({ "wait_id": id }))).into_response())
+}
+
+async fn one_wait(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    let w = d
+        .core()
+        .read(move |r| r.wait(id))
+        .await
+        .map_err(store_err)?;
+    w.map(|w| Json(w).into_response())
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no wait {id}")))
+}
+
+#[derive(Deserialize)]
+struct EmissionBody {
+    emission: String,
+    #[serde(default)]
+    payload: serde_json::Value,
+    extension: Option<String>,
+    work_id: Option<i64>,
+}
+
+async fn create_emission(State(d): State<Arc<Daemon>>, Body(b): Body<EmissionBody>) -> ApiResult {
+    let em = b.emission.clone();
+    let ext = owner(&d, b.extension, "emission", &em, |c| {
+        c.emissions.contains(&em)
+    })?;
+    let core = d.core().clone();
+    let planned = core
+        .write(move |tx| {
+            tx.plan_emission(
+                &ext,
+                &b.emission,
+                b.work_id,
+                &b.payload,
+                crate::core::now_ms(),
+            )
+        })
+        .await
+        .map_err(store_err)?;
+    core.nudge();
+    Ok((StatusCode::CREATED, Json(planned)).into_response())
+}
+
+async fn one_emission(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    let e = d
+        .core()
+        .read(move |r| r.emission(id))
+        .await
+        .map_err(store_err)?;
+    e.map(|e| Json(e).into_response()).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no emission {id}"),
+        )
+    })
+}
+
+async fn get_artifact(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> ApiResult {
+    let sha = id
+        .strip_prefix("sha256:")
+        .unwrap_or(&id)
+        .to_ascii_lowercase();
+    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad_request("an artifact id is `sha256:` and 64 hex digits"));
+    }
+    let sha2 = sha.clone();
+    let meta = d
+        .core()
+        .read(move |r| r.artifact_by_sha256(&sha2))
+        .await
+        .map_err(store_err)?;
+    let Some(meta) = meta else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no artifact sha256:{sha}"),
+        ));
+    };
+    let path = d.core().artifacts.content_path(&sha);
+    let file = tokio::fs::File::open(&path)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(file));
+    Ok((
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                meta.media_type
+                    .unwrap_or_else(|| "application/octet-stream".into()),
+            ),
+            (axum::http::header::CONTENT_LENGTH, meta.size.to_string()),
+        ],
+        body,
+    )
+        .into_response())
 }

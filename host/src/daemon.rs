@@ -19,13 +19,17 @@ use std::time::Duration;
 
 use anyhow::Context;
 use conduit_supervisor::process::ChildCommand;
-use conduit_supervisor::{ExtensionSpec, State, Status, Supervisor, no_callbacks};
+use conduit_supervisor::{CallbackHandlers, ExtensionSpec, State, Status, Supervisor};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::core::{Core, HostLoop};
 use crate::packages::{self, PackageRecord};
 use crate::state_dir::StateDir;
+
+/// How often the host loop makes a pass when nothing nudges it.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The management socket's file name, inside `<state>/run/`.
 pub const SOCKET_NAME: &str = "conduit.sock";
@@ -94,7 +98,8 @@ pub struct ReloadReport {
 /// The running daemon, shared by the API and the reconciler.
 pub struct Daemon {
     state: StateDir,
-    supervisor: Supervisor,
+    supervisor: Arc<Supervisor>,
+    core: Arc<Core>,
     /// What each running extension was started from (version and install time), to tell a
     /// reinstall or upgrade from an unchanged package.
     started_from: Mutex<HashMap<String, String>>,
@@ -180,6 +185,11 @@ impl Daemon {
     /// The supervised extension, for callers inside the daemon.
     pub fn supervisor(&self) -> &Supervisor {
         &self.supervisor
+    }
+
+    /// The coordination core: the store, the host loop's nudge, artifacts.
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
     }
 
     async fn reconcile(&self) -> ReloadReport {
@@ -349,13 +359,55 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     let listener = crate::api::bind(&socket)?;
     let (reloads, mut reload_rx) = mpsc::channel::<oneshot::Sender<ReloadReport>>(16);
     let shutdown = stop.child_token();
+
+    // The callbacks of each extension are served by the core, which needs the supervisor to
+    // call extensions: the supervisor gets a weak reference, filled in once the core exists.
+    let core_cell: Arc<std::sync::OnceLock<std::sync::Weak<Core>>> =
+        Arc::new(std::sync::OnceLock::new());
+    let handlers: CallbackHandlers = {
+        let cell = core_cell.clone();
+        Arc::new(move |name: &str| {
+            let weak = cell.get().cloned().unwrap_or_default();
+            Arc::new(crate::core::callbacks::CallbackHandler::new(weak, name))
+                as Arc<dyn conduit_rpc::Handler>
+        })
+    };
+    let supervisor = Arc::new(Supervisor::new(handlers));
+    let db = state.path().join("conduit.db");
+    let store = tokio::task::spawn_blocking(move || conduit_store::Store::open(&db))
+        .await
+        .context("opening the store panicked")?
+        .context("cannot open the store")?;
+    let core = Arc::new(Core::new(
+        Arc::new(store),
+        supervisor.clone(),
+        state.artifacts_dir(),
+        state.tmp_dir(),
+    ));
+    let _ = core_cell.set(Arc::downgrade(&core));
+    let swept = core.artifacts.sweep_partial();
+    if swept > 0 {
+        tracing::warn!(
+            files = swept,
+            "removed artifact streams an earlier daemon left unfinished"
+        );
+    }
     let daemon = Arc::new(Daemon {
         state: state.clone(),
-        supervisor: Supervisor::new(no_callbacks()),
+        supervisor: supervisor.clone(),
+        core: core.clone(),
         started_from: Mutex::new(HashMap::new()),
         reloads,
         started_at_ms: now_ms(),
     });
+    let host_loop = HostLoop::new(
+        core.clone(),
+        tokio::runtime::Handle::current(),
+        POLL_INTERVAL,
+        shutdown.clone(),
+    )
+    .spawn()
+    .context("cannot start the host loop thread")?;
 
     let reconciler = {
         let daemon = daemon.clone();
@@ -387,6 +439,8 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     tracing::info!("stopping extensions");
     shutdown.cancel();
     let _ = reconciler.await;
+    // The loop finishes its pass (each call is bounded by its deadline) before extensions stop.
+    let _ = tokio::task::spawn_blocking(move || host_loop.join()).await;
     daemon.supervisor.shutdown().await;
     let _ = api.await;
     let _ = std::fs::remove_file(&socket);

@@ -6,6 +6,7 @@
 pub mod api;
 pub mod check;
 pub mod client;
+pub mod core;
 pub mod daemon;
 pub mod manifest;
 pub mod packages;

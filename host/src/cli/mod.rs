@@ -10,6 +10,7 @@
 //! runs. A closed stdout (`conduit … | head`) is not an error.
 
 mod common;
+mod core_cmds;
 mod daemon_run;
 mod ext_check;
 mod ext_logs;
@@ -50,6 +51,55 @@ enum Command {
     /// Run the daemon.
     #[command(subcommand)]
     Daemon(DaemonCommand),
+    /// Push and list events.
+    #[command(subcommand)]
+    Events(EventsCommand),
+    /// List Work.
+    #[command(subcommand)]
+    Work(WorkCommand),
+    /// Create timers (served by an extension's recurrence).
+    #[command(subcommand)]
+    Timers(TimersCommand),
+    /// Create waits (served by an extension's dependency filter).
+    #[command(subcommand)]
+    Waits(WaitsCommand),
+    /// Plan emissions (committed with an extension's emit.commit).
+    #[command(subcommand)]
+    Emissions(EmissionsCommand),
+    /// Read stored artifacts.
+    #[command(subcommand)]
+    Artifacts(ArtifactsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum EventsCommand {
+    Push(core_cmds::PushArgs),
+    List(core_cmds::ListArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum WorkCommand {
+    List(core_cmds::ListArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum TimersCommand {
+    Add(core_cmds::TimerArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum WaitsCommand {
+    Add(core_cmds::WaitArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum EmissionsCommand {
+    Add(core_cmds::EmissionArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ArtifactsCommand {
+    Get(core_cmds::ArtifactArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -79,7 +129,7 @@ impl Cli {
     pub(crate) fn default_log_filter(&self) -> &'static str {
         match self.command {
             Command::Daemon(_) => "info",
-            Command::Ext(_) => "warn",
+            _ => "warn",
         }
     }
 }
@@ -123,6 +173,13 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Ext(ExtCommand::Logs(args)) => ext_logs::run(args),
         Command::Ext(ExtCommand::Call(args)) => ext_status::call(args),
         Command::Daemon(DaemonCommand::Run(args)) => daemon_run::run(args),
+        Command::Events(EventsCommand::Push(args)) => core_cmds::push(args),
+        Command::Events(EventsCommand::List(args)) => core_cmds::list_events(args),
+        Command::Work(WorkCommand::List(args)) => core_cmds::list_work(args),
+        Command::Timers(TimersCommand::Add(args)) => core_cmds::add_timer(args),
+        Command::Waits(WaitsCommand::Add(args)) => core_cmds::add_wait(args),
+        Command::Emissions(EmissionsCommand::Add(args)) => core_cmds::add_emission(args),
+        Command::Artifacts(ArtifactsCommand::Get(args)) => core_cmds::get_artifact(args),
     }
 }
 

@@ -1,0 +1,366 @@
+//! `conduit events …`, `conduit work …`, `conduit timers add`, `conduit waits add`,
+//! `conduit emissions add`, `conduit artifacts get`: the coordination core from the command line.
+//!
+//! Writes go through the running daemon (it owns the database's one writer); lists come from
+//! the daemon when it runs and straight from the database when it does not.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use conduit_host::client::Client;
+use conduit_host::state_dir::StateDir;
+use serde_json::{Value, json};
+
+use super::common::{StateArgs, daemon, print_json, runtime};
+use super::{CliError, print};
+
+fn need_daemon(rt: &tokio::runtime::Runtime, state: &StateDir) -> Result<Client, CliError> {
+    daemon(rt, state).ok_or_else(|| CliError {
+        code: 3,
+        error: anyhow::anyhow!(
+            "no daemon is running on {}; start it with `conduit daemon run`",
+            state.path().display()
+        ),
+    })
+}
+
+/// POST and print the answer; an API error with a 4xx status is a usage error.
+fn post(
+    args_state: &StateArgs,
+    path: &str,
+    body: &Value,
+    json_out: bool,
+    human: impl Fn(&Value) -> String,
+) -> Result<ExitCode, CliError> {
+    let state = args_state.open()?;
+    let rt = runtime()?;
+    let client = need_daemon(&rt, &state)?;
+    let (code, v) = rt
+        .block_on(client.request(hyper::Method::POST, path, Some(body)))
+        .map_err(CliError::failure)?;
+    if !code.is_success() {
+        let msg = v["error"]["message"]
+            .as_str()
+            .unwrap_or("the daemon refused")
+            .to_owned();
+        return Err(if code.is_client_error() {
+            CliError::usage(anyhow::anyhow!(msg))
+        } else {
+            CliError::failure(anyhow::anyhow!(msg))
+        });
+    }
+    if json_out {
+        print_json(&v)?
+    } else {
+        print(&human(&v))?
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Push an event, as an extension's ingress would.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Answered only after the event is committed; pushing the same --source and --delivery-id again
+is safe (the first event's id comes back, marked duplicate). The body is capped at 1 MiB.
+
+Exit codes: 0 accepted (or a duplicate); 2 invalid (fields, JSON, size); 3 no daemon is running")]
+pub(crate) struct PushArgs {
+    #[arg(long)]
+    source: String,
+    #[arg(long)]
+    delivery_id: String,
+    /// The event's kind, e.g. `note.posted` (the part before the first `.` picks the work kind).
+    #[arg(long)]
+    kind: String,
+    /// The payload as JSON.
+    #[arg(long, conflicts_with = "payload_file")]
+    payload: Option<String>,
+    /// Read the payload from a file (`-` for stdin).
+    #[arg(long)]
+    payload_file: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+pub(crate) fn push(args: PushArgs) -> Result<ExitCode, CliError> {
+    let text = match (&args.payload, &args.payload_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) if f.as_os_str() == "-" => std::io::read_to_string(std::io::stdin())
+            .context("cannot read stdin")
+            .map_err(CliError::usage)?,
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read {}", f.display()))
+            .map_err(CliError::usage)?,
+        (None, None) => "{}".into(),
+    };
+    let payload: Value = serde_json::from_str(&text)
+        .context("the payload is not JSON")
+        .map_err(CliError::usage)?;
+    let body = json!({ "source": args.source, "delivery_id": args.delivery_id, "kind": args.kind, "payload": payload });
+    post(&args.state, "/v1/events", &body, args.json, |v| {
+        if v["duplicate"] == true {
+            format!("duplicate of event {}\n", v["event_id"])
+        } else {
+            format!("accepted event {}\n", v["event_id"])
+        }
+    })
+}
+
+/// List events or Work, oldest first.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ListArgs {
+    /// Only those with a larger id (for paging: the previous page's last id).
+    #[arg(long)]
+    after: Option<i64>,
+    /// How many, 1 to 200.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=200))]
+    limit: u32,
+    /// Events only: only those from this source.
+    #[arg(long)]
+    source: Option<String>,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+fn list(args: &ListArgs, what: &str) -> Result<Value, CliError> {
+    let state = args.state.open()?;
+    let rt = runtime()?;
+    if let Some(client) = daemon(&rt, &state) {
+        let mut path = format!("/v1/{what}?limit={}", args.limit);
+        if let Some(a) = args.after {
+            path.push_str(&format!("&after={a}"));
+        }
+        if let Some(s) = &args.source {
+            path.push_str(&format!("&source={}", url_escape(s)));
+        }
+        return rt.block_on(client.get(&path)).map_err(CliError::failure);
+    }
+    let db = state.path().join("conduit.db");
+    if !db.exists() {
+        return Ok(json!({ what: [] }));
+    }
+    let store = conduit_store::Store::open(&db).map_err(CliError::failure)?;
+    let (after, limit, source) = (args.after, args.limit, args.source.clone());
+    let v = store
+        .read(|r| {
+            Ok(if what == "events" {
+                json!({ "events": r.list_events(after, source.as_deref(), limit)? })
+            } else {
+                json!({ "work": r.list_work(after, limit)? })
+            })
+        })
+        .map_err(CliError::failure)?;
+    Ok(v)
+}
+
+fn url_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+pub(crate) fn list_events(args: ListArgs) -> Result<ExitCode, CliError> {
+    let v = list(&args, "events")?;
+    if args.json {
+        print_json(&v)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = format!(
+        "{:>8}  {:<16} {:<20} {:<18} {:>6}  {}\n",
+        "ID", "SOURCE", "DELIVERY", "KIND", "WORK", "PAYLOAD"
+    );
+    for e in v["events"].as_array().into_iter().flatten() {
+        let payload = e["payload"].to_string();
+        let short: String = payload.chars().take(40).collect();
+        let work = e["work_id"].as_i64().map_or("-".into(), |w| w.to_string());
+        out.push_str(&format!(
+            "{:>8}  {:<16} {:<20} {:<18} {:>6}  {}\n",
+            e["id"],
+            e["source"].as_str().unwrap_or(""),
+            e["delivery_id"].as_str().unwrap_or(""),
+            e["kind"].as_str().unwrap_or(""),
+            work,
+            short
+        ));
+    }
+    print(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn list_work(args: ListArgs) -> Result<ExitCode, CliError> {
+    let v = list(&args, "work")?;
+    if args.json {
+        print_json(&v)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = format!(
+        "{:>8}  {:<12} {:<24} {:<6}  {}\n",
+        "ID", "KIND", "KEY", "STATE", "EVENTS"
+    );
+    for w in v["work"].as_array().into_iter().flatten() {
+        let ids: Vec<String> = w["event_ids"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|i| i.to_string())
+            .collect();
+        out.push_str(&format!(
+            "{:>8}  {:<12} {:<24} {:<6}  {}\n",
+            w["id"],
+            w["kind"].as_str().unwrap_or(""),
+            w["key"].as_str().unwrap_or(""),
+            w["state"].as_str().unwrap_or(""),
+            ids.join(",")
+        ));
+    }
+    print(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Create a timer whose recurrence an extension serves (`recurrence.next` decides each next firing).
+#[derive(Debug, clap::Args)]
+pub(crate) struct TimerArgs {
+    /// The recurrence, e.g. `digest`.
+    recurrence: String,
+    /// Its spec, e.g. `every 15m` or `30 7 * * *`.
+    spec: String,
+    /// The extension serving it (default: the one that declares it).
+    #[arg(long)]
+    extension: Option<String>,
+    /// The first firing, in Unix milliseconds (default: now).
+    #[arg(long)]
+    first_at_ms: Option<i64>,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+pub(crate) fn add_timer(args: TimerArgs) -> Result<ExitCode, CliError> {
+    let body = json!({ "recurrence": args.recurrence, "spec": args.spec, "extension": args.extension, "first_at_ms": args.first_at_ms });
+    post(&args.state, "/v1/timers", &body, args.json, |v| {
+        format!("timer {}\n", v["timer_id"])
+    })
+}
+
+/// Create a wait: satisfied by the first later event its dependency filter accepts.
+#[derive(Debug, clap::Args)]
+pub(crate) struct WaitArgs {
+    /// The dependency filter, e.g. `mentions`.
+    filter: String,
+    /// What the wait is for, e.g. `ada`.
+    subject: String,
+    #[arg(long)]
+    extension: Option<String>,
+    #[arg(long)]
+    work_id: Option<i64>,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+pub(crate) fn add_wait(args: WaitArgs) -> Result<ExitCode, CliError> {
+    let body = json!({ "filter": args.filter, "subject": args.subject, "extension": args.extension, "work_id": args.work_id });
+    post(&args.state, "/v1/waits", &body, args.json, |v| {
+        format!("wait {}\n", v["wait_id"])
+    })
+}
+
+/// Plan an emission; the host loop commits it with the extension's `emit.commit`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct EmissionArgs {
+    /// The emission, e.g. `annotation`.
+    emission: String,
+    /// Its payload, as JSON.
+    #[arg(default_value = "{}")]
+    payload: String,
+    #[arg(long)]
+    extension: Option<String>,
+    #[arg(long)]
+    work_id: Option<i64>,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+pub(crate) fn add_emission(args: EmissionArgs) -> Result<ExitCode, CliError> {
+    let payload: Value = serde_json::from_str(&args.payload)
+        .context("the payload is not JSON")
+        .map_err(CliError::usage)?;
+    let body = json!({ "emission": args.emission, "payload": payload, "extension": args.extension, "work_id": args.work_id });
+    post(&args.state, "/v1/emissions", &body, args.json, |v| {
+        format!(
+            "emission {} (commit {})\n",
+            v["emission_id"], v["commit_id"]
+        )
+    })
+}
+
+/// Write an artifact's content to stdout or a file.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ArtifactArgs {
+    /// `sha256:<hex>`, as `artifact.close` answered.
+    id: String,
+    /// Write here instead of stdout.
+    #[arg(long, short = 'o')]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+pub(crate) fn get_artifact(args: ArtifactArgs) -> Result<ExitCode, CliError> {
+    let state = args.state.open()?;
+    let sha = args
+        .id
+        .strip_prefix("sha256:")
+        .unwrap_or(&args.id)
+        .to_ascii_lowercase();
+    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "an artifact id is `sha256:` and 64 hex digits, not `{}`",
+            args.id
+        )));
+    }
+    // Content is addressed by digest in the state directory, so it is read directly.
+    let path = state.artifacts_dir().join("sha256").join(&sha);
+    let mut file = std::fs::File::open(&path).map_err(|e| {
+        CliError::usage(anyhow::anyhow!(
+            "no artifact sha256:{sha} ({}: {e})",
+            path.display()
+        ))
+    })?;
+    match &args.output {
+        Some(out) => {
+            let mut f = std::fs::File::create(out)
+                .with_context(|| format!("cannot create {}", out.display()))
+                .map_err(CliError::failure)?;
+            std::io::copy(&mut file, &mut f)
+                .context("cannot copy the artifact")
+                .map_err(CliError::failure)?;
+        }
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            match std::io::copy(&mut file, &mut stdout).and_then(|_| stdout.flush()) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    return Err(CliError::failure(e));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

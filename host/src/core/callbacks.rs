@@ -1,0 +1,221 @@
+//! The host's side of extension callbacks: reading state, planning emissions, pushing events,
+//! streaming artifacts.
+//!
+//! One [`CallbackHandler`] serves one extension for the daemon's whole life (across its
+//! restarts). Reads go to the store's reader connections; writes go through the writer and
+//! are refused with `reentrant_write` while an in-transaction call to the same extension is
+//! pending — that call holds the writer, so waiting for it could never end. A push is answered
+//! only after its transaction commits.
+
+use std::sync::{Arc, Weak};
+
+use conduit_protocol::calls::{
+    ArtifactAbort, ArtifactChunk, ArtifactClose, ArtifactOpen, ArtifactStored, EmitParams,
+    EmitResult, Empty, EventRef, EventsPage, EventsQuery, PushParams, PushResult, WorkRef,
+};
+use conduit_protocol::methods::ext;
+use conduit_protocol::{ErrorCode, RpcError};
+use conduit_rpc::{BoxFuture, Handler, HandlerResult, Request, to_raw};
+
+use super::{Core, now_ms, store_error};
+
+/// The most events one `state.events` page holds, and the default.
+pub const MAX_EVENTS_PAGE: u32 = 200;
+pub const DEFAULT_EVENTS_PAGE: u32 = 50;
+
+/// Serves one extension's callbacks.
+#[derive(Debug)]
+pub struct CallbackHandler {
+    core: Weak<Core>,
+    ext: String,
+}
+
+impl CallbackHandler {
+    pub fn new(core: Weak<Core>, ext: &str) -> Self {
+        CallbackHandler {
+            core,
+            ext: ext.to_owned(),
+        }
+    }
+}
+
+impl Handler for CallbackHandler {
+    fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
+        let core = self.core.upgrade();
+        let ext = self.ext.clone();
+        Box::pin(async move {
+            let Some(core) = core else {
+                return Err(RpcError::new(
+                    ErrorCode::ShuttingDown,
+                    "the daemon is shutting down",
+                ));
+            };
+            if ext::WRITES.contains(&req.method.as_str()) && core.in_transaction(&ext) {
+                return Err(RpcError::new(
+                    ErrorCode::ReentrantWrite,
+                    format!(
+                        "`{}` needs the host's writer, which is held for an in-transaction call to this extension; \
+                         make writes outside in-transaction handlers",
+                        req.method
+                    ),
+                ));
+            }
+            serve(core, &ext, req).await
+        })
+    }
+}
+
+async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
+    match req.method.as_str() {
+        ext::STATE_EVENT => {
+            let p: EventRef = req.params()?;
+            let rec = core
+                .read(move |r| r.event(p.event_id))
+                .await
+                .map_err(store_error)?;
+            match rec {
+                Some(rec) => to_raw(&rec.event),
+                None => Err(RpcError::new(
+                    ErrorCode::NotFound,
+                    format!("no event {}", p.event_id),
+                )),
+            }
+        }
+        ext::STATE_EVENTS => {
+            let q: EventsQuery = req.params()?;
+            let limit = q.limit.unwrap_or(DEFAULT_EVENTS_PAGE);
+            if !(1..=MAX_EVENTS_PAGE).contains(&limit) {
+                return Err(RpcError::new(
+                    ErrorCode::InvalidParams,
+                    format!("`limit` must be 1 to {MAX_EVENTS_PAGE}, not {limit}"),
+                ));
+            }
+            let recs = core
+                .read(move |r| r.list_events(q.after_id, q.source.as_deref(), limit))
+                .await
+                .map_err(store_error)?;
+            to_raw(&EventsPage {
+                events: recs.into_iter().map(|r| r.event).collect(),
+            })
+        }
+        ext::STATE_WORK => {
+            let p: WorkRef = req.params()?;
+            let w = core
+                .read(move |r| r.work(p.work_id))
+                .await
+                .map_err(store_error)?;
+            match w {
+                Some(w) => to_raw(&conduit_protocol::calls::Work::from(w)),
+                None => Err(RpcError::new(
+                    ErrorCode::NotFound,
+                    format!("no work {}", p.work_id),
+                )),
+            }
+        }
+        ext::OPERATION_EMIT => {
+            let p: EmitParams = req.params()?;
+            declared(&core, ext, "emissions", &p.emission, |c| &c.emissions)?;
+            let owner = ext.to_owned();
+            let planned = core
+                .write(move |tx| {
+                    tx.plan_emission(&owner, &p.emission, p.work_id, &p.payload, now_ms())
+                })
+                .await
+                .map_err(store_error)?;
+            core.nudge();
+            to_raw(&EmitResult::from(planned))
+        }
+        ext::INGRESS_PUSH => {
+            let p: PushParams = req.params()?;
+            declared(&core, ext, "ingress", &p.source, |c| &c.ingress)?;
+            check_event_fields(&p.source, &p.delivery_id, &p.kind)?;
+            let accepted = core
+                .write(move |tx| {
+                    tx.accept_event(&p.source, &p.delivery_id, &p.kind, &p.payload, now_ms())
+                })
+                .await
+                .map_err(store_error)?;
+            if !accepted.duplicate {
+                core.nudge();
+            }
+            to_raw(&PushResult::from(accepted))
+        }
+        ext::ARTIFACT_OPEN => {
+            let p: ArtifactOpen = req.params()?;
+            let peer = req.peer.clone();
+            let opened = core.artifacts_arc().open(ext, p, async move {
+                peer.closed().await;
+            })?;
+            to_raw(&opened)
+        }
+        ext::ARTIFACT_CHUNK => {
+            let p: ArtifactChunk = req.params()?;
+            to_raw(&core.artifacts.chunk(ext, p).await?)
+        }
+        ext::ARTIFACT_CLOSE => {
+            let p: ArtifactClose = req.params()?;
+            let done = core.artifacts.close(ext, p).await?;
+            let (sha, size) = (done.sha256.clone(), done.size);
+            core.write(move |tx| {
+                tx.record_artifact(
+                    &done.sha256,
+                    done.size,
+                    &done.name,
+                    done.media_type.as_deref(),
+                    &done.ext,
+                    now_ms(),
+                )
+            })
+            .await
+            .map_err(store_error)?;
+            to_raw(&ArtifactStored {
+                artifact_id: format!("sha256:{sha}"),
+                size,
+            })
+        }
+        ext::ARTIFACT_ABORT => {
+            let p: ArtifactAbort = req.params()?;
+            core.artifacts.abort(ext, &p.stream_id).await?;
+            to_raw(&Empty {})
+        }
+        other => Err(RpcError::method_not_found(other)),
+    }
+}
+
+/// Refuse a name the extension did not declare in its handshake.
+fn declared(
+    core: &Core,
+    ext: &str,
+    what: &str,
+    name: &str,
+    list: impl Fn(&conduit_protocol::Capabilities) -> &Vec<String>,
+) -> Result<(), RpcError> {
+    let caps = core.capabilities(ext).unwrap_or_default();
+    if list(&caps).iter().any(|n| n == name) {
+        Ok(())
+    } else {
+        Err(RpcError::new(
+            ErrorCode::InvalidParams,
+            format!(
+                "`{name}` is not among the {what} this extension declared in its handshake; declare it in capabilities.{what}"
+            ),
+        ))
+    }
+}
+
+/// The rules every pushed event's identifying fields follow, wherever it is pushed from.
+pub fn check_event_fields(source: &str, delivery_id: &str, kind: &str) -> Result<(), RpcError> {
+    for (field, v) in [
+        ("source", source),
+        ("delivery_id", delivery_id),
+        ("kind", kind),
+    ] {
+        if v.is_empty() || v.len() > 200 {
+            return Err(RpcError::new(
+                ErrorCode::InvalidParams,
+                format!("`{field}` must be 1 to 200 bytes"),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,495 @@
+//! The host loop: one pass at a time, every poll interval and at once when nudged.
+//!
+//! A pass routes pending events to Work (`work_kind.trigger`), fires due timers
+//! (`recurrence.next`), matches active waits against new events (`dependency.filter`) and
+//! commits planned emissions (`emit.commit`). Each of those calls is made inside its own write
+//! transaction with the 250 ms deadline; a failed, late or malformed answer is logged, counted
+//! and replaced by the call's documented fallback (`docs/protocol.md` §6), then the transaction
+//! commits — never with a corrupt record, and never holding the writer past the deadline.
+//!
+//! Which extension serves what comes from the capabilities of each extension's last handshake:
+//! an event of kind `note.posted` goes to the work kind `note`; an event whose kind names no
+//! declared work kind is marked routed to no Work.
+//!
+//! The loop runs on its own thread: SQLite calls block, and the in-transaction call is awaited
+//! with `Handle::block_on` while the write transaction is open.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use conduit_protocol::IN_TRANSACTION_DEADLINE;
+use conduit_protocol::calls::{
+    CommitParams, CommitResult, Event, FilterParams, FilterResult, RecurrenceParams,
+    RecurrenceResult, TriggerGroup, TriggerParams, TriggerResult,
+};
+use conduit_protocol::methods::host;
+use conduit_supervisor::Extension;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use super::{Core, now_ms};
+
+/// How many unrouted events one routing step reads (and one trigger call carries).
+pub const ROUTE_BATCH: u32 = 200;
+/// How many due timers, active waits and planned emissions one pass handles of each.
+pub const PASS_LIMIT: u32 = 100;
+/// How many new events one pass checks against each wait.
+pub const WAIT_EVENTS: u32 = 50;
+/// When a timer's `recurrence.next` fails, it fires again this much later.
+pub const RECURRENCE_FALLBACK_MS: i64 = 60_000;
+
+/// What one pass did, for tests and logs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PassReport {
+    pub routed: usize,
+    pub timers_fired: usize,
+    pub waits_checked: usize,
+    pub waits_satisfied: usize,
+    pub emissions_committed: usize,
+    pub emissions_failed: usize,
+    pub fallbacks: usize,
+    pub errors: Vec<String>,
+}
+
+/// The loop; [`HostLoop::spawn`] runs it on its own thread.
+#[derive(Debug)]
+pub struct HostLoop {
+    core: Arc<Core>,
+    rt: tokio::runtime::Handle,
+    poll: Duration,
+    shutdown: CancellationToken,
+}
+
+impl HostLoop {
+    pub fn new(
+        core: Arc<Core>,
+        rt: tokio::runtime::Handle,
+        poll: Duration,
+        shutdown: CancellationToken,
+    ) -> Self {
+        HostLoop {
+            core,
+            rt,
+            poll,
+            shutdown,
+        }
+    }
+
+    /// Run passes until `shutdown` is cancelled.
+    pub fn spawn(self) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("conduit-host-loop".into())
+            .spawn(move || self.run())
+    }
+
+    fn run(self) {
+        while !self.shutdown.is_cancelled() {
+            let t = Instant::now();
+            let report = self.pass();
+            let took = t.elapsed();
+            self.core.stats.passes.fetch_add(1, Ordering::Relaxed);
+            self.core
+                .stats
+                .last_pass_us
+                .store(took.as_micros() as u64, Ordering::Relaxed);
+            for e in &report.errors {
+                tracing::error!(error = %e, "host loop");
+            }
+            if report != PassReport::default() {
+                tracing::debug!(?report, ?took, "host loop pass");
+            }
+            let (core, shutdown, poll) = (self.core.clone(), self.shutdown.clone(), self.poll);
+            self.rt.block_on(async move {
+                tokio::select! {
+                    () = tokio::time::sleep(poll) => {}
+                    () = core.nudged() => {}
+                    () = shutdown.cancelled() => {}
+                }
+            });
+        }
+    }
+
+    /// One pass over everything live.
+    pub fn pass(&self) -> PassReport {
+        let mut r = PassReport::default();
+        let exts: HashMap<String, (Extension, conduit_protocol::Capabilities)> = self
+            .core
+            .extensions()
+            .into_iter()
+            .map(|(e, c)| (e.name().to_owned(), (e, c)))
+            .collect();
+        if let Err(e) = self.route(&exts, &mut r) {
+            r.errors.push(format!("routing: {e}"));
+        }
+        if let Err(e) = self.fire_timers(&exts, &mut r) {
+            r.errors.push(format!("timers: {e}"));
+        }
+        if let Err(e) = self.match_waits(&exts, &mut r) {
+            r.errors.push(format!("waits: {e}"));
+        }
+        if let Err(e) = self.commit_emissions(&exts, &mut r) {
+            r.errors.push(format!("emissions: {e}"));
+        }
+        r
+    }
+
+    /// Make one in-transaction call; `Err` carries why the fallback applies.
+    fn call<P: Serialize, R: DeserializeOwned>(
+        &self,
+        ext: Option<&Extension>,
+        method: &str,
+        params: &P,
+    ) -> Result<R, String> {
+        let Some(ext) = ext else {
+            return Err("no running extension serves it".into());
+        };
+        let _mark = self.core.enter_transaction(ext.name());
+        self.core
+            .stats
+            .in_transaction_calls
+            .fetch_add(1, Ordering::Relaxed);
+        self.rt
+            .block_on(ext.call::<P, R>(method, params, Some(IN_TRANSACTION_DEADLINE)))
+            .map_err(|e| e.to_string())
+    }
+
+    fn fallback(&self, r: &mut PassReport, ext: &str, method: &str, why: &str) {
+        self.core.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+        r.fallbacks += 1;
+        tracing::warn!(
+            extension = ext,
+            method,
+            reason = why,
+            "in-transaction call failed; applying its fallback"
+        );
+    }
+
+    fn route(
+        &self,
+        exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        r: &mut PassReport,
+    ) -> Result<(), conduit_store::StoreError> {
+        // work kind → (extension, has a trigger)
+        let mut kinds: HashMap<&str, (&Extension, bool)> = HashMap::new();
+        for (e, caps) in exts.values() {
+            for k in &caps.work_kinds {
+                kinds.entry(k.name.as_str()).or_insert((e, k.trigger));
+            }
+        }
+        loop {
+            let events = self.core.store.read(|rd| rd.unrouted_events(ROUTE_BATCH))?;
+            let n = events.len();
+            let mut by_kind: BTreeMap<String, Vec<Event>> = BTreeMap::new();
+            for e in events {
+                let kind = e.kind.split('.').next().unwrap_or("").to_owned();
+                by_kind.entry(kind).or_default().push(e);
+            }
+            for (kind, inputs) in by_kind {
+                let ids: Vec<i64> = inputs.iter().map(|e| e.id).collect();
+                match kinds.get(kind.as_str()) {
+                    None => {
+                        self.core.store.write(|tx| {
+                            for id in &ids {
+                                tx.mark_routed(*id, None, now_ms())?;
+                            }
+                            Ok(())
+                        })?;
+                    }
+                    Some((ext, trigger)) => {
+                        let ext_name = ext.name().to_owned();
+                        let mut fell_back = None;
+                        self.core.store.write(|tx| {
+                            let groups = if *trigger {
+                                let params = TriggerParams {
+                                    kind: kind.clone(),
+                                    inputs,
+                                };
+                                match self.call::<_, TriggerResult>(
+                                    Some(ext),
+                                    host::WORK_KIND_TRIGGER,
+                                    &params,
+                                ) {
+                                    Ok(res) => match check_groups(&res, &ids) {
+                                        Ok(()) => res.groups,
+                                        Err(why) => {
+                                            fell_back = Some(format!("malformed answer: {why}"));
+                                            fallback_groups(&ids)
+                                        }
+                                    },
+                                    Err(why) => {
+                                        fell_back = Some(why);
+                                        fallback_groups(&ids)
+                                    }
+                                }
+                            } else {
+                                fallback_groups(&ids)
+                            };
+                            let now = now_ms();
+                            for g in &groups {
+                                let work = tx.open_or_feed_work(
+                                    &kind,
+                                    &g.key,
+                                    &g.event_ids,
+                                    g.start,
+                                    now,
+                                )?;
+                                for id in &g.event_ids {
+                                    tx.mark_routed(*id, Some(work), now)?;
+                                }
+                            }
+                            Ok(())
+                        })?;
+                        if let Some(why) = fell_back {
+                            self.fallback(r, &ext_name, host::WORK_KIND_TRIGGER, &why);
+                        }
+                    }
+                }
+                r.routed += ids.len();
+            }
+            if n < ROUTE_BATCH as usize {
+                return Ok(());
+            }
+        }
+    }
+
+    fn fire_timers(
+        &self,
+        exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        r: &mut PassReport,
+    ) -> Result<(), conduit_store::StoreError> {
+        let now = now_ms();
+        let due = self.core.store.read(|rd| rd.due_timers(now, PASS_LIMIT))?;
+        for t in due {
+            let ext = exts.get(&t.extension).map(|(e, _)| e);
+            let mut fell_back = None;
+            self.core.store.write(|tx| {
+                let fired_at = now_ms();
+                let params = RecurrenceParams {
+                    recurrence: t.recurrence.clone(),
+                    timer_id: t.id,
+                    spec: t.spec.clone(),
+                    fired_at_ms: fired_at,
+                };
+                let next = match self.call::<_, RecurrenceResult>(
+                    ext,
+                    host::RECURRENCE_NEXT,
+                    &params,
+                ) {
+                    Ok(RecurrenceResult {
+                        next_at_ms: Some(n),
+                    }) if n > fired_at => Some(n),
+                    Ok(RecurrenceResult { next_at_ms: None }) => None,
+                    Ok(RecurrenceResult {
+                        next_at_ms: Some(n),
+                    }) => {
+                        fell_back = Some(format!(
+                            "malformed answer: next_at_ms {n} is not after fired_at_ms {fired_at}"
+                        ));
+                        Some(fired_at + RECURRENCE_FALLBACK_MS)
+                    }
+                    Err(why) => {
+                        fell_back = Some(why);
+                        Some(fired_at + RECURRENCE_FALLBACK_MS)
+                    }
+                };
+                tx.reschedule_timer(t.id, next, fired_at)
+            })?;
+            if let Some(why) = fell_back {
+                self.fallback(r, &t.extension, host::RECURRENCE_NEXT, &why);
+            }
+            r.timers_fired += 1;
+        }
+        Ok(())
+    }
+
+    fn match_waits(
+        &self,
+        exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        r: &mut PassReport,
+    ) -> Result<(), conduit_store::StoreError> {
+        let waits = self
+            .core
+            .store
+            .read(|rd| rd.active_waits(None, PASS_LIMIT))?;
+        for w in waits {
+            let events = self
+                .core
+                .store
+                .read(|rd| rd.events_after(w.cursor_event_id, WAIT_EVENTS))?;
+            if events.is_empty() {
+                continue;
+            }
+            r.waits_checked += 1;
+            let ext = exts.get(&w.extension).map(|(e, _)| e);
+            for ev in events {
+                let ev_id = ev.id;
+                let mut fell_back = None;
+                let satisfied = self.core.store.write(|tx| {
+                    let params = FilterParams {
+                        filter: w.filter.clone(),
+                        wait_id: w.id,
+                        subject: w.subject.clone(),
+                        event: ev,
+                    };
+                    let satisfied =
+                        match self.call::<_, FilterResult>(ext, host::DEPENDENCY_FILTER, &params) {
+                            Ok(res) => res.satisfied,
+                            Err(why) => {
+                                fell_back = Some(why);
+                                false
+                            }
+                        };
+                    if satisfied {
+                        tx.satisfy_wait(w.id, ev_id, now_ms())?;
+                    } else {
+                        tx.advance_wait(w.id, ev_id)?;
+                    }
+                    Ok(satisfied)
+                })?;
+                if let Some(why) = fell_back {
+                    self.fallback(r, &w.extension, host::DEPENDENCY_FILTER, &why);
+                }
+                if satisfied {
+                    r.waits_satisfied += 1;
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn commit_emissions(
+        &self,
+        exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        r: &mut PassReport,
+    ) -> Result<(), conduit_store::StoreError> {
+        let planned = self
+            .core
+            .store
+            .read(|rd| rd.planned_emissions(PASS_LIMIT))?;
+        for em in planned {
+            let ext = exts.get(&em.extension).map(|(e, _)| e);
+            let mut failed = None;
+            self.core.store.write(|tx| {
+                let params = CommitParams {
+                    emission: em.emission.clone(),
+                    commit_id: em.commit_id.clone(),
+                    work_id: em.work_id,
+                    payload: em.payload.clone(),
+                };
+                match self.call::<_, CommitResult>(ext, host::EMIT_COMMIT, &params) {
+                    Ok(res) if res.records.iter().all(|rec| !rec.kind.is_empty()) => {
+                        tx.commit_emission(em.id, &res.records, now_ms())
+                    }
+                    Ok(_) => {
+                        let why = "malformed answer: a record without a kind".to_owned();
+                        let res = tx.fail_emission(em.id, &why, now_ms());
+                        failed = Some(why);
+                        res
+                    }
+                    Err(why) => {
+                        let res = tx.fail_emission(em.id, &why, now_ms());
+                        failed = Some(why);
+                        res
+                    }
+                }
+            })?;
+            match failed {
+                Some(why) => {
+                    self.fallback(r, &em.extension, host::EMIT_COMMIT, &why);
+                    r.emissions_failed += 1;
+                }
+                None => r.emissions_committed += 1,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The trigger's fallback: each input to a Work of its own, keyed `event:<id>`, started.
+pub fn fallback_groups(ids: &[i64]) -> Vec<TriggerGroup> {
+    ids.iter()
+        .map(|id| TriggerGroup {
+            key: format!("event:{id}"),
+            event_ids: vec![*id],
+            start: true,
+        })
+        .collect()
+}
+
+/// A trigger answer must put every input in exactly one non-empty group with a usable key.
+pub fn check_groups(res: &TriggerResult, inputs: &[i64]) -> Result<(), String> {
+    let want: HashSet<i64> = inputs.iter().copied().collect();
+    let mut seen = HashSet::new();
+    let mut keys = HashSet::new();
+    for g in &res.groups {
+        if g.key.is_empty() || g.key.len() > 200 {
+            return Err(format!("group key `{}` must be 1 to 200 bytes", g.key));
+        }
+        if !keys.insert(g.key.as_str()) {
+            return Err(format!("group key `{}` appears twice", g.key));
+        }
+        if g.event_ids.is_empty() {
+            return Err(format!("group `{}` is empty", g.key));
+        }
+        for id in &g.event_ids {
+            if !want.contains(id) {
+                return Err(format!("event {id} was not in the batch"));
+            }
+            if !seen.insert(*id) {
+                return Err(format!("event {id} is in two groups"));
+            }
+        }
+    }
+    if seen.len() != want.len() {
+        return Err(format!(
+            "{} of {} inputs are in no group",
+            want.len() - seen.len(),
+            want.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(key: &str, ids: &[i64]) -> TriggerGroup {
+        TriggerGroup {
+            key: key.into(),
+            event_ids: ids.to_vec(),
+            start: true,
+        }
+    }
+
+    #[test]
+    fn a_trigger_answer_must_cover_each_input_exactly_once() {
+        let ok = TriggerResult {
+            groups: vec![group("thread:1", &[1, 2]), group("thread:2", &[3])],
+        };
+        assert_eq!(check_groups(&ok, &[1, 2, 3]), Ok(()));
+        for (bad, why) in [
+            (vec![group("a", &[1, 2])], "in no group"),
+            (vec![group("a", &[1, 2]), group("b", &[2, 3])], "two groups"),
+            (vec![group("a", &[1, 2, 3, 4])], "not in the batch"),
+            (vec![group("a", &[1]), group("a", &[2, 3])], "twice"),
+            (vec![group("", &[1, 2, 3])], "1 to 200"),
+            (vec![group("a", &[1, 2, 3]), group("b", &[])], "empty"),
+        ] {
+            let err = check_groups(&TriggerResult { groups: bad }, &[1, 2, 3]).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_fallback_gives_each_input_its_own_started_work() {
+        assert_eq!(
+            fallback_groups(&[7, 9]),
+            vec![group("event:7", &[7]), group("event:9", &[9])]
+        );
+    }
+}

@@ -1,0 +1,206 @@
+//! The coordination core: the store, the host loop that makes the four in-transaction calls,
+//! and the callbacks extensions make into the host.
+//!
+//! ```text
+//!   ingress (API, ingress.push) ──► events ──► route ──► work_kind.trigger ──► Work
+//!   timers (due) ──► recurrence.next ──► next firing
+//!   waits (active) × new events ──► dependency.filter ──► satisfied
+//!   emissions (planned by operation.emit) ──► emit.commit ──► records
+//! ```
+//!
+//! Invariants:
+//! - Every write goes through the store's one writer. Each in-transaction call is made inside
+//!   a write transaction with a 250 ms deadline; past it the call is cancelled, its documented
+//!   fallback applied and the transaction committed, so a hung extension holds the writer for
+//!   at most 250 ms per call.
+//! - While an in-transaction call to an extension is pending, that extension's write
+//!   callbacks are refused at once with `reentrant_write` (waiting for the writer would
+//!   deadlock); its reads are served from reader connections.
+//! - Nothing here blocks a runtime worker on SQLite: async code goes through `spawn_blocking`,
+//!   the host loop runs on its own thread.
+
+pub mod artifacts;
+pub mod callbacks;
+pub mod host_loop;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use conduit_protocol::{Capabilities, ErrorCode, RpcError};
+use conduit_store::{Store, StoreError};
+use conduit_supervisor::{Extension, Supervisor};
+use tokio::sync::Notify;
+
+pub use host_loop::HostLoop;
+
+/// The current time in Unix milliseconds (the store never reads the clock itself).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Counters of the host loop, for the health endpoint.
+#[derive(Debug, Default)]
+pub struct LoopStats {
+    pub passes: AtomicU64,
+    pub last_pass_us: AtomicU64,
+    pub in_transaction_calls: AtomicU64,
+    pub fallbacks: AtomicU64,
+}
+
+impl LoopStats {
+    pub fn snapshot(&self) -> serde_json::Value {
+        serde_json::json!({
+            "passes": self.passes.load(Ordering::Relaxed),
+            "last_pass_us": self.last_pass_us.load(Ordering::Relaxed),
+            "in_transaction_calls": self.in_transaction_calls.load(Ordering::Relaxed),
+            "fallbacks": self.fallbacks.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// What the API, the callbacks and the host loop share.
+pub struct Core {
+    pub store: Arc<Store>,
+    pub supervisor: Arc<Supervisor>,
+    pub artifacts: Arc<artifacts::Artifacts>,
+    /// Extensions with an in-transaction call pending.
+    in_transaction: Mutex<HashSet<String>>,
+    nudge: Notify,
+    pub stats: LoopStats,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("store", &self.store.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    pub fn new(
+        store: Arc<Store>,
+        supervisor: Arc<Supervisor>,
+        artifacts_dir: PathBuf,
+        tmp_dir: PathBuf,
+    ) -> Self {
+        Core {
+            store,
+            supervisor,
+            artifacts: Arc::new(artifacts::Artifacts::new(artifacts_dir, tmp_dir)),
+            in_transaction: Mutex::new(HashSet::new()),
+            nudge: Notify::new(),
+            stats: LoopStats::default(),
+        }
+    }
+
+    pub(crate) fn artifacts_arc(&self) -> &Arc<artifacts::Artifacts> {
+        &self.artifacts
+    }
+
+    /// Ask the host loop for a pass now (a new event, a planned emission, a management
+    /// request). A nudge during a pass queues one more pass.
+    pub fn nudge(&self) {
+        self.nudge.notify_one();
+    }
+
+    pub(crate) async fn nudged(&self) {
+        self.nudge.notified().await
+    }
+
+    fn lock_in_tx(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.in_transaction
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether an in-transaction call to `ext` is pending.
+    pub fn in_transaction(&self, ext: &str) -> bool {
+        self.lock_in_tx().contains(ext)
+    }
+
+    /// Mark `ext` as inside an in-transaction call until the guard drops.
+    pub(crate) fn enter_transaction(&self, ext: &str) -> InTransaction<'_> {
+        self.lock_in_tx().insert(ext.to_owned());
+        InTransaction {
+            core: self,
+            ext: ext.to_owned(),
+        }
+    }
+
+    /// The capabilities an extension declared in its last handshake (kept while it restarts).
+    pub fn capabilities(&self, ext: &str) -> Option<Capabilities> {
+        self.supervisor
+            .get(ext)
+            .and_then(|e| e.status().capabilities)
+    }
+
+    /// Every supervised extension with the capabilities of its last handshake.
+    pub fn extensions(&self) -> Vec<(Extension, Capabilities)> {
+        self.supervisor
+            .list()
+            .into_iter()
+            .filter_map(|e| e.status().capabilities.map(|c| (e, c)))
+            .collect()
+    }
+
+    /// Run a write transaction off the async runtime.
+    pub async fn write<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut conduit_store::WriteTx<'_>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.write(f))
+            .await
+            .unwrap_or_else(|e| {
+                Err(StoreError::Invalid {
+                    field: "write",
+                    reason: format!("the write panicked: {e}"),
+                })
+            })
+    }
+
+    /// Run a read on a reader connection, off the async runtime.
+    pub async fn read<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&conduit_store::ReadTx<'_>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.read(f))
+            .await
+            .unwrap_or_else(|e| {
+                Err(StoreError::Invalid {
+                    field: "read",
+                    reason: format!("the read panicked: {e}"),
+                })
+            })
+    }
+}
+
+/// Clears the in-transaction mark when dropped.
+pub(crate) struct InTransaction<'a> {
+    core: &'a Core,
+    ext: String,
+}
+
+impl Drop for InTransaction<'_> {
+    fn drop(&mut self) {
+        self.core.lock_in_tx().remove(&self.ext);
+    }
+}
+
+/// A store failure as a wire error for a callback.
+pub(crate) fn store_error(e: StoreError) -> RpcError {
+    match e {
+        StoreError::NotFound { .. } => RpcError::new(ErrorCode::NotFound, e.to_string()),
+        StoreError::InvalidLimit { .. } | StoreError::Invalid { .. } => {
+            RpcError::new(ErrorCode::InvalidParams, e.to_string())
+        }
+        other => RpcError::internal(format!("the host's store failed: {other}")),
+    }
+}

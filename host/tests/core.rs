@@ -1,0 +1,449 @@
+//! The coordination core end to end: the real daemon, the `notes` example and a Python test
+//! extension that misbehaves on command (`fixtures/core_ext.py`), driven through the CLI.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::fixture::{Fixture, kill, stage_examples};
+
+fn wait_until<T>(what: &str, timeout: Duration, f: impl Fn() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn routed(f: &Fixture, event_id: i64) -> Option<Value> {
+    f.all_events()
+        .into_iter()
+        .find(|e| e["id"] == event_id && e.get("routed_at_ms").is_some())
+}
+
+/// A raw HTTP POST over the socket: the status code and the body.
+fn http_post(f: &Fixture, path: &str, body: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s =
+        std::os::unix::net::UnixStream::connect(f.state().join("run/conduit.sock")).unwrap();
+    write!(s, "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len()).unwrap();
+    let _ = s.write_all(body);
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned())
+}
+
+/// A push body of exactly `len` bytes.
+fn push_body(delivery: &str, len: usize) -> Vec<u8> {
+    let head = format!(r#"{{"source":"s","delivery_id":"{delivery}","kind":"k","payload":""#);
+    let tail = r#""}"#;
+    let mut b = head.into_bytes();
+    b.resize(len - tail.len(), b'a');
+    b.extend_from_slice(tail.as_bytes());
+    b
+}
+
+fn http_get(f: &Fixture, path: &str) -> Value {
+    use std::io::{Read, Write};
+    let mut s =
+        std::os::unix::net::UnixStream::connect(f.state().join("run/conduit.sock")).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {text}"))
+}
+
+#[test]
+fn each_in_transaction_call_happens_at_its_call_site_and_its_answer_is_applied() {
+    let mut f = Fixture::new();
+    for p in stage_examples(&f) {
+        f.install(&p);
+    }
+    f.start_daemon();
+    f.wait_state("notes", "ready", Duration::from_secs(5));
+
+    // work_kind.trigger: notes group by thread.
+    let a = f.push(
+        "notes-inbox",
+        "n1",
+        "note.posted",
+        r#"{"thread":"t-1","author":"ada","text":"first"}"#,
+    );
+    let b = f.push(
+        "notes-inbox",
+        "n2",
+        "note.posted",
+        r#"{"thread":"t-1","author":"bob","text":"second"}"#,
+    );
+    let c = f.push(
+        "notes-inbox",
+        "n3",
+        "note.posted",
+        r#"{"thread":"t-2","author":"cy","text":"third"}"#,
+    );
+    let dup = f.push("notes-inbox", "n1", "note.posted", r#"{"thread":"t-9"}"#);
+    assert_eq!(dup["duplicate"], true);
+    assert_eq!(dup["event_id"], a["event_id"]);
+    let ids: Vec<i64> = [&a, &b, &c]
+        .iter()
+        .map(|v| v["event_id"].as_i64().unwrap())
+        .collect();
+    for id in &ids {
+        wait_until("routing", Duration::from_secs(5), || routed(&f, *id));
+    }
+    let work = f.json(&["work", "list", "--json"]);
+    let keys: Vec<(String, Vec<i64>)> = work["work"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["key"].as_str().unwrap().to_owned(),
+                w["event_ids"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i.as_i64().unwrap())
+                    .collect(),
+            )
+        })
+        .collect();
+    assert!(
+        keys.contains(&("thread:t-1".into(), vec![ids[0], ids[1]])),
+        "{keys:?}"
+    );
+    assert!(
+        keys.contains(&("thread:t-2".into(), vec![ids[2]])),
+        "{keys:?}"
+    );
+
+    // recurrence.next: a digest timer is rescheduled 15 minutes after it fired.
+    let t = f.json(&["timers", "add", "digest", "every 15m", "--json"]);
+    let timer = wait_until("the timer to fire", Duration::from_secs(5), || {
+        let t = http_get(&f, &format!("/v1/timers/{}", t["timer_id"]));
+        t["last_fired_at_ms"].is_i64().then_some(t)
+    });
+    let (fired, next) = (
+        timer["last_fired_at_ms"].as_i64().unwrap(),
+        timer["next_at_ms"].as_i64().unwrap(),
+    );
+    assert_eq!(next - fired, 15 * 60 * 1000, "{timer:#}");
+
+    // dependency.filter: a wait for @dora is satisfied by the first later event mentioning her.
+    let w = f.json(&["waits", "add", "mentions", "dora", "--json"]);
+    f.push(
+        "notes-inbox",
+        "n4",
+        "note.posted",
+        r#"{"thread":"t-3","text":"nothing here"}"#,
+    );
+    let hit = f.push(
+        "notes-inbox",
+        "n5",
+        "note.posted",
+        r#"{"thread":"t-3","text":"thanks @Dora!"}"#,
+    );
+    let wait = wait_until("the wait to be satisfied", Duration::from_secs(5), || {
+        let w = http_get(&f, &format!("/v1/waits/{}", w["wait_id"]));
+        (w["state"] == "satisfied").then_some(w)
+    });
+    assert_eq!(wait["satisfied_by_event_id"], hit["event_id"]);
+
+    // emit.commit: the annotation record is written with the emission.
+    let em = f.json(&[
+        "emissions",
+        "add",
+        "annotation",
+        r#"{"text":"a short note about the plan"}"#,
+        "--json",
+    ]);
+    let committed = wait_until("the emission to commit", Duration::from_secs(5), || {
+        let e = http_get(&f, &format!("/v1/emissions/{}", em["emission_id"]));
+        (e["state"] == "committed").then_some(e)
+    });
+    let rec = &committed["records"][0];
+    assert_eq!(rec["kind"], "annotation");
+    assert_eq!(rec["body"]["commit_id"], em["commit_id"]);
+
+    // Every call shows in the status with counts and percentiles.
+    let s = f.status("notes");
+    for m in [
+        "work_kind.trigger",
+        "recurrence.next",
+        "dependency.filter",
+        "emit.commit",
+    ] {
+        assert!(
+            s["calls"][m]["count"].as_u64().unwrap() >= 1,
+            "{m} missing from {s:#}"
+        );
+    }
+    assert_eq!(http_get(&f, "/v1/health")["host_loop"]["fallbacks"], 0);
+}
+
+#[test]
+fn a_hung_call_returns_within_bounds_applies_its_fallback_and_frees_the_writer() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("hung", "hang"));
+    f.start_daemon();
+    f.wait_state("hung", "ready", Duration::from_secs(5));
+    let t0 = Instant::now();
+    let ev = f.push("feed", "h1", "job.run", r#"{"group":"g"}"#);
+    let id = ev["event_id"].as_i64().unwrap();
+    let e = wait_until("the fallback routing", Duration::from_secs(5), || {
+        routed(&f, id)
+    });
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(2),
+        "routing took {took:?}"
+    );
+    // The fallback: a Work of its own, keyed by the event.
+    let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
+    assert_eq!(work["key"], format!("event:{id}"));
+    // The writer is free again: a push right after commits at once.
+    let t = Instant::now();
+    f.push("elsewhere", "w1", "other.kind", "{}");
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "a push after the hung call took {:?}",
+        t.elapsed()
+    );
+    let h = http_get(&f, "/v1/health");
+    assert!(h["host_loop"]["fallbacks"].as_u64().unwrap() >= 1, "{h:#}");
+    assert!(
+        f.status("hung")["calls"]["work_kind.trigger"]["errors"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+}
+
+#[test]
+fn during_an_in_transaction_call_reads_are_served_and_writes_refused_without_deadlock() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("reent", "reentrant"));
+    f.start_daemon();
+    f.wait_state("reent", "ready", Duration::from_secs(5));
+    let ev = f.push("feed", "r1", "job.run", "{}");
+    let e = wait_until("routing", Duration::from_secs(5), || {
+        routed(&f, ev["event_id"].as_i64().unwrap())
+    });
+    let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
+    // The trigger recorded what its callbacks got in the group key.
+    assert_eq!(
+        work["key"], "read:ok/write:-32006",
+        "read served, write refused with reentrant_write"
+    );
+    assert!(
+        f.all_events()
+            .iter()
+            .all(|e| e["delivery_id"] != "during-trigger"),
+        "the refused write wrote nothing"
+    );
+}
+
+#[test]
+fn a_push_cut_by_an_extension_crash_is_accepted_exactly_once_after_the_retry() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("crashy", "push-crash"));
+    f.start_daemon();
+    // It pushes x1, dies before the answer, is restarted, and pushes x1 again.
+    let s = f.wait_for("crashy", Duration::from_secs(10), |s| {
+        s["stderr_tail"].as_array().is_some_and(|t| {
+            t.iter()
+                .any(|l| l.as_str().unwrap_or("").contains("retry of x1"))
+        })
+    });
+    assert!(s["restarts"].as_u64().unwrap() >= 1, "{s:#}");
+    let x1: Vec<Value> = f
+        .all_events()
+        .into_iter()
+        .filter(|e| e["delivery_id"] == "x1")
+        .collect();
+    assert_eq!(x1.len(), 1, "{x1:#?}");
+}
+
+#[test]
+fn a_daemon_killed_under_a_stream_of_pushes_keeps_every_acknowledged_event() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("sink", "ok"));
+    f.start_daemon();
+    f.wait_state("sink", "ready", Duration::from_secs(5));
+    let mut acked = Vec::new();
+    let daemon = f.daemon_pid();
+    let mut killed = false;
+    for i in 0..400 {
+        let run = f.conduit(&[
+            "events",
+            "push",
+            "--source",
+            "feed",
+            "--delivery-id",
+            &format!("s{i}"),
+            "--kind",
+            "job.run",
+            "--payload",
+            &format!(r#"{{"group":"g{}"}}"#, i % 7),
+            "--json",
+        ]);
+        if run.code() == Some(0) {
+            acked.push(format!("s{i}"));
+        }
+        if i == 150 {
+            kill(daemon, nix::sys::signal::Signal::SIGKILL);
+            killed = true;
+        }
+        if killed && run.code() != Some(0) {
+            break;
+        }
+    }
+    let _ = f.daemon.take().unwrap().wait();
+    assert!(acked.len() >= 150, "{} acknowledged", acked.len());
+    f.start_daemon();
+    let have: std::collections::HashSet<String> = f
+        .all_events()
+        .into_iter()
+        .map(|e| e["delivery_id"].as_str().unwrap().to_owned())
+        .collect();
+    for d in &acked {
+        assert!(
+            have.contains(d),
+            "acknowledged event {d} is missing after the crash{}",
+            f.context()
+        );
+    }
+    // Work resumes: everything gets routed, and new pushes are accepted and routed.
+    let ev = f.push("feed", "after-restart", "job.run", r#"{"group":"g0"}"#);
+    wait_until("routing after the restart", Duration::from_secs(10), || {
+        routed(&f, ev["event_id"].as_i64().unwrap())
+    });
+    assert!(
+        f.all_events()
+            .iter()
+            .all(|e| e.get("routed_at_ms").is_some()),
+        "an event was left unrouted"
+    );
+}
+
+#[test]
+fn a_16_mib_artifact_arrives_intact_and_a_wrong_digest_keeps_nothing() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("art", "ok"));
+    f.start_daemon();
+    f.wait_state("art", "ready", Duration::from_secs(5));
+    let size = 16 * 1024 * 1024;
+    let run = f.conduit(&[
+        "ext",
+        "call",
+        "art",
+        "make-artifact",
+        &format!(r#"{{"size":{size},"chunk":65536}}"#),
+        "--timeout-ms",
+        "120000",
+    ]);
+    assert_eq!(run.code(), Some(0), "{}{}", run.context(), f.context());
+    let stored: Value = serde_json::from_slice(&run.out.stdout).unwrap();
+    assert_eq!(stored["size"], size);
+    let id = stored["artifact_id"].as_str().unwrap();
+    let out = f.dir.path().join("got.bin");
+    let get = f.conduit(&["artifacts", "get", id, "-o", out.to_str().unwrap()]);
+    assert_eq!(get.code(), Some(0), "{}", get.context());
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(bytes.len(), size as usize);
+    use sha2::Digest;
+    assert_eq!(
+        format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes))),
+        id
+    );
+
+    let artifacts_before = std::fs::read_dir(f.state().join("artifacts/sha256"))
+        .unwrap()
+        .count();
+    let run = f.conduit(&[
+        "ext",
+        "call",
+        "art",
+        "make-artifact",
+        r#"{"size":300000,"chunk":65536,"bad_digest":true}"#,
+    ]);
+    assert_eq!(run.code(), Some(0), "{}", run.context());
+    let v: Value = serde_json::from_slice(&run.out.stdout).unwrap();
+    assert_eq!(v["error"]["code"], -32009, "artifact_invalid: {v:#}");
+    assert_eq!(
+        std::fs::read_dir(f.state().join("artifacts/sha256"))
+            .unwrap()
+            .count(),
+        artifacts_before
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(f.state().join("tmp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
+}
+
+#[test]
+fn pushes_are_validated_and_capped_and_lists_are_paged_1_to_200() {
+    let mut f = Fixture::new();
+    f.start_daemon();
+    // The body cap at its edge: exactly 1 MiB is accepted, one byte more is refused.
+    let (code, body) = http_post(&f, "/v1/events", &push_body("at-limit", 1024 * 1024));
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = http_post(&f, "/v1/events", &push_body("over-limit", 1024 * 1024 + 1));
+    assert_eq!(code, 413, "{body}");
+    assert!(body.contains("1048576"), "{body}");
+    // The CLI says so too, with exit code 2.
+    let file = f.dir.path().join("big.json");
+    std::fs::write(&file, format!(r#"{{"x":"{}"}}"#, "a".repeat(1024 * 1024))).unwrap();
+    let run = f.conduit(&[
+        "events",
+        "push",
+        "--source",
+        "s",
+        "--delivery-id",
+        "big",
+        "--kind",
+        "k",
+        "--payload-file",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code(), Some(2), "{}", run.context());
+    assert!(run.stderr().contains("1048576"), "{}", run.context());
+    let run = f.conduit(&[
+        "events",
+        "push",
+        "--source",
+        "",
+        "--delivery-id",
+        "d",
+        "--kind",
+        "k",
+    ]);
+    assert_eq!(run.code(), Some(2), "{}", run.context());
+    for limit in ["0", "201"] {
+        let run = f.conduit(&["events", "list", "--limit", limit]);
+        assert_eq!(run.code(), Some(2), "{}", run.context());
+    }
+    assert_eq!(
+        http_get(&f, "/v1/events?limit=201")["error"]["code"],
+        "invalid"
+    );
+    assert!(http_get(&f, "/v1/events?limit=200")["events"].is_array());
+    assert!(http_get(&f, "/v1/work?limit=1")["work"].is_array());
+}

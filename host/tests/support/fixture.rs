@@ -1,0 +1,298 @@
+//! A daemon in a temporary state directory, driven through the real `conduit` binary, with
+//! what a person needs printed when an assertion fails (the daemon's log, the state dir).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{Run, stage_rust_example, workspace_root};
+
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub daemon: Option<Child>,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        Fixture {
+            dir: tempfile::tempdir().unwrap(),
+            daemon: None,
+        }
+    }
+
+    pub fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    pub fn daemon_log(&self) -> PathBuf {
+        self.dir.path().join("daemon.log")
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_conduit"));
+        c.args(args)
+            .env("CONDUIT_STATE_DIR", self.state())
+            .env_remove("CONDUIT_LOG");
+        c
+    }
+
+    pub fn conduit(&self, args: &[&str]) -> Run {
+        let out = self
+            .command(args)
+            .output()
+            .expect("the conduit binary runs");
+        Run {
+            cmd: format!("conduit {}", args.join(" ")),
+            out,
+        }
+    }
+
+    /// Everything a person needs when an assertion fails.
+    pub fn context(&self) -> String {
+        let log = std::fs::read_to_string(self.daemon_log()).unwrap_or_default();
+        let mut listing = String::new();
+        for e in walk(&self.state()) {
+            listing.push_str(&format!(
+                "{}\n",
+                e.strip_prefix(self.dir.path()).unwrap_or(&e).display()
+            ));
+        }
+        format!("\n--- daemon log ---\n{log}\n--- state dir ---\n{listing}")
+    }
+
+    pub fn install(&self, pkg: &Path) {
+        let run = self.conduit(&["ext", "install", pkg.to_str().unwrap()]);
+        assert_eq!(run.code(), Some(0), "{}{}", run.context(), self.context());
+    }
+
+    /// A package running `misbehave.py` in `mode`.
+    pub fn misbehave(&self, name: &str, mode: &str) -> PathBuf {
+        let pkg = self.dir.path().join("src").join(name);
+        std::fs::create_dir_all(&pkg).unwrap();
+        let script = workspace_root().join("host/supervisor/tests/fixtures/misbehave.py");
+        std::fs::copy(script, pkg.join("misbehave.py")).unwrap();
+        std::fs::write(
+            pkg.join("conduit-extension.toml"),
+            format!(
+                "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"misbehave.py\", \"{mode}\"]\n\n[capabilities]\nmethods = [\"echo\"]\n"
+            ),
+        )
+        .unwrap();
+        pkg
+    }
+
+    /// A package running `host/tests/fixtures/core_ext.py` in `mode`, with every capability the
+    /// core calls declared.
+    pub fn core_ext(&self, name: &str, mode: &str) -> PathBuf {
+        let pkg = self.dir.path().join("src").join(name);
+        std::fs::create_dir_all(&pkg).unwrap();
+        std::fs::copy(
+            workspace_root().join("host/tests/fixtures/core_ext.py"),
+            pkg.join("core_ext.py"),
+        )
+        .unwrap();
+        std::fs::write(
+            pkg.join("conduit-extension.toml"),
+            format!(
+                "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"core_ext.py\", \"{mode}\"]\n\n\
+                 [capabilities]\nwork_kinds = [{{ name = \"job\", trigger = true }}]\nrecurrences = [\"tick\"]\n\
+                 dependency_filters = [\"match\"]\nemissions = [\"note\"]\ningress = [\"feed\"]\nmethods = [\"make-artifact\"]\n"
+            ),
+        )
+        .unwrap();
+        pkg
+    }
+
+    /// `conduit` with `args`, expecting exit 0; its `--json` output.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let run = self.conduit(args);
+        assert_eq!(run.code(), Some(0), "{}{}", run.context(), self.context());
+        serde_json::from_slice(&run.out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON: {e}{}", run.context()))
+    }
+
+    /// Push an event through the CLI; its `{event_id, duplicate}`.
+    pub fn push(&self, source: &str, delivery: &str, kind: &str, payload: &str) -> Value {
+        self.json(&[
+            "events",
+            "push",
+            "--source",
+            source,
+            "--delivery-id",
+            delivery,
+            "--kind",
+            kind,
+            "--payload",
+            payload,
+            "--json",
+        ])
+    }
+
+    /// Every event, by listing pages of 200.
+    pub fn all_events(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut after = 0i64;
+        loop {
+            let page = self.json(&[
+                "events",
+                "list",
+                "--after",
+                &after.to_string(),
+                "--limit",
+                "200",
+                "--json",
+            ]);
+            let evs = page["events"].as_array().unwrap().clone();
+            if evs.is_empty() {
+                return out;
+            }
+            after = evs.last().unwrap()["id"].as_i64().unwrap();
+            out.extend(evs);
+        }
+    }
+
+    pub fn start_daemon(&mut self) {
+        let log = std::fs::File::create(self.daemon_log()).unwrap();
+        let child = self
+            .command(&["daemon", "run"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start the daemon");
+        self.daemon = Some(child);
+        let socket = self.state().join("run/conduit.sock");
+        let start = Instant::now();
+        while !socket.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the daemon never opened its socket{}",
+                self.context()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn daemon_pid(&self) -> i32 {
+        self.daemon.as_ref().unwrap().id() as i32
+    }
+
+    pub fn status(&self, name: &str) -> Value {
+        let run = self.conduit(&["ext", "status", name, "--json"]);
+        serde_json::from_slice(&run.out.stdout)
+            .unwrap_or_else(|e| panic!("status --json: {e}{}{}", run.context(), self.context()))
+    }
+
+    /// Poll the status until `pred` holds; panics with context after `timeout`.
+    pub fn wait_for(&self, name: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let s = self.status(name);
+            if pred(&s) {
+                return s;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "`{name}` never reached the expected state; last status: {s:#}{}",
+                self.context()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn wait_state(&self, name: &str, state: &str, timeout: Duration) -> Value {
+        self.wait_for(name, timeout, |s| s["state"] == state)
+    }
+
+    /// SIGTERM the daemon and wait for its exit code.
+    pub fn stop_daemon(&mut self) -> Option<i32> {
+        let mut child = self.daemon.take()?;
+        kill(child.id() as i32, nix::sys::signal::Signal::SIGTERM);
+        let start = Instant::now();
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                return st.code();
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!(
+                    "the daemon did not exit within 20 s of SIGTERM{}",
+                    self.context()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if self.daemon.is_some() {
+            let _ = self.stop_daemon();
+        }
+    }
+}
+
+pub fn kill(pid: i32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+}
+
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            out.push(p.clone());
+            if p.is_dir() && !p.is_symlink() {
+                out.extend(walk(&p));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every pid whose process group is `pgid` and which is not a zombie (Linux).
+pub fn group_members(pgid: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| stat[i + 1..].to_owned()) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.get(2).and_then(|g| g.parse::<u32>().ok()) == Some(pgid) && f[0] != "Z" && f[0] != "X"
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+pub fn wait_gone(pgid: u32, within: Duration) -> Vec<u32> {
+    let start = Instant::now();
+    loop {
+        let left = group_members(pgid);
+        if left.is_empty() || start.elapsed() > within {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn stage_examples(f: &Fixture) -> Vec<PathBuf> {
+    let into = f.dir.path().join("staged");
+    let mut pkgs: Vec<PathBuf> = ["echo", "notes"]
+        .iter()
+        .filter_map(|e| stage_rust_example(e, &into))
+        .collect();
+    pkgs.push(workspace_root().join("examples/python-echo"));
+    pkgs
+}
