@@ -28,8 +28,24 @@ done
 echo
 "$conduit" ext list
 echo
-echo "\$ conduit ext call echo echo '{\"text\":\"hello from conduit\"}'"
-"$conduit" ext call echo echo '{"text":"hello from conduit"}'
+show() { echo "\$ conduit $*"; "$conduit" "$@"; }
+show ext call echo echo '{"text":"hello from conduit"}'
+# A few notes: the trigger groups them by thread, a wait for @dora is satisfied by the one
+# that mentions her, a digest timer fires and is rescheduled, an annotation is committed.
+run_id=$(date +%s)
+show waits add mentions dora
+show timers add digest "every 15m"
+for i in 1 2 3 4; do
+  thread=$(( i % 2 ))
+  text="note $i in thread $thread"
+  [ "$i" = 4 ] && text="note $i: thanks @dora"
+  show events push --source notes-inbox --delivery-id "demo-$run_id-$i" --kind note.posted \
+    --payload "{\"thread\":\"t-$thread\",\"author\":\"demo\",\"text\":\"$text\"}"
+done
+show emissions add annotation '{"text":"a short note about the demo"}'
+sleep 1.5
+show work list
+show ext status notes
 echo
 echo "The daemon runs (pid $daemon) on $CONDUIT_STATE_DIR. In another terminal:"
 echo "  CONDUIT_STATE_DIR=$CONDUIT_STATE_DIR $conduit ext status notes"

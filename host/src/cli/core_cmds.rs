@@ -187,7 +187,7 @@ pub(crate) fn list_events(args: ListArgs) -> Result<ExitCode, CliError> {
         let work = e["work_id"].as_i64().map_or("-".into(), |w| w.to_string());
         out.push_str(&format!(
             "{:>8}  {:<16} {:<20} {:<18} {:>6}  {}\n",
-            e["id"],
+            e["id"].as_i64().unwrap_or(0),
             e["source"].as_str().unwrap_or(""),
             e["delivery_id"].as_str().unwrap_or(""),
             e["kind"].as_str().unwrap_or(""),
@@ -218,7 +218,7 @@ pub(crate) fn list_work(args: ListArgs) -> Result<ExitCode, CliError> {
             .collect();
         out.push_str(&format!(
             "{:>8}  {:<12} {:<24} {:<6}  {}\n",
-            w["id"],
+            w["id"].as_i64().unwrap_or(0),
             w["kind"].as_str().unwrap_or(""),
             w["key"].as_str().unwrap_or(""),
             w["state"].as_str().unwrap_or(""),
