@@ -442,6 +442,8 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     // The loop finishes its pass (each call is bounded by its deadline) before extensions stop.
     let _ = tokio::task::spawn_blocking(move || host_loop.join()).await;
     daemon.supervisor.shutdown().await;
+    core.tasks.close();
+    let _ = tokio::time::timeout(Duration::from_secs(5), core.tasks.wait()).await;
     let _ = api.await;
     let _ = std::fs::remove_file(&socket);
     drop(lock);

@@ -447,3 +447,48 @@ fn pushes_are_validated_and_capped_and_lists_are_paged_1_to_200() {
     assert!(http_get(&f, "/v1/events?limit=200")["events"].is_array());
     assert!(http_get(&f, "/v1/work?limit=1")["work"].is_array());
 }
+
+#[test]
+fn ingress_sources_are_polled_and_their_events_accepted_once() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("poller", "ok"));
+    f.start_daemon();
+    f.wait_state("poller", "ready", Duration::from_secs(5));
+    let inbox = f.state().join("data/poller/inbox.jsonl");
+    std::fs::write(&inbox, "{\"delivery_id\":\"p1\",\"kind\":\"job.run\",\"payload\":{\"group\":\"a\"}}\n{\"delivery_id\":\"p2\",\"kind\":\"job.run\",\"payload\":{\"group\":\"a\"}}\n").unwrap();
+    let polled = wait_until("the polled events", Duration::from_secs(10), || {
+        let evs: Vec<Value> = f
+            .all_events()
+            .into_iter()
+            .filter(|e| e["source"] == "feed")
+            .collect();
+        (evs.len() == 2).then_some(evs)
+    });
+    assert_eq!(polled[0]["delivery_id"], "p1");
+    // The cursor moved: the same lines are not accepted again, a new one is.
+    let mut text = std::fs::read_to_string(&inbox).unwrap();
+    text.push_str("{\"delivery_id\":\"p3\",\"kind\":\"job.run\",\"payload\":{}}\n");
+    std::fs::write(&inbox, text).unwrap();
+    wait_until("the third event", Duration::from_secs(10), || {
+        let n = f
+            .all_events()
+            .iter()
+            .filter(|e| e["source"] == "feed")
+            .count();
+        (n == 3).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        f.all_events()
+            .iter()
+            .filter(|e| e["source"] == "feed")
+            .count(),
+        3
+    );
+    assert!(
+        f.status("poller")["calls"]["ingress.poll"]["count"]
+            .as_u64()
+            .unwrap()
+            >= 2
+    );
+}

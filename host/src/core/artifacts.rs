@@ -107,9 +107,7 @@ impl Artifacts {
             .count()
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, (String, SharedStream)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, SharedStream)>> {
         self.streams.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -13,6 +13,11 @@
 //!
 //! The loop runs on its own thread: SQLite calls block, and the in-transaction call is awaited
 //! with `Handle::block_on` while the write transaction is open.
+//!
+//! Each pass also starts an `ingress.poll` of every declared ingress source that has none
+//! outstanding and was last polled at least [`INGRESS_INTERVAL`] ago. Polls are not
+//! in-transaction calls: they run as tasks on the runtime (deadline 30 s), and a poll's events
+//! and its new cursor are written in one transaction when it answers.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -38,6 +43,21 @@ pub const ROUTE_BATCH: u32 = 200;
 pub const PASS_LIMIT: u32 = 100;
 /// How many new events one pass checks against each wait.
 pub const WAIT_EVENTS: u32 = 50;
+/// How often each ingress source is polled, at most.
+pub const INGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// The most events one poll may return.
+pub const INGRESS_LIMIT: u32 = 100;
+
+/// The poll bookkeeping of one (extension, source).
+#[derive(Debug, Default)]
+pub(crate) struct PollState {
+    outstanding: bool,
+    last: Option<Instant>,
+    /// The pid of an extension run that answered `method_not_found`: not polled again until it
+    /// restarts.
+    declined_by: Option<u32>,
+}
+
 /// When a timer's `recurrence.next` fails, it fires again this much later.
 pub const RECURRENCE_FALLBACK_MS: i64 = 60_000;
 
@@ -133,7 +153,37 @@ impl HostLoop {
         if let Err(e) = self.commit_emissions(&exts, &mut r) {
             r.errors.push(format!("emissions: {e}"));
         }
+        self.start_polls(&exts);
         r
+    }
+
+    fn start_polls(&self, exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>) {
+        for (name, (ext, caps)) in exts {
+            let status = ext.status();
+            if status.state != conduit_supervisor::State::Ready {
+                continue;
+            }
+            for source in &caps.ingress {
+                let key = (name.clone(), source.clone());
+                {
+                    let mut polls = self.core.polls.lock().unwrap_or_else(|p| p.into_inner());
+                    let st = polls.entry(key.clone()).or_default();
+                    let recent = st.last.is_some_and(|t| t.elapsed() < INGRESS_INTERVAL);
+                    if st.outstanding
+                        || recent
+                        || (st.declined_by.is_some() && st.declined_by == status.pid)
+                    {
+                        continue;
+                    }
+                    st.outstanding = true;
+                    st.last = Some(Instant::now());
+                }
+                let (core, ext, pid) = (self.core.clone(), ext.clone(), status.pid);
+                self.core
+                    .tasks
+                    .spawn_on(poll_once(core, ext, key, pid), &self.rt);
+            }
+        }
     }
 
     /// Make one in-transaction call; `Err` carries why the fallback applies.
@@ -491,5 +541,89 @@ mod tests {
             fallback_groups(&[7, 9]),
             vec![group("event:7", &[7]), group("event:9", &[9])]
         );
+    }
+}
+
+/// One `ingress.poll`: its events and new cursor are committed together.
+async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: Option<u32>) {
+    use conduit_protocol::calls::{IngressPollParams, IngressPollResult};
+    let (name, source) = key.clone();
+    let (n, s) = (name.clone(), source.clone());
+    let cursor = core
+        .read(move |r| r.ingress_cursor(&n, &s))
+        .await
+        .ok()
+        .flatten();
+    let params = IngressPollParams {
+        source: source.clone(),
+        cursor: cursor.clone(),
+        limit: INGRESS_LIMIT,
+    };
+    let res = ext
+        .call::<_, IngressPollResult>(
+            host::INGRESS_POLL,
+            &params,
+            Some(conduit_protocol::DEFAULT_CALL_DEADLINE),
+        )
+        .await;
+    let mut declined = false;
+    match res {
+        Ok(r) if r.events.len() > INGRESS_LIMIT as usize => {
+            tracing::warn!(extension = %name, %source, got = r.events.len(), "ingress.poll returned more events than its limit; nothing accepted");
+        }
+        Ok(r) => {
+            let events: Vec<_> = r
+                .events
+                .into_iter()
+                .filter(|e| match super::callbacks::check_event_fields(&source, &e.delivery_id, &e.kind) {
+                    Ok(()) => true,
+                    Err(err) => {
+                        tracing::warn!(extension = %name, %source, error = %err.message, "skipped a polled event");
+                        false
+                    }
+                })
+                .collect();
+            let moved = r.cursor.is_some() && r.cursor != cursor;
+            if !events.is_empty() || moved {
+                let (n, s) = (name.clone(), source.clone());
+                let new_cursor = r.cursor;
+                let res = core
+                    .write(move |tx| {
+                        let now = now_ms();
+                        let mut fresh = 0;
+                        for e in &events {
+                            if !tx
+                                .accept_event(&s, &e.delivery_id, &e.kind, &e.payload, now)?
+                                .duplicate
+                            {
+                                fresh += 1;
+                            }
+                        }
+                        if let Some(c) = &new_cursor {
+                            tx.set_ingress_cursor(&n, &s, c, now)?;
+                        }
+                        Ok(fresh)
+                    })
+                    .await;
+                match res {
+                    Ok(fresh) if fresh > 0 => core.nudge(),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(extension = %name, %source, error = %e, "cannot store polled events")
+                    }
+                }
+            }
+        }
+        Err(e) if e.is(conduit_protocol::ErrorCode::MethodNotFound) => declined = true,
+        Err(e) => {
+            tracing::warn!(extension = %name, %source, error = %e, "ingress.poll failed; the cursor stays")
+        }
+    }
+    let mut polls = core.polls.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(st) = polls.get_mut(&key) {
+        st.outstanding = false;
+        if declined {
+            st.declined_by = pid;
+        }
     }
 }

@@ -23,7 +23,7 @@ pub mod artifacts;
 pub mod callbacks;
 pub mod host_loop;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,6 +72,10 @@ pub struct Core {
     in_transaction: Mutex<HashSet<String>>,
     nudge: Notify,
     pub stats: LoopStats,
+    /// Ingress polls by (extension, source): whether one is outstanding, when the last began.
+    pub(crate) polls: Mutex<HashMap<(String, String), host_loop::PollState>>,
+    /// Tasks the core starts (ingress polls); closed and awaited when the daemon stops.
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 impl std::fmt::Debug for Core {
@@ -96,6 +100,8 @@ impl Core {
             in_transaction: Mutex::new(HashSet::new()),
             nudge: Notify::new(),
             stats: LoopStats::default(),
+            polls: Mutex::new(HashMap::new()),
+            tasks: tokio_util::task::TaskTracker::new(),
         }
     }
 

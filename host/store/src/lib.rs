@@ -27,6 +27,7 @@ mod artifacts;
 mod emissions;
 mod error;
 mod events;
+mod ingress;
 mod pool;
 mod schema;
 mod timers;

@@ -117,6 +117,16 @@ CREATE TABLE artifacts (
     created_at INTEGER NOT NULL
 ) STRICT;
 "#,
+    // 2: where each extension's ingress source was last polled to.
+    r#"
+CREATE TABLE ingress_cursors (
+    extension  TEXT    NOT NULL,
+    source     TEXT    NOT NULL,
+    cursor     TEXT    NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (extension, source)
+) STRICT, WITHOUT ROWID;
+"#,
 ];
 
 /// Brings the file at `path` (already open as `conn`) up to `MIGRATIONS.len()`.
