@@ -1,0 +1,165 @@
+//! The session against a peer that writes raw bytes: malformed and oversized messages get the
+//! right error where their id is known, and the session goes on; a peer that stops reading
+//! makes senders wait instead of growing memory.
+
+use std::time::Duration;
+
+use conduit_rpc::testing::TestHandler;
+use conduit_rpc::{Session, SessionConfig};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// A session serving `TestHandler` on one end of a duplex; the test holds the other end raw.
+fn raw_peer(
+    config: SessionConfig,
+) -> (
+    Session,
+    tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+) {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    let session = Session::new(br, bw, TestHandler::default(), config);
+    (session, aw, BufReader::new(ar))
+}
+
+async fn next_json(r: &mut BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>) -> Value {
+    let mut line = String::new();
+    tokio::time::timeout(Duration::from_secs(5), r.read_line(&mut line))
+        .await
+        .expect("an answer")
+        .unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+#[tokio::test]
+async fn malformed_lines_get_their_error_and_the_session_goes_on() {
+    let (_s, mut w, mut r) = raw_peer(SessionConfig::default());
+    let cases: &[(&str, Value, i64)] = &[
+        ("this is not json", Value::Null, -32700),
+        (
+            r#"{"jsonrpc":"1.0","id":3,"method":"echo"}"#,
+            json!(3),
+            -32600,
+        ),
+        (r#"{"jsonrpc":"2.0","id":4,"method":7}"#, json!(4), -32600),
+        (
+            r#"[{"jsonrpc":"2.0","id":5,"method":"echo"}]"#,
+            Value::Null,
+            -32600,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":"s","method":"nope"}"#,
+            json!("s"),
+            -32601,
+        ),
+        ("   ", Value::Null, -32700),
+    ];
+    for (line, id, code) in cases {
+        w.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+        let v = next_json(&mut r).await;
+        assert_eq!(
+            (&v["id"], v["error"]["code"].as_i64().unwrap()),
+            (id, *code),
+            "{line} → {v}"
+        );
+    }
+    // A response to nothing, and a malformed response, are never answered; the next request is.
+    w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":99,\"result\":1}\n{\"jsonrpc\":\"2.0\",\"id\":98,\"result\":1,\"error\":{\"code\":1,\"message\":\"x\"}}\n").await.unwrap();
+    w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"echo\",\"params\":{\"ok\":true}}\n")
+        .await
+        .unwrap();
+    let v = next_json(&mut r).await;
+    assert_eq!(
+        (v["id"].clone(), v["result"].clone()),
+        (json!(6), json!({"ok": true}))
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_request_is_answered_message_too_large_by_id_and_the_next_is_served() {
+    let max = 4096;
+    let (_s, mut w, mut r) = raw_peer(SessionConfig {
+        max_message_bytes: max,
+        ..SessionConfig::default()
+    });
+    // Exactly at the cap: served.
+    let head = r#"{"jsonrpc":"2.0","id":1,"method":"echo","params":""#;
+    let at = format!("{head}{}\"}}", "a".repeat(max - head.len() - 2));
+    assert_eq!(at.len(), max);
+    w.write_all(format!("{at}\n").as_bytes()).await.unwrap();
+    assert_eq!(next_json(&mut r).await["id"], 1);
+    // One byte over: refused by id, unread.
+    let over = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"echo","params":"{}"}}"#,
+        "a".repeat(max)
+    );
+    w.write_all(format!("{over}\n").as_bytes()).await.unwrap();
+    let v = next_json(&mut r).await;
+    assert_eq!(
+        (v["id"].as_i64(), v["error"]["code"].as_i64()),
+        (Some(2), Some(-32004)),
+        "{v}"
+    );
+    assert_eq!(v["error"]["data"]["limit"], max);
+    w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"echo\",\"params\":1}\n")
+        .await
+        .unwrap();
+    assert_eq!(next_json(&mut r).await["result"], 1);
+}
+
+#[tokio::test]
+async fn an_answer_over_the_cap_is_replaced_by_message_too_large() {
+    let (_s, mut w, mut r) = raw_peer(SessionConfig {
+        max_message_bytes: 4096,
+        ..SessionConfig::default()
+    });
+    w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"big\",\"params\":{\"bytes\":5000}}\n")
+        .await
+        .unwrap();
+    let v = next_json(&mut r).await;
+    assert_eq!(
+        (v["id"].as_i64(), v["error"]["code"].as_i64()),
+        (Some(1), Some(-32004)),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn a_peer_that_stops_reading_makes_senders_wait_within_the_queue_bound() {
+    // A tiny pipe and an 8 KiB queue: the other side never reads.
+    let (_unread, b) = tokio::io::duplex(1024);
+    let (br, bw) = tokio::io::split(b);
+    let session = Session::new(
+        br,
+        bw,
+        TestHandler::default(),
+        SessionConfig {
+            write_queue_bytes: 8 * 1024,
+            ..SessionConfig::default()
+        },
+    );
+    let peer = session.peer();
+    let payload = "x".repeat(1000);
+    let mut sent = 0;
+    loop {
+        match tokio::time::timeout(Duration::from_millis(200), peer.notify("note", &payload)).await
+        {
+            Ok(Ok(())) => sent += 1,
+            Ok(Err(e)) => panic!("{e}"),
+            Err(_) => break, // waiting: the queue is full
+        }
+        assert!(
+            sent < 100,
+            "sent {sent} KiB into a pipe nobody reads: the queue is not bounded"
+        );
+    }
+    // Frames are about 1 KiB: the 8 KiB queue holds about 7, counting the one the writer is
+    // stuck on (its bytes stay counted until written).
+    assert!(sent <= 11, "sent {sent}");
+    assert!(
+        sent >= 8,
+        "sent {sent}: the queue should hold about 8 frames"
+    );
+}
