@@ -157,9 +157,8 @@ async fn a_peer_that_stops_reading_makes_senders_wait_within_the_queue_bound() {
     }
     // Frames are about 1 KiB: the 8 KiB queue holds about 7, counting the one the writer is
     // stuck on (its bytes stay counted until written).
-    assert!(sent <= 11, "sent {sent}");
     assert!(
-        sent >= 8,
-        "sent {sent}: the queue should hold about 8 frames"
+        (6..=9).contains(&sent),
+        "sent {sent} frames of 1 KiB into an 8 KiB queue"
     );
 }
