@@ -34,10 +34,9 @@ const ALL_RULES: &[&str] = &[
     "stdout-only-protocol",
 ];
 
+/// A test package: its folder's manifest plus the one shared `serve.py`, staged together.
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/packages")
-        .join(name)
+    support::python_package(name)
 }
 
 fn conduit(args: &[&str]) -> Run {
@@ -232,9 +231,13 @@ fn nothing_the_package_started_outlives_the_check() {
     let tmp = tempfile::tempdir().unwrap();
     let pkg = tmp.path().join("pkg");
     std::fs::create_dir(&pkg).unwrap();
-    std::fs::copy(fixture("good/serve.py"), pkg.join("serve.py")).unwrap();
+    std::fs::copy(
+        support::python_package("good").join("serve.py"),
+        pkg.join("serve.py"),
+    )
+    .unwrap();
     let pids = tmp.path().join("pids");
-    let manifest = std::fs::read_to_string(fixture("good/conduit-extension.toml"))
+    let manifest = std::fs::read_to_string(fixture("good").join("conduit-extension.toml"))
         .unwrap()
         .replace(
             "\"--name\", \"good\"]",
@@ -271,18 +274,6 @@ fn nothing_the_package_started_outlives_the_check() {
             gone,
             "pid {pid} (a grandchild of the check) is still running{}",
             run.context()
-        );
-    }
-}
-
-#[test]
-fn the_fixtures_share_one_server() {
-    let good = std::fs::read(fixture("good/serve.py")).unwrap();
-    for name in ["banner", "ignores-cancel", "no-overload", "wrong-version"] {
-        let copy = std::fs::read(fixture(name).join("serve.py")).unwrap();
-        assert!(
-            copy == good,
-            "tests/packages/{name}/serve.py differs from good/serve.py: copy it again"
         );
     }
 }

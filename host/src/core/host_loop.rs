@@ -504,46 +504,6 @@ pub fn check_groups(res: &TriggerResult, inputs: &[i64]) -> Result<(), String> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn group(key: &str, ids: &[i64]) -> TriggerGroup {
-        TriggerGroup {
-            key: key.into(),
-            event_ids: ids.to_vec(),
-            start: true,
-        }
-    }
-
-    #[test]
-    fn a_trigger_answer_must_cover_each_input_exactly_once() {
-        let ok = TriggerResult {
-            groups: vec![group("thread:1", &[1, 2]), group("thread:2", &[3])],
-        };
-        assert_eq!(check_groups(&ok, &[1, 2, 3]), Ok(()));
-        for (bad, why) in [
-            (vec![group("a", &[1, 2])], "in no group"),
-            (vec![group("a", &[1, 2]), group("b", &[2, 3])], "two groups"),
-            (vec![group("a", &[1, 2, 3, 4])], "not in the batch"),
-            (vec![group("a", &[1]), group("a", &[2, 3])], "twice"),
-            (vec![group("", &[1, 2, 3])], "1 to 200"),
-            (vec![group("a", &[1, 2, 3]), group("b", &[])], "empty"),
-        ] {
-            let err = check_groups(&TriggerResult { groups: bad }, &[1, 2, 3]).unwrap_err();
-            assert!(err.contains(why), "{err}");
-        }
-    }
-
-    #[test]
-    fn the_fallback_gives_each_input_its_own_started_work() {
-        assert_eq!(
-            fallback_groups(&[7, 9]),
-            vec![group("event:7", &[7]), group("event:9", &[9])]
-        );
-    }
-}
-
 /// One `ingress.poll`: its events and new cursor are committed together.
 async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: Option<u32>) {
     use conduit_protocol::calls::{IngressPollParams, IngressPollResult};
@@ -625,5 +585,45 @@ async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: 
         if declined {
             st.declined_by = pid;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(key: &str, ids: &[i64]) -> TriggerGroup {
+        TriggerGroup {
+            key: key.into(),
+            event_ids: ids.to_vec(),
+            start: true,
+        }
+    }
+
+    #[test]
+    fn a_trigger_answer_must_cover_each_input_exactly_once() {
+        let ok = TriggerResult {
+            groups: vec![group("thread:1", &[1, 2]), group("thread:2", &[3])],
+        };
+        assert_eq!(check_groups(&ok, &[1, 2, 3]), Ok(()));
+        for (bad, why) in [
+            (vec![group("a", &[1, 2])], "in no group"),
+            (vec![group("a", &[1, 2]), group("b", &[2, 3])], "two groups"),
+            (vec![group("a", &[1, 2, 3, 4])], "not in the batch"),
+            (vec![group("a", &[1]), group("a", &[2, 3])], "twice"),
+            (vec![group("", &[1, 2, 3])], "1 to 200"),
+            (vec![group("a", &[1, 2, 3]), group("b", &[])], "empty"),
+        ] {
+            let err = check_groups(&TriggerResult { groups: bad }, &[1, 2, 3]).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_fallback_gives_each_input_its_own_started_work() {
+        assert_eq!(
+            fallback_groups(&[7, 9]),
+            vec![group("event:7", &[7]), group("event:9", &[9])]
+        );
     }
 }

@@ -93,3 +93,24 @@ pub fn stage_rust_example(example: &str, into: &Path) -> Option<PathBuf> {
     std::fs::copy(&bin, &dest).unwrap(); // keeps the execute bit
     Some(pkg)
 }
+
+/// Stage the Python test package `host/tests/packages/NAME` — its manifest beside the one
+/// `serve.py` all of them share — into a fresh folder under this test target's scratch folder
+/// (fresh each call: tests run in parallel processes, and one must not rewrite a script another
+/// is running), and return it.
+pub fn python_package(name: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/packages");
+    let dest = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("packages-{}-{n}", std::process::id()))
+        .join(name);
+    std::fs::create_dir_all(&dest).unwrap();
+    std::fs::copy(
+        src.join(name).join("conduit-extension.toml"),
+        dest.join("conduit-extension.toml"),
+    )
+    .unwrap();
+    std::fs::copy(src.join("serve.py"), dest.join("serve.py")).unwrap();
+    dest
+}
