@@ -23,8 +23,11 @@ pub(crate) struct Args {
     #[arg(long, short = 'n', default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     lines: u64,
     /// Keep printing new lines as they are written (Ctrl-C stops).
-    #[arg(long, short = 'f')]
+    #[arg(long, short = 'f', conflicts_with = "json")]
     follow: bool,
+    /// Print {"name", "log", "lines": [...]} instead of the lines.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     state: StateArgs,
 }
@@ -36,6 +39,10 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
     let lines = log.last_lines(args.lines as usize).map_err(|e| {
         CliError::failure(anyhow::anyhow!("cannot read {}: {e}", log.path().display()))
     })?;
+    if args.json {
+        super::common::print_json(&serde_json::json!({ "name": args.name, "log": log.path(), "lines": lines }))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut text = lines.join("\n");
     if !text.is_empty() {
         text.push('\n');
