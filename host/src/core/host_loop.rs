@@ -238,6 +238,10 @@ impl HostLoop {
                 by_kind.entry(kind).or_default().push(e);
             }
             for (kind, inputs) in by_kind {
+                // A stop waits for the pass; each step is bounded, so check between steps.
+                if self.shutdown.is_cancelled() {
+                    return Ok(());
+                }
                 let ids: Vec<i64> = inputs.iter().map(|e| e.id).collect();
                 match kinds.get(kind.as_str()) {
                     None => {
@@ -313,6 +317,9 @@ impl HostLoop {
         let now = now_ms();
         let due = self.core.store.read(|rd| rd.due_timers(now, PASS_LIMIT))?;
         for t in due {
+            if self.shutdown.is_cancelled() {
+                return Ok(());
+            }
             let ext = exts.get(&t.extension).map(|(e, _)| e);
             let mut fell_back = None;
             self.core.store.write(|tx| {
@@ -365,6 +372,9 @@ impl HostLoop {
             .store
             .read(|rd| rd.active_waits(None, PASS_LIMIT))?;
         for w in waits {
+            if self.shutdown.is_cancelled() {
+                return Ok(());
+            }
             let events = self
                 .core
                 .store
@@ -421,6 +431,9 @@ impl HostLoop {
             .store
             .read(|rd| rd.planned_emissions(PASS_LIMIT))?;
         for em in planned {
+            if self.shutdown.is_cancelled() {
+                return Ok(());
+            }
             let ext = exts.get(&em.extension).map(|(e, _)| e);
             let mut failed = None;
             self.core.store.write(|tx| {
