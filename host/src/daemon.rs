@@ -295,6 +295,7 @@ impl Daemon {
         };
         let log = self.state.logs_dir().join(format!("{}.log", rec.name));
         let mut spec = ExtensionSpec::new(&rec.name, &rec.version, command, log);
+        spec.declared = Some(rec.manifest.capabilities.clone());
         let state = self.state.clone();
         let name = rec.name.clone();
         let resolve_error = resolved.err().map(|e| e.to_string());
@@ -435,7 +436,7 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
         tracing::error!("{e}");
     }
 
-    wait_for_signal(&shutdown).await;
+    wait_for_signal(&shutdown, &daemon).await;
     tracing::info!("stopping extensions");
     shutdown.cancel();
     let _ = reconciler.await;
@@ -451,18 +452,27 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     Ok(())
 }
 
-async fn wait_for_signal(shutdown: &CancellationToken) {
+/// Wait for SIGTERM or SIGINT (stop) while answering SIGHUP (re-read the package registry,
+/// as a reload through the API does).
+async fn wait_for_signal(shutdown: &CancellationToken, daemon: &Daemon) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) else {
         shutdown.cancelled().await;
         return;
     };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-        () = shutdown.cancelled() => {}
+    loop {
+        tokio::select! {
+            _ = term.recv() => return tracing::info!("SIGTERM received"),
+            _ = int.recv() => return tracing::info!("SIGINT received"),
+            _ = hup.recv() => match daemon.reload().await {
+                Ok(r) => tracing::info!(started = ?r.started, stopped = ?r.stopped, restarted = ?r.restarted, "SIGHUP: package registry applied"),
+                Err(e) => tracing::error!(error = %e, "SIGHUP: reload failed"),
+            },
+            () = shutdown.cancelled() => return,
+        }
     }
 }

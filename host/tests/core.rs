@@ -492,3 +492,62 @@ fn ingress_sources_are_polled_and_their_events_accepted_once() {
             >= 2
     );
 }
+
+#[test]
+fn events_pushed_while_their_extension_first_starts_wait_for_it() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("slow", "slow-start"));
+    f.start_daemon();
+    // Pushed while `slow` is still starting (it reads nothing for a second).
+    let a = f.push("feed", "early-1", "job.run", r#"{"group":"early"}"#);
+    let b = f.push("feed", "early-2", "job.run", r#"{"group":"early"}"#);
+    assert_eq!(f.status("slow")["state"], "starting");
+    let e = wait_until("routing", Duration::from_secs(10), || {
+        routed(&f, b["event_id"].as_i64().unwrap())
+    });
+    let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
+    assert_eq!(
+        work["key"], "early",
+        "the trigger grouped them, not the fallback: {work:#}"
+    );
+    assert_eq!(
+        work["event_ids"],
+        serde_json::json!([a["event_id"], b["event_id"]])
+    );
+}
+
+#[test]
+fn a_malformed_answer_gets_the_fallback_and_counts_as_an_error() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("bad", "malformed"));
+    f.start_daemon();
+    f.wait_state("bad", "ready", Duration::from_secs(5));
+    let ev = f.push("feed", "m1", "job.run", "{}");
+    let id = ev["event_id"].as_i64().unwrap();
+    let e = wait_until("routing", Duration::from_secs(5), || routed(&f, id));
+    assert_eq!(
+        http_get(&f, &format!("/v1/work/{}", e["work_id"]))["key"],
+        format!("event:{id}")
+    );
+    let s = f.status("bad");
+    assert_eq!(s["calls"]["work_kind.trigger"]["errors"], 1, "{s:#}");
+}
+
+#[test]
+fn sighup_applies_the_registry_and_keeps_the_daemon_running() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("one", "ok"));
+    f.start_daemon();
+    f.wait_state("one", "ready", Duration::from_secs(5));
+    kill(f.daemon_pid(), nix::sys::signal::Signal::SIGHUP);
+    wait_until("the reload to be logged", Duration::from_secs(5), || {
+        std::fs::read_to_string(f.daemon_log())
+            .ok()
+            .filter(|l| l.contains("SIGHUP: package registry applied"))
+    });
+    assert!(
+        f.daemon.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the daemon exited on SIGHUP"
+    );
+    assert_eq!(f.status("one")["state"], "ready");
+}

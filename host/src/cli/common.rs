@@ -19,6 +19,26 @@ pub(crate) struct StateArgs {
 }
 
 impl StateArgs {
+    /// Resolve and open a state directory that must already exist: commands that only read
+    /// or change what is installed refuse a missing one rather than create an empty one (a
+    /// mistyped --state-dir would otherwise look like "nothing installed").
+    pub(crate) fn open_existing(&self) -> Result<StateDir, CliError> {
+        let resolved =
+            state_dir::resolve_from_env(self.state_dir.as_deref()).map_err(CliError::usage)?;
+        // The platform default not existing yet is a normal first run; a path someone gave
+        // that does not exist is most likely a typo.
+        let given = !matches!(resolved.source, state_dir::StateDirSource::PlatformDefault);
+        if given && !resolved.path.exists() {
+            return Err(CliError::usage(anyhow::anyhow!(
+                "no conduit state directory at {} (from {}): nothing is installed there; check --state-dir or \
+                 CONDUIT_STATE_DIR, or install a package first with `conduit ext install PATH`",
+                resolved.path.display(),
+                resolved.source
+            )));
+        }
+        self.open()
+    }
+
     /// Resolve and open the state directory (created if missing).
     pub(crate) fn open(&self) -> Result<StateDir, CliError> {
         let resolved =

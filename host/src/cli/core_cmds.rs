@@ -34,7 +34,7 @@ fn post(
     json_out: bool,
     human: impl Fn(&Value) -> String,
 ) -> Result<ExitCode, CliError> {
-    let state = args_state.open()?;
+    let state = args_state.open_existing()?;
     let rt = runtime()?;
     let client = need_daemon(&rt, &state)?;
     let (code, v) = rt
@@ -82,11 +82,9 @@ pub(crate) struct PushArgs {
     payload_file: Option<PathBuf>,
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
-pub(crate) fn push(args: PushArgs) -> Result<ExitCode, CliError> {
+pub(crate) fn push(args: PushArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
     let text = match (&args.payload, &args.payload_file) {
         (Some(p), _) => p.clone(),
         (None, Some(f)) if f.as_os_str() == "-" => std::io::read_to_string(std::io::stdin())
@@ -101,7 +99,7 @@ pub(crate) fn push(args: PushArgs) -> Result<ExitCode, CliError> {
         .context("the payload is not JSON")
         .map_err(CliError::usage)?;
     let body = json!({ "source": args.source, "delivery_id": args.delivery_id, "kind": args.kind, "payload": payload });
-    post(&args.state, "/v1/events", &body, args.json, |v| {
+    post(state, "/v1/events", &body, args.json, |v| {
         if v["duplicate"] == true {
             format!("duplicate of event {}\n", v["event_id"])
         } else {
@@ -124,12 +122,10 @@ pub(crate) struct ListArgs {
     source: Option<String>,
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
-fn list(args: &ListArgs, what: &str) -> Result<Value, CliError> {
-    let state = args.state.open()?;
+fn list(args: &ListArgs, what: &str, state: &StateArgs) -> Result<Value, CliError> {
+    let state = state.open_existing()?;
     let rt = runtime()?;
     if let Some(client) = daemon(&rt, &state) {
         let mut path = format!("/v1/{what}?limit={}", args.limit);
@@ -171,8 +167,8 @@ fn url_escape(s: &str) -> String {
         .collect()
 }
 
-pub(crate) fn list_events(args: ListArgs) -> Result<ExitCode, CliError> {
-    let v = list(&args, "events")?;
+pub(crate) fn list_events(args: ListArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
+    let v = list(&args, "events", state)?;
     if args.json {
         print_json(&v)?;
         return Ok(ExitCode::SUCCESS);
@@ -199,8 +195,8 @@ pub(crate) fn list_events(args: ListArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) fn list_work(args: ListArgs) -> Result<ExitCode, CliError> {
-    let v = list(&args, "work")?;
+pub(crate) fn list_work(args: ListArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
+    let v = list(&args, "work", state)?;
     if args.json {
         print_json(&v)?;
         return Ok(ExitCode::SUCCESS);
@@ -244,13 +240,11 @@ pub(crate) struct TimerArgs {
     first_at_ms: Option<i64>,
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
-pub(crate) fn add_timer(args: TimerArgs) -> Result<ExitCode, CliError> {
+pub(crate) fn add_timer(args: TimerArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
     let body = json!({ "recurrence": args.recurrence, "spec": args.spec, "extension": args.extension, "first_at_ms": args.first_at_ms });
-    post(&args.state, "/v1/timers", &body, args.json, |v| {
+    post(state, "/v1/timers", &body, args.json, |v| {
         format!("timer {}\n", v["timer_id"])
     })
 }
@@ -268,13 +262,11 @@ pub(crate) struct WaitArgs {
     work_id: Option<i64>,
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
-pub(crate) fn add_wait(args: WaitArgs) -> Result<ExitCode, CliError> {
+pub(crate) fn add_wait(args: WaitArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
     let body = json!({ "filter": args.filter, "subject": args.subject, "extension": args.extension, "work_id": args.work_id });
-    post(&args.state, "/v1/waits", &body, args.json, |v| {
+    post(state, "/v1/waits", &body, args.json, |v| {
         format!("wait {}\n", v["wait_id"])
     })
 }
@@ -293,16 +285,14 @@ pub(crate) struct EmissionArgs {
     work_id: Option<i64>,
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
-pub(crate) fn add_emission(args: EmissionArgs) -> Result<ExitCode, CliError> {
+pub(crate) fn add_emission(args: EmissionArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
     let payload: Value = serde_json::from_str(&args.payload)
         .context("the payload is not JSON")
         .map_err(CliError::usage)?;
     let body = json!({ "emission": args.emission, "payload": payload, "extension": args.extension, "work_id": args.work_id });
-    post(&args.state, "/v1/emissions", &body, args.json, |v| {
+    post(state, "/v1/emissions", &body, args.json, |v| {
         format!(
             "emission {} (commit {})\n",
             v["emission_id"], v["commit_id"]
@@ -318,12 +308,10 @@ pub(crate) struct ArtifactArgs {
     /// Write here instead of stdout.
     #[arg(long, short = 'o')]
     output: Option<PathBuf>,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
-pub(crate) fn get_artifact(args: ArtifactArgs) -> Result<ExitCode, CliError> {
-    let state = args.state.open()?;
+pub(crate) fn get_artifact(args: ArtifactArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
+    let state = state.open_existing()?;
     let sha = args
         .id
         .strip_prefix("sha256:")

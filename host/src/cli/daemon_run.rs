@@ -16,13 +16,10 @@ Logs go to stderr (CONDUIT_LOG sets the filter, default `info`).
 
 Exit codes: 0 stopped by SIGTERM/SIGINT after stopping every extension; 1 could not run (the
 socket, the runtime); 2 the state directory is unusable or another daemon holds its lock")]
-pub(crate) struct Args {
-    #[command(flatten)]
-    state: StateArgs,
-}
+pub(crate) struct Args {}
 
-pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
-    let state = args.state.open()?;
+pub(crate) fn run(_args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
+    let state = state.open()?;
     // A multi-thread runtime whose workers live as long as the daemon: children are spawned
     // from them, and their parent-death signal is tied to the spawning thread.
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -28,19 +28,19 @@ pub(crate) struct Args {
     /// Print {"name", "log", "lines": [...]} instead of the lines.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
-pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
-    let state = args.state.open()?;
+pub(crate) fn run(args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
+    let state = state.open_existing()?;
     packages::get(&state, &args.name).map_err(CliError::usage)?;
     let log = LogFile::new(state.logs_dir().join(format!("{}.log", args.name)));
     let lines = log.last_lines(args.lines as usize).map_err(|e| {
         CliError::failure(anyhow::anyhow!("cannot read {}: {e}", log.path().display()))
     })?;
     if args.json {
-        super::common::print_json(&serde_json::json!({ "name": args.name, "log": log.path(), "lines": lines }))?;
+        super::common::print_json(
+            &serde_json::json!({ "name": args.name, "log": log.path(), "lines": lines }),
+        )?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut text = lines.join("\n");

@@ -30,8 +30,6 @@ pub(crate) struct InstallArgs {
     /// Print the installed record as JSON.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
 /// Remove an installed package (stopping it first if the daemon runs it).
@@ -42,21 +40,22 @@ pub(crate) struct NameArgs {
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
-pub(crate) fn install(args: InstallArgs) -> Result<ExitCode, CliError> {
-    let state = args.state.open()?;
+pub(crate) fn install(args: InstallArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
+    let state = state.open()?;
     let opts = InstallOptions {
         allow_downgrade: args.allow_downgrade,
         ..InstallOptions::default()
     };
     let outcome = packages::install(&state, &args.path, &opts).map_err(|e| {
         use conduit_host::packages::InstallError as E;
+        // The error's message already includes its cause; as an error chain it would print it
+        // twice.
+        let flat = anyhow::anyhow!("{e}");
         match e {
-            E::Write { .. } | E::Package(_) => CliError::failure(e),
-            other => CliError::usage(other),
+            E::Write { .. } | E::Package(_) => CliError::failure(flat),
+            _ => CliError::usage(flat),
         }
     })?;
     let rt = runtime()?;
@@ -75,8 +74,8 @@ pub(crate) fn install(args: InstallArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) fn remove(args: NameArgs) -> Result<ExitCode, CliError> {
-    let state = args.state.open()?;
+pub(crate) fn remove(args: NameArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
+    let state = state.open_existing()?;
     packages::get(&state, &args.name).map_err(CliError::usage)?;
     let rt = runtime()?;
     // Stop it first, so no process runs from files being removed.
@@ -85,6 +84,21 @@ pub(crate) fn remove(args: NameArgs) -> Result<ExitCode, CliError> {
     }
     let rec = packages::remove(&state, &args.name).map_err(CliError::failure)?;
     reload(&rt, &state, true)?;
+    // Its logs go with it; its data folder (what the extension kept) is left for the operator.
+    for path in [
+        state.logs_dir().join(format!("{}.log", rec.name)),
+        state.logs_dir().join(format!("{}.log.1", rec.name)),
+        state.run_dir().join(format!("{}.pgid", rec.name)),
+    ] {
+        let _ = std::fs::remove_file(path);
+    }
+    let data = state.path().join("data").join(&rec.name);
+    if data.exists() && !args.json {
+        eprintln!(
+            "(its data folder {} is kept; delete it if you no longer need it)",
+            data.display()
+        );
+    }
     if args.json {
         return print_json(&json!({ "removed": rec.name, "version": rec.version }))
             .map(|()| ExitCode::SUCCESS);
@@ -93,8 +107,12 @@ pub(crate) fn remove(args: NameArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) fn set_enabled(args: NameArgs, enabled: bool) -> Result<ExitCode, CliError> {
-    let state = args.state.open()?;
+pub(crate) fn set_enabled(
+    args: NameArgs,
+    enabled: bool,
+    state: &StateArgs,
+) -> Result<ExitCode, CliError> {
+    let state = state.open_existing()?;
     let changed = packages::set_enabled(&state, &args.name, enabled).map_err(|e| match e {
         packages::PackageError::NotInstalled { .. } => CliError::usage(e),
         other => CliError::failure(other),

@@ -20,8 +20,6 @@ pub(crate) struct ListArgs {
     /// Print as JSON: {"daemon_running", "extensions": [{name, version, state, pid, restarts, last_exit, …}]}.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
 /// Show one package's status in detail (or every package's, without NAME).
@@ -36,8 +34,6 @@ pub(crate) struct StatusArgs {
     /// least name, version, state, pid, restarts, last_exit.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
 /// Restart a running extension now (the daemon must be running).
@@ -48,12 +44,10 @@ pub(crate) struct StatusArgs {
 pub(crate) struct RestartArgs {
     /// The package's name.
     name: String,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
 fn views(state_args: &StateArgs) -> Result<(bool, Vec<ExtensionView>), CliError> {
-    let state = state_args.open()?;
+    let state = state_args.open_existing()?;
     let rt = runtime()?;
     match daemon(&rt, &state) {
         Some(client) => {
@@ -99,8 +93,8 @@ fn table(list: &[ExtensionView]) -> String {
     out
 }
 
-pub(crate) fn list(args: ListArgs) -> Result<ExitCode, CliError> {
-    let (running, list) = views(&args.state)?;
+pub(crate) fn list(args: ListArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
+    let (running, list) = views(state)?;
     if args.json {
         print_json(&serde_json::json!({ "daemon_running": running, "extensions": list }))?;
         return Ok(ExitCode::SUCCESS);
@@ -116,8 +110,8 @@ pub(crate) fn list(args: ListArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) fn status(args: StatusArgs) -> Result<ExitCode, CliError> {
-    let (running, list) = views(&args.state)?;
+pub(crate) fn status(args: StatusArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
+    let (running, list) = views(state)?;
     let shown: Vec<&ExtensionView> = match &args.name {
         Some(name) => match list.iter().find(|v| &v.status.name == name) {
             Some(v) => vec![v],
@@ -141,10 +135,10 @@ pub(crate) fn status(args: StatusArgs) -> Result<ExitCode, CliError> {
         for v in &shown {
             detail(&mut out, v);
         }
-        if !running {
-            out.push_str("(no daemon is running; `conduit daemon run` starts it)\n");
-        }
         print(&out)?;
+        if !running {
+            eprintln!("(no daemon is running; `conduit daemon run` starts it)");
+        }
     }
     Ok(if shown.iter().all(|v| healthy(v)) {
         ExitCode::SUCCESS
@@ -163,6 +157,35 @@ fn detail(out: &mut String, v: &ExtensionView) {
         let _ = writeln!(out, "  pid           {pid}");
     }
     let _ = writeln!(out, "  restarts      {}", s.restarts);
+    if let Some(c) = &s.capabilities {
+        let mut serves = Vec::new();
+        let kinds: Vec<String> = c
+            .work_kinds
+            .iter()
+            .map(|k| {
+                if k.trigger {
+                    format!("{} (trigger)", k.name)
+                } else {
+                    k.name.clone()
+                }
+            })
+            .collect();
+        for (what, names) in [
+            ("work kinds", kinds),
+            ("recurrences", c.recurrences.clone()),
+            ("filters", c.dependency_filters.clone()),
+            ("emissions", c.emissions.clone()),
+            ("ingress", c.ingress.clone()),
+            ("methods", c.methods.clone()),
+        ] {
+            if !names.is_empty() {
+                serves.push(format!("{what} {}", names.join(", ")));
+            }
+        }
+        if !serves.is_empty() {
+            let _ = writeln!(out, "  serves        {}", serves.join("; "));
+        }
+    }
     if let Some(e) = s.last_exit {
         let _ = writeln!(out, "  last exit     {e}");
     }
@@ -220,8 +243,8 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-pub(crate) fn restart(args: RestartArgs) -> Result<ExitCode, CliError> {
-    let state = args.state.open()?;
+pub(crate) fn restart(args: RestartArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
+    let state = state.open_existing()?;
     let rt = runtime()?;
     let Some(client) = daemon(&rt, &state) else {
         return Err(CliError {
@@ -272,18 +295,16 @@ pub(crate) struct CallArgs {
     /// How long to wait for the answer, in milliseconds.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     timeout_ms: u64,
-    #[command(flatten)]
-    state: StateArgs,
 }
 
-pub(crate) fn call(args: CallArgs) -> Result<ExitCode, CliError> {
+pub(crate) fn call(args: CallArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
     let params: serde_json::Value = match &args.params {
         Some(p) => serde_json::from_str(p)
             .with_context(|| format!("PARAMS is not JSON: {p}"))
             .map_err(CliError::usage)?,
         None => serde_json::json!({}),
     };
-    let state = args.state.open()?;
+    let state = state.open_existing()?;
     let rt = runtime()?;
     let Some(client) = daemon(&rt, &state) else {
         return Err(CliError {

@@ -41,6 +41,8 @@ Exit codes: 0 success; 1 the command found a failure; 2 usage error or unusable 
 pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    state: common::StateArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -161,25 +163,26 @@ impl CliError {
 
 /// Run the parsed command line.
 pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let state = cli.state;
     match cli.command {
         Command::Ext(ExtCommand::Check(args)) => ext_check::run(args),
-        Command::Ext(ExtCommand::Install(args)) => ext_manage::install(args),
-        Command::Ext(ExtCommand::Remove(args)) => ext_manage::remove(args),
-        Command::Ext(ExtCommand::Enable(args)) => ext_manage::set_enabled(args, true),
-        Command::Ext(ExtCommand::Disable(args)) => ext_manage::set_enabled(args, false),
-        Command::Ext(ExtCommand::List(args)) => ext_status::list(args),
-        Command::Ext(ExtCommand::Status(args)) => ext_status::status(args),
-        Command::Ext(ExtCommand::Restart(args)) => ext_status::restart(args),
-        Command::Ext(ExtCommand::Logs(args)) => ext_logs::run(args),
-        Command::Ext(ExtCommand::Call(args)) => ext_status::call(args),
-        Command::Daemon(DaemonCommand::Run(args)) => daemon_run::run(args),
-        Command::Events(EventsCommand::Push(args)) => core_cmds::push(args),
-        Command::Events(EventsCommand::List(args)) => core_cmds::list_events(args),
-        Command::Work(WorkCommand::List(args)) => core_cmds::list_work(args),
-        Command::Timers(TimersCommand::Add(args)) => core_cmds::add_timer(args),
-        Command::Waits(WaitsCommand::Add(args)) => core_cmds::add_wait(args),
-        Command::Emissions(EmissionsCommand::Add(args)) => core_cmds::add_emission(args),
-        Command::Artifacts(ArtifactsCommand::Get(args)) => core_cmds::get_artifact(args),
+        Command::Ext(ExtCommand::Install(args)) => ext_manage::install(args, &state),
+        Command::Ext(ExtCommand::Remove(args)) => ext_manage::remove(args, &state),
+        Command::Ext(ExtCommand::Enable(args)) => ext_manage::set_enabled(args, true, &state),
+        Command::Ext(ExtCommand::Disable(args)) => ext_manage::set_enabled(args, false, &state),
+        Command::Ext(ExtCommand::List(args)) => ext_status::list(args, &state),
+        Command::Ext(ExtCommand::Status(args)) => ext_status::status(args, &state),
+        Command::Ext(ExtCommand::Restart(args)) => ext_status::restart(args, &state),
+        Command::Ext(ExtCommand::Logs(args)) => ext_logs::run(args, &state),
+        Command::Ext(ExtCommand::Call(args)) => ext_status::call(args, &state),
+        Command::Daemon(DaemonCommand::Run(args)) => daemon_run::run(args, &state),
+        Command::Events(EventsCommand::Push(args)) => core_cmds::push(args, &state),
+        Command::Events(EventsCommand::List(args)) => core_cmds::list_events(args, &state),
+        Command::Work(WorkCommand::List(args)) => core_cmds::list_work(args, &state),
+        Command::Timers(TimersCommand::Add(args)) => core_cmds::add_timer(args, &state),
+        Command::Waits(WaitsCommand::Add(args)) => core_cmds::add_wait(args, &state),
+        Command::Emissions(EmissionsCommand::Add(args)) => core_cmds::add_emission(args, &state),
+        Command::Artifacts(ArtifactsCommand::Get(args)) => core_cmds::get_artifact(args, &state),
     }
 }
 

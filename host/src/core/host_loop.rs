@@ -135,22 +135,36 @@ impl HostLoop {
     /// One pass over everything live.
     pub fn pass(&self) -> PassReport {
         let mut r = PassReport::default();
-        let exts: HashMap<String, (Extension, conduit_protocol::Capabilities)> = self
+        let mut exts: HashMap<String, (Extension, conduit_protocol::Capabilities)> = self
             .core
             .extensions()
             .into_iter()
             .map(|(e, c)| (e.name().to_owned(), (e, c)))
             .collect();
-        if let Err(e) = self.route(&exts, &mut r) {
+        // An extension on its first start (the daemon just started, or it was just installed or
+        // enabled) is waited for rather than given fallbacks: its work stays where it is until
+        // its handshake is done or fails, which the start timeout bounds.
+        let mut settling: HashMap<String, conduit_protocol::Capabilities> = HashMap::new();
+        exts.retain(|name, (e, caps)| {
+            let s = e.status();
+            let first_start = s.state == conduit_supervisor::State::Starting
+                && s.restarts == 0
+                && s.protocol_version.is_none();
+            if first_start {
+                settling.insert(name.clone(), caps.clone());
+            }
+            !first_start
+        });
+        if let Err(e) = self.route(&exts, &settling, &mut r) {
             r.errors.push(format!("routing: {e}"));
         }
-        if let Err(e) = self.fire_timers(&exts, &mut r) {
+        if let Err(e) = self.fire_timers(&exts, &settling, &mut r) {
             r.errors.push(format!("timers: {e}"));
         }
-        if let Err(e) = self.match_waits(&exts, &mut r) {
+        if let Err(e) = self.match_waits(&exts, &settling, &mut r) {
             r.errors.push(format!("waits: {e}"));
         }
-        if let Err(e) = self.commit_emissions(&exts, &mut r) {
+        if let Err(e) = self.commit_emissions(&exts, &settling, &mut r) {
             r.errors.push(format!("emissions: {e}"));
         }
         self.start_polls(&exts);
@@ -220,8 +234,14 @@ impl HostLoop {
     fn route(
         &self,
         exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        settling: &HashMap<String, conduit_protocol::Capabilities>,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
+        // Work kinds of extensions on their first start: their events wait.
+        let waiting: HashSet<&str> = settling
+            .values()
+            .flat_map(|c| c.work_kinds.iter().map(|k| k.name.as_str()))
+            .collect();
         // work kind → (extension, has a trigger)
         let mut kinds: HashMap<&str, (&Extension, bool)> = HashMap::new();
         for (e, caps) in exts.values() {
@@ -235,8 +255,11 @@ impl HostLoop {
             let mut by_kind: BTreeMap<String, Vec<Event>> = BTreeMap::new();
             for e in events {
                 let kind = e.kind.split('.').next().unwrap_or("").to_owned();
-                by_kind.entry(kind).or_default().push(e);
+                if !waiting.contains(kind.as_str()) {
+                    by_kind.entry(kind).or_default().push(e);
+                }
             }
+            let routed_before = r.routed;
             for (kind, inputs) in by_kind {
                 // A stop waits for the pass; each step is bounded, so check between steps.
                 if self.shutdown.is_cancelled() {
@@ -269,6 +292,7 @@ impl HostLoop {
                                     Ok(res) => match check_groups(&res, &ids) {
                                         Ok(()) => res.groups,
                                         Err(why) => {
+                                            ext.record_bad_answer(host::WORK_KIND_TRIGGER);
                                             fell_back = Some(format!("malformed answer: {why}"));
                                             fallback_groups(&ids)
                                         }
@@ -303,7 +327,8 @@ impl HostLoop {
                 }
                 r.routed += ids.len();
             }
-            if n < ROUTE_BATCH as usize {
+            // A full batch of which nothing could be routed (all waiting): try again next pass.
+            if n < ROUTE_BATCH as usize || r.routed == routed_before {
                 return Ok(());
             }
         }
@@ -312,6 +337,7 @@ impl HostLoop {
     fn fire_timers(
         &self,
         exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        settling: &HashMap<String, conduit_protocol::Capabilities>,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
         let now = now_ms();
@@ -319,6 +345,9 @@ impl HostLoop {
         for t in due {
             if self.shutdown.is_cancelled() {
                 return Ok(());
+            }
+            if settling.contains_key(&t.extension) {
+                continue;
             }
             let ext = exts.get(&t.extension).map(|(e, _)| e);
             let mut fell_back = None;
@@ -342,6 +371,9 @@ impl HostLoop {
                     Ok(RecurrenceResult {
                         next_at_ms: Some(n),
                     }) => {
+                        if let Some(e) = ext {
+                            e.record_bad_answer(host::RECURRENCE_NEXT);
+                        }
                         fell_back = Some(format!(
                             "malformed answer: next_at_ms {n} is not after fired_at_ms {fired_at}"
                         ));
@@ -365,6 +397,7 @@ impl HostLoop {
     fn match_waits(
         &self,
         exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        settling: &HashMap<String, conduit_protocol::Capabilities>,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
         let waits = self
@@ -380,6 +413,9 @@ impl HostLoop {
                 .store
                 .read(|rd| rd.events_after(w.cursor_event_id, WAIT_EVENTS))?;
             if events.is_empty() {
+                continue;
+            }
+            if settling.contains_key(&w.extension) {
                 continue;
             }
             r.waits_checked += 1;
@@ -424,6 +460,7 @@ impl HostLoop {
     fn commit_emissions(
         &self,
         exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        settling: &HashMap<String, conduit_protocol::Capabilities>,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
         let planned = self
@@ -433,6 +470,9 @@ impl HostLoop {
         for em in planned {
             if self.shutdown.is_cancelled() {
                 return Ok(());
+            }
+            if settling.contains_key(&em.extension) {
+                continue;
             }
             let ext = exts.get(&em.extension).map(|(e, _)| e);
             let mut failed = None;
@@ -448,6 +488,9 @@ impl HostLoop {
                         tx.commit_emission(em.id, &res.records, now_ms())
                     }
                     Ok(_) => {
+                        if let Some(e) = ext {
+                            e.record_bad_answer(host::EMIT_COMMIT);
+                        }
                         let why = "malformed answer: a record without a kind".to_owned();
                         let res = tx.fail_emission(em.id, &why, now_ms());
                         failed = Some(why);

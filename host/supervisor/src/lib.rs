@@ -62,6 +62,8 @@ pub struct ExtensionSpec {
     /// Checked before every start (the daemon verifies the installed files); an error keeps the
     /// extension `refused` until it is restarted.
     pub preflight: Option<Arc<dyn Fn() -> Result<(), String> + Send + Sync>>,
+    /// What the package declares (its manifest), shown until its first handshake says.
+    pub declared: Option<Capabilities>,
     /// Told each new child's pid (= its process group), so the daemon can sweep the group
     /// after a crash of its own.
     pub on_spawn: Option<Arc<dyn Fn(u32) + Send + Sync>>,
@@ -95,6 +97,7 @@ impl ExtensionSpec {
             stop_grace: conduit_protocol::SHUTDOWN_GRACE,
             policy: RestartPolicy::default(),
             preflight: None,
+            declared: None,
             on_spawn: None,
             host_version: env!("CARGO_PKG_VERSION").into(),
         }
@@ -330,7 +333,15 @@ impl Extension {
         let params = serde_json::value::to_raw_value(params)
             .map_err(|e| bad(format!("params do not serialize: {e}")))?;
         let raw = self.call_raw(method, &params, deadline).await?;
-        serde_json::from_str(raw.get()).map_err(|e| bad(e.to_string()))
+        serde_json::from_str(raw.get()).map_err(|e| {
+            self.record_bad_answer(method);
+            bad(e.to_string())
+        })
+    }
+
+    /// Count an answer that arrived but broke the method's rules, in the method's errors.
+    pub fn record_bad_answer(&self, method: &str) {
+        self.inner.stats.mark_error(method);
     }
 
     /// Ask the actor to restart the extension now (also from `backing-off`, `crash-looping`,
@@ -395,7 +406,7 @@ impl Supervisor {
             next_start_at_ms: None,
             ready_since_ms: None,
             protocol_version: None,
-            capabilities: None,
+            capabilities: spec.declared.clone(),
             stderr_tail: Vec::new(),
             calls: BTreeMap::new(),
         };

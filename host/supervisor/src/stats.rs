@@ -39,6 +39,20 @@ impl Stats {
         }
     }
 
+    /// Count a failure that has no latency of its own (the extension was not running, or its
+    /// answer was malformed after a successful round trip).
+    pub(crate) fn mark_error(&self, method: &str) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !map.contains_key(method) {
+            let h =
+                Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds");
+            map.insert(method.to_owned(), (h, 0));
+        }
+        if let Some((_, errors)) = map.get_mut(method) {
+            *errors += 1;
+        }
+    }
+
     pub(crate) fn snapshot(&self) -> BTreeMap<String, MethodStats> {
         let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         map.iter()
