@@ -11,6 +11,20 @@ use conduit_supervisor::process::{ChildCommand, group_alive};
 use conduit_supervisor::{ExtensionSpec, State, Supervisor, no_callbacks};
 use serde_json::{Value, json};
 
+/// The Python interpreter itself: `python3` on PATH may be a shim script that adds variables of
+/// its own to the environment, which would blur what the supervisor passes.
+fn python() -> PathBuf {
+    static PY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PY.get_or_init(|| {
+        let out = std::process::Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 runs");
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+    .clone()
+}
+
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
@@ -29,7 +43,7 @@ fn env() -> Env {
 
 fn spec(env: &Env, name: &str, mode: &str) -> ExtensionSpec {
     let command = ChildCommand {
-        program: "python3".into(),
+        program: python(),
         args: vec![fixture().join("misbehave.py").into(), mode.into()],
         cwd: fixture(),
         env: vec![("CONDUIT_EXTENSION".into(), name.into())],
@@ -311,6 +325,53 @@ async fn a_missing_program_backs_off_with_a_clear_error() {
     assert!(
         err.contains("cannot start `/nonexistent/conduit-ghost`"),
         "{err}"
+    );
+    env.sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_sees_only_the_environment_descriptors_and_folder_it_is_given() {
+    // A descriptor of ours without close-on-exec, as a service manager might pass one down.
+    let leaked = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDONLY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    // SAFETY: only read in this test; `set_var` runs before any extension is spawned.
+    unsafe { std::env::set_var("CONDUIT_TEST_SECRET", "do-not-leak") };
+    let env = env();
+    let ext = env.sup.start(spec(&env, "isolated", "ok")).await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    let vars: std::collections::BTreeMap<String, String> = ext
+        .call("env", &json!({}), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    for k in vars.keys() {
+        let allowed = conduit_supervisor::process::ENV_ALLOW_LIST.contains(&k.as_str())
+            || k == "CONDUIT_EXTENSION";
+        assert!(allowed, "the extension sees `{k}`: {vars:?}");
+    }
+    assert_eq!(
+        vars.get("CONDUIT_EXTENSION").map(String::as_str),
+        Some("isolated")
+    );
+    let fds: Vec<i32> = ext
+        .call("fds", &json!({}), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    // 0, 1, 2 and the one `listdir` itself opened.
+    assert!(
+        fds.len() <= 4 && fds[..3] == [0, 1, 2],
+        "open descriptors: {fds:?} (ours leaked: {leaked:?})"
+    );
+    let cwd: String = ext
+        .call("cwd", &json!({}), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::path::Path::new(&cwd),
+        fixture().canonicalize().unwrap()
     );
     env.sup.shutdown().await;
 }
