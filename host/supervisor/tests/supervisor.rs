@@ -338,8 +338,7 @@ async fn an_extension_sees_only_the_environment_descriptors_and_folder_it_is_giv
         nix::sys::stat::Mode::empty(),
     )
     .unwrap();
-    // SAFETY: only read in this test; `set_var` runs before any extension is spawned.
-    unsafe { std::env::set_var("CONDUIT_TEST_SECRET", "do-not-leak") };
+    // The test process's own environment (CARGO_*, RUST_*, …) must not reach the extension.
     let env = env();
     let ext = env.sup.start(spec(&env, "isolated", "ok")).await;
     ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
