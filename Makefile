@@ -10,6 +10,8 @@
 #                            directory inside the target folder (Ctrl-C stops it)
 #   make bench-extension     the budget gate in release, both regimes, with its numbers
 #   make bench-roundtrip     the session's echo round trip beside this machine's pipe floor
+#   make protocol-prototype  the transport comparison: JSON-RPC on stdio against gRPC on a
+#                            Unix socket, beside this machine's floors (about a minute)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
 #   make doc                 API docs for the SDK and the protocol crates, warnings denied
@@ -19,7 +21,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: build test test-rust test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history
+.PHONY: build test test-rust test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype
 
 build:
 	$(CARGO) build --workspace --bins
@@ -65,6 +67,10 @@ bench-extension:
 	$(CARGO) build --release -p conduit-example-notes -p conduit-bench
 	$(TARGET_DIR)/release/bench-extension --regime idle --json $(TARGET_DIR)/bench-extension/results-idle.json
 	$(TARGET_DIR)/release/bench-extension --regime awake --json $(TARGET_DIR)/bench-extension/results.json
+
+protocol-prototype:
+	$(CARGO) build --release -p conduit-bench
+	$(TARGET_DIR)/release/protocol-prototype --json $(TARGET_DIR)/protocol-prototype/results.json
 
 bench-history:
 	$(CARGO) bench -p conduit-store --bench history

@@ -3,12 +3,24 @@
 //! - [`gate`]: the in-transaction budget gate (`make bench-extension`, and the last step of
 //!   `make check`): the four calls the host makes while holding its database transaction, timed
 //!   round trip to a real extension process and judged against a latency budget.
+//! - [`floor`]: this machine's floors (raw pipe round trip, pipelined pipe messages, pipe
+//!   throughput, bare spawn, SIGKILL to EOF), host and child side.
+//! - [`measure`]: histograms, CPU time of both processes, median and spread.
 //! - [`machine`]: what a result file says about where it was measured.
-//! - [`regime`]: the machine's "awake" speed regime (SPEC §12), held by low-priority busy loops.
+//! - [`ordered`]: JSON objects that keep their keys in the order they were measured.
+//! - [`regime`]: the machine's "awake" speed regime (SPEC §12), held by low-priority busy loops,
+//!   and pinning processes to CPUs.
+//! - [`prototype`]: what the transport comparison's host and its JSON-RPC and gRPC extension
+//!   children share.
 //!
 //! Not here: starting extensions (that is `conduit-supervisor`), printing and exit codes (the
-//! binaries'). The transport comparison (`roundtrip`) is a binary of its own.
+//! binaries'). The round trip (`roundtrip`) and the transport comparison (`protocol-prototype`)
+//! are binaries of their own.
 
+pub mod floor;
 pub mod gate;
 pub mod machine;
+pub mod measure;
+pub mod ordered;
+pub mod prototype;
 pub mod regime;

@@ -43,7 +43,8 @@ pub struct Spinners(Vec<Child>);
 impl Spinners {
     /// Start one busy loop per CPU: `nice -n 19 <program> <spin_arg> <cpu>`, where `program`
     /// answers `<spin_arg> <cpu>` by calling [`spin`]. Waits a moment so the scheduler sees
-    /// them as CPU-bound before anything is measured.
+    /// them as CPU-bound before anything is measured. Call it unpinned: the CPUs counted are
+    /// those the calling thread may run on.
     pub fn start(program: &Path, spin_arg: &str) -> anyhow::Result<Spinners> {
         let n = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut s = Spinners(Vec::with_capacity(n));
@@ -78,6 +79,58 @@ impl Drop for Spinners {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// Run the calling thread (and the children it spawns from now on, which inherit it) on `cpu`
+/// only, or on every CPU for `None`.
+///
+/// Where two processes that ping-pong run moves a round trip more than anything the code does
+/// (one CPU: two context switches; two CPUs: a wake-up of the other CPU each message), and the
+/// scheduler picks anew for every child; pinning makes one run comparable with the next.
+pub fn pin_to(cpu: Option<usize>) -> anyhow::Result<()> {
+    let mut set = CpuSet::new();
+    match cpu {
+        Some(c) => set.set(c).context("CPU number")?,
+        None => {
+            // Every CPU the set can name, not `available_parallelism()`: that counts the CPUs
+            // this thread may use *now*, so a thread pinned to one CPU would stay pinned. The
+            // kernel keeps the ones that exist.
+            for c in 0..CpuSet::count() {
+                set.set(c).context("CPU number")?;
+            }
+        }
+    }
+    sched_setaffinity(Pid::from_raw(0), &set).context("sched_setaffinity")
+}
+
+/// Where a benchmark's host runs and where the children it spawns run (`None`: anywhere, or
+/// for the child, wherever the host may run).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cpus {
+    pub host: Option<usize>,
+    pub child: Option<usize>,
+}
+
+impl Cpus {
+    /// Pin the calling thread where the host runs.
+    pub fn pin_host(&self) -> anyhow::Result<()> {
+        pin_to(self.host)
+    }
+
+    /// Run `spawn` (which forks a child from this thread) so that the child starts on
+    /// `self.child`: a child inherits the CPU mask of the thread that forks it, so the thread
+    /// moves there for the fork and back to the host's CPU after.
+    pub fn spawn_with<T>(&self, spawn: impl FnOnce() -> T) -> T {
+        if self.child.is_none() {
+            return spawn();
+        }
+        // Best effort: a mask that cannot be set leaves the child where the host is, which the
+        // figures of that placement would show.
+        let _ = pin_to(self.child);
+        let res = spawn();
+        let _ = pin_to(self.host);
+        res
     }
 }
 

@@ -36,13 +36,13 @@ mod workload;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use conduit_bench::machine;
+use conduit_bench::ordered::Ordered;
+use conduit_bench::regime::{self, Spinners};
 use serde::Serialize;
-use serde::ser::SerializeMap;
 
 use crate::child::Role;
 use crate::measure::{Run, Summary};
@@ -82,9 +82,12 @@ struct Args {
     /// Internal: play a child's role.
     #[arg(long, value_enum, hide = true)]
     child: Option<Role>,
-    /// Internal: the CPU a spinner runs on.
+    /// Internal: the CPU a child role runs on.
     #[arg(long, hide = true)]
     pin: Option<usize>,
+    /// Internal: be a busy loop pinned to this CPU (the awake regime's spinner).
+    #[arg(long, hide = true, value_name = "CPU")]
+    spin: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -100,9 +103,8 @@ enum RegimeArg {
 /// fixed both ways, and once left to the scheduler.
 ///
 /// `same` comes first by default, and is what the `regimes` key of the JSON holds: its floor
-/// is the smallest, so its ratios are the strictest; and this kernel's scheduler packs a
-/// ping-ponging pair onto one CPU most of the time anyway, so it is also what `free` usually
-/// measures.
+/// is the smallest, so its ratios are the strictest. `free` is whatever the scheduler chose
+/// for each child: across CPUs when idle, one or the other from child to child when awake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Placement {
     /// Host on CPU 0, child on CPU 1: every message wakes the other CPU.
@@ -156,26 +158,6 @@ impl Regime {
     }
 }
 
-/// A JSON object whose keys keep the order they were measured in.
-#[derive(Debug, Clone)]
-struct Ordered<T>(Vec<(String, T)>);
-
-impl<T> Default for Ordered<T> {
-    fn default() -> Self {
-        Ordered(Vec::new())
-    }
-}
-
-impl<T: Serialize> Serialize for Ordered<T> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in &self.0 {
-            map.serialize_entry(k, v)?;
-        }
-        map.end()
-    }
-}
-
 #[derive(Debug, Serialize)]
 struct Machine {
     cpus: usize,
@@ -212,6 +194,10 @@ struct Report {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(cpu) = args.spin {
+        let Err(e) = regime::spin(cpu);
+        return Err(e);
+    }
     if let Some(role) = args.child {
         return child::run(role, args.pin);
     }
@@ -237,15 +223,17 @@ fn main() -> anyhow::Result<()> {
         );
     }
 
-    let (commit, dirty) = git_commit();
+    let commit = machine::commit();
+    let dirty = commit.ends_with("-dirty");
+    let this = machine::Machine::this();
     let mut report = Report {
-        commit,
+        commit: commit.trim_end_matches("-dirty").to_owned(),
         dirty,
         command: std::env::args().collect::<Vec<_>>().join(" "),
         machine: Machine {
             cpus,
-            kernel: read_trimmed("/proc/sys/kernel/osrelease"),
-            cpu_model: cpu_model(),
+            kernel: this.kernel,
+            cpu_model: this.cpu_model,
         },
         payload_bytes: PAYLOAD.len(),
         warmup: args.warmup,
@@ -274,15 +262,15 @@ fn main() -> anyhow::Result<()> {
     );
 
     for &regime in regimes {
-        let loadavg_before = read_trimmed("/proc/loadavg");
+        let loadavg_before = machine::Machine::this().loadavg;
         let spinners = match regime {
-            Regime::Idle => Spinners::none(),
-            Regime::Awake => Spinners::start(&exe, cpus)?,
+            Regime::Idle => None,
+            Regime::Awake => Some(Spinners::start(&exe, "--spin")?),
         };
-        let n_spinners = spinners.len();
+        let n_spinners = spinners.as_ref().map_or(0, Spinners::len);
         for (i, &placement) in placements.iter().enumerate() {
             let (host_cpu, child_cpu) = placement.cpus();
-            child::pin_to(host_cpu).context("pinning the host")?;
+            regime::pin_to(host_cpu).context("pinning the host")?;
             let results = run_regime(
                 &exe,
                 &workloads,
@@ -303,7 +291,7 @@ fn main() -> anyhow::Result<()> {
                 .0
                 .push((regime.key().into(), results));
         }
-        child::pin_to(None).context("unpinning the host")?;
+        regime::pin_to(None).context("unpinning the host")?;
         drop(spinners);
         report.conditions.0.push((
             regime.key().into(),
@@ -447,81 +435,6 @@ fn print_table(regime: Regime, placement: Placement, spinners: usize, results: &
         );
     }
     print!("{t}");
-}
-
-/// Lowest-priority busy loops, one pinned to each CPU, that keep the vCPUs from halting.
-/// Killed and reaped when dropped, so a failed run leaves none behind.
-#[derive(Debug)]
-struct Spinners(Vec<std::process::Child>);
-
-impl Spinners {
-    fn none() -> Self {
-        Spinners(Vec::new())
-    }
-
-    fn start(exe: &Path, n: usize) -> anyhow::Result<Self> {
-        let mut s = Spinners(Vec::with_capacity(n));
-        for cpu in 0..n {
-            let child = Command::new("nice")
-                .args(["-n", "19"])
-                .arg(exe)
-                .args(["--child", Role::Spin.arg(), "--pin", &cpu.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .spawn()
-                .context("starting a `nice -n 19` busy loop")?;
-            s.0.push(child);
-        }
-        // Give them time to start and the scheduler time to see them as CPU-bound.
-        std::thread::sleep(Duration::from_millis(300));
-        Ok(s)
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-}
-
-impl Drop for Spinners {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn git_commit() -> (String, bool) {
-    let run = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .stderr(Stdio::null())
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    let commit = run(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let dirty = run(&["status", "--porcelain"]).is_some_and(|s| !s.is_empty());
-    (commit, dirty)
-}
-
-fn read_trimmed(path: &str) -> String {
-    std::fs::read_to_string(path)
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".into())
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown".into())
 }
 
 fn write_json(path: &Path, report: &Report) -> anyhow::Result<()> {

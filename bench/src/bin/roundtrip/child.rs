@@ -1,21 +1,22 @@
 //! The child side of each workload: this same binary, re-executed with a hidden `--child ROLE`.
 //!
-//! Every role but `spin` reads stdin until EOF and then exits, so the host ends a child by
-//! closing its stdin; spinners are killed. `--pin CPU` runs any role on one CPU only. Roles that use tokio run a current-thread runtime, as the SDK does: a second thread
-//! would add a cross-thread wake-up to every message.
+//! Every role reads stdin until EOF and then exits, so the host ends a child by closing its
+//! stdin. `--pin CPU` runs any role on one CPU only. Roles that use tokio run a current-thread
+//! runtime, as the SDK does: a second thread would add a cross-thread wake-up to every message.
+//! (The awake regime's busy loops are this binary too, run with `--spin CPU`.)
 //!
 //! | role        | reads with                     | answers with                              |
 //! |-------------|--------------------------------|-------------------------------------------|
-//! | `floor`     | blocking `read`                | blocking `write` of the same line         |
+//! | `floor`     | blocking `read`                | blocking `write` of the same line (`conduit_bench::floor::serve_lines`) |
 //! | `inline`    | `FrameReader` on epoll pipes   | `Message::parse` + `write_result`, inline |
 //! | `conduit`   | `conduit_rpc::Session`         | `TestHandler` (`echo` answers its params) |
 //! | `jsonrpsee` | `FrameReader` on epoll pipes   | `RpcModule::raw_json_request`, inline     |
-//! | `spin`      | nothing                        | nothing: a busy loop for the awake regime |
 
 use std::borrow::Cow;
-use std::io::{BufRead, BufReader, Write};
 
 use anyhow::Context;
+use conduit_bench::floor;
+use conduit_bench::regime::pin_to;
 use conduit_protocol::message::{self, Message};
 use conduit_protocol::{MAX_MESSAGE_BYTES, RpcError};
 use conduit_rpc::codec::{Frame, FrameReader};
@@ -23,8 +24,6 @@ use conduit_rpc::testing::TestHandler;
 use conduit_rpc::{Session, SessionConfig};
 use jsonrpsee::RpcModule;
 use jsonrpsee::types::ErrorObjectOwned;
-use nix::sched::{CpuSet, sched_setaffinity};
-use nix::unistd::Pid;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::io::AsyncWriteExt;
@@ -36,7 +35,6 @@ pub(crate) enum Role {
     Inline,
     Conduit,
     Jsonrpsee,
-    Spin,
 }
 
 impl Role {
@@ -47,7 +45,6 @@ impl Role {
             Role::Inline => "inline",
             Role::Conduit => "conduit",
             Role::Jsonrpsee => "jsonrpsee",
-            Role::Spin => "spin",
         }
     }
 }
@@ -58,8 +55,7 @@ pub(crate) fn run(role: Role, pin: Option<usize>) -> anyhow::Result<()> {
         pin_to(Some(cpu))?;
     }
     match role {
-        Role::Floor => floor(),
-        Role::Spin => spin(),
+        Role::Floor => floor::serve_lines(),
         Role::Inline | Role::Conduit | Role::Jsonrpsee => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -74,53 +70,6 @@ pub(crate) fn run(role: Role, pin: Option<usize>) -> anyhow::Result<()> {
             })
         }
     }
-}
-
-/// The floor: give every line back as it came, with plain blocking system calls.
-fn floor() -> anyhow::Result<()> {
-    let mut input = BufReader::new(std::io::stdin().lock());
-    // `Stdout` is line-buffered, but the explicit flush keeps this independent of that.
-    let mut output = std::io::stdout().lock();
-    let mut line = Vec::with_capacity(256);
-    loop {
-        line.clear();
-        if input.read_until(b'\n', &mut line)? == 0 {
-            return Ok(());
-        }
-        output.write_all(&line)?;
-        output.flush()?;
-    }
-}
-
-/// Keep one CPU busy at the lowest priority, so the machine's vCPUs never halt. The loop has
-/// no `pause` instruction: a hypervisor may treat a pause loop as a spinning lock and
-/// deschedule the vCPU, which is the opposite of what this is for.
-///
-/// Each spinner is pinned to its own CPU (`--pin`). Unpinned, the load balancer weighs them
-/// by their tiny nice-19 share and may stack both on one CPU, leaving the other to halt: the
-/// run then measures the idle regime while calling itself awake (seen: a 36 µs floor that was
-/// 5–8 µs a second earlier).
-fn spin() -> anyhow::Result<()> {
-    let mut x = 0u64;
-    loop {
-        x = std::hint::black_box(x.wrapping_add(1));
-    }
-}
-
-/// Run the calling thread (and the children it spawns from now on) on `cpu` only, or on
-/// every CPU for `None`.
-pub(crate) fn pin_to(cpu: Option<usize>) -> anyhow::Result<()> {
-    let mut set = CpuSet::new();
-    match cpu {
-        Some(c) => set.set(c).context("CPU number")?,
-        None => {
-            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-            for c in 0..n.min(CpuSet::count()) {
-                set.set(c).context("CPU number")?;
-            }
-        }
-    }
-    sched_setaffinity(Pid::from_raw(0), &set).context("sched_setaffinity")
 }
 
 /// A conduit session serving `TestHandler`: what an extension built on the SDK runs.

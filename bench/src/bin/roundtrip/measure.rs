@@ -1,17 +1,12 @@
 //! What one workload measured, and how it is summarised.
 //!
-//! Latencies go into an HDR histogram in nanoseconds with 3 significant figures: the awake
-//! floor is about 12 µs, where whole microseconds would round by up to 8%; nanoseconds keep
-//! every figure to 0.1% and are printed as microseconds.
+//! Latencies are HDR histograms in nanoseconds and CPU time is `getrusage` of both processes
+//! from just before the spawn to just after the child is reaped (`conduit_bench::measure`).
+//! Both include the start and the exit of the child (about a millisecond, 0.1 µs per call
+//! over 11,000 calls); the figure is divided by every call made, warm-up included.
 //!
 //! Context switches come from the same counters: a voluntary one is a thread going to sleep
 //! for input, so it counts wake-ups; an involuntary one is a preemption.
-//!
-//! CPU time is user+sys of both processes from just before the spawn to just after the child
-//! is reaped: this process's own from `getrusage(RUSAGE_SELF)`, the child's from
-//! `getrusage(RUSAGE_CHILDREN)`, which only counts a child once it has been waited for. Both
-//! therefore include the start and the exit of the child (about a millisecond, 0.1 µs per call
-//! over 11,000 calls); the figure is divided by every call made, warm-up included.
 //!
 //! The machine is shared, so each workload also records how busy the rest of it was: the
 //! non-`nice` CPU time `/proc/stat` counted while the workload ran, minus the workload's own.
@@ -19,130 +14,12 @@
 //! workload measured beside a busy neighbour is not an idle-regime figure. The figure is
 //! rough: `/proc/stat` counts in 10 ms ticks, and the kernel's time spent on the spinners'
 //! behalf is system time, so a quiet machine reads 0-17%.
-//!
-//! Invariant: no other child of this process is reaped while a workload runs (the spinners of
-//! the awake regime outlive every workload of their regime), so the `RUSAGE_CHILDREN` delta is
-//! the workload's child alone.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::Context;
+use conduit_bench::measure::{CpuSpent, new_histogram};
 use hdrhistogram::Histogram;
-use nix::sys::resource::{UsageWho, getrusage};
 use serde::Serialize;
-
-/// A latency histogram in nanoseconds, from 1 ns to 60 s.
-pub(crate) fn new_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds are valid")
-}
-
-/// Record one round trip.
-pub(crate) fn record(hist: &mut Histogram<u64>, took: Duration) {
-    let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-    hist.saturating_record(ns);
-}
-
-/// What `getrusage` says of `who` so far.
-#[derive(Debug, Clone, Copy)]
-struct Usage {
-    /// User+sys.
-    cpu: Duration,
-    sys: Duration,
-    /// Times a thread gave up the CPU to wait (each is one sleep, so one wake-up).
-    voluntary: u64,
-    /// Times a thread was preempted.
-    involuntary: u64,
-}
-
-fn usage(who: UsageWho) -> anyhow::Result<Usage> {
-    let u = getrusage(who).context("getrusage")?;
-    let as_dur = |tv: nix::sys::time::TimeVal| {
-        Duration::from_secs(tv.tv_sec() as u64) + Duration::from_micros(tv.tv_usec() as u64)
-    };
-    let sys = as_dur(u.system_time());
-    Ok(Usage {
-        cpu: as_dur(u.user_time()) + sys,
-        sys,
-        voluntary: u.voluntary_context_switches().max(0) as u64,
-        involuntary: u.involuntary_context_switches().max(0) as u64,
-    })
-}
-
-/// Non-`nice` busy time of the whole machine so far, from the `cpu` line of `/proc/stat`
-/// (user, system, irq, softirq, steal; not nice, idle or iowait).
-fn machine_busy() -> Duration {
-    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
-        return Duration::ZERO;
-    };
-    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
-        return Duration::ZERO;
-    };
-    let f: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|v| v.parse().unwrap_or(0))
-        .collect();
-    let field = |i: usize| f.get(i).copied().unwrap_or(0);
-    // Fields: user nice system idle iowait irq softirq steal. The unit is the kernel's
-    // USER_HZ, 100 on every Linux this runs on.
-    let ticks = field(0) + field(2) + field(5) + field(6) + field(7);
-    Duration::from_millis(ticks * 10)
-}
-
-/// Counters taken before a workload starts.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct CpuMark {
-    host: Usage,
-    children: Usage,
-    machine: Duration,
-    wall: Instant,
-}
-
-/// CPU spent since a mark.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct CpuSpent {
-    pub(crate) host: Duration,
-    pub(crate) child: Duration,
-    /// The kernel's share of `host + child`.
-    pub(crate) sys: Duration,
-    /// Context switches of both processes: (voluntary, involuntary).
-    pub(crate) switches: (u64, u64),
-    /// Non-nice CPU the rest of the machine used meanwhile (10 ms resolution).
-    pub(crate) others: Duration,
-    pub(crate) wall: Duration,
-}
-
-impl CpuMark {
-    pub(crate) fn now() -> anyhow::Result<Self> {
-        Ok(CpuMark {
-            host: usage(UsageWho::RUSAGE_SELF)?,
-            children: usage(UsageWho::RUSAGE_CHILDREN)?,
-            machine: machine_busy(),
-            wall: Instant::now(),
-        })
-    }
-
-    /// CPU spent since the mark. Call after the child is reaped, or its share is missing.
-    pub(crate) fn elapsed(&self) -> anyhow::Result<CpuSpent> {
-        let now = CpuMark::now()?;
-        let host = now.host.cpu.saturating_sub(self.host.cpu);
-        let child = now.children.cpu.saturating_sub(self.children.cpu);
-        let machine = now.machine.saturating_sub(self.machine);
-        let sys =
-            (now.host.sys + now.children.sys).saturating_sub(self.host.sys + self.children.sys);
-        let count = |f: fn(&Usage) -> u64| {
-            (f(&now.host) + f(&now.children)).saturating_sub(f(&self.host) + f(&self.children))
-        };
-        Ok(CpuSpent {
-            host,
-            child,
-            sys,
-            switches: (count(|u| u.voluntary), count(|u| u.involuntary)),
-            others: machine.saturating_sub(host + child),
-            wall: now.wall - self.wall,
-        })
-    }
-}
 
 /// What a workload's run hands back: one child's, or several merged.
 #[derive(Debug)]
@@ -161,14 +38,7 @@ impl Run {
         Run {
             hist: new_histogram(),
             calls_total: 0,
-            cpu: CpuSpent {
-                host: Duration::ZERO,
-                child: Duration::ZERO,
-                sys: Duration::ZERO,
-                switches: (0, 0),
-                others: Duration::ZERO,
-                wall: Duration::ZERO,
-            },
+            cpu: CpuSpent::default(),
             p50_by_round: Vec::new(),
         }
     }

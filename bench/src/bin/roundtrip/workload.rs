@@ -5,7 +5,6 @@
 //! The host side of every tokio workload runs on a current-thread runtime of its own, created
 //! for that workload and dropped after it, so no state carries from one workload to the next.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -24,7 +23,8 @@ use tokio::process::{ChildStdin, ChildStdout};
 
 use crate::child::{self, Role};
 use crate::jsonrpsee_client;
-use crate::measure::{CpuMark, Run, new_histogram, record};
+use crate::measure::Run;
+use conduit_bench::measure::{CpuMark, new_histogram, record};
 
 /// The echoed text: 64 bytes that need no escaping in JSON.
 pub(crate) const PAYLOAD: &str = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ+/";
@@ -230,34 +230,12 @@ async fn drive<C: Caller>(c: &mut C, warmup: u64, calls: u64) -> anyhow::Result<
 
 /// The floor: no runtime, no JSON, blocking system calls on both ends.
 fn floor(exe: &Path, args: &[String], warmup: u64, calls: u64) -> anyhow::Result<Run> {
-    let mark = CpuMark::now()?;
-    let mut child = std::process::Command::new(exe)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("spawning {}", exe.display()))?;
-    let mut stdin = child.stdin.take().context("child stdin")?;
-    let mut stdout = BufReader::new(child.stdout.take().context("child stdout")?);
-    let line = format!("{PAYLOAD}\n").into_bytes();
-    let mut back = Vec::with_capacity(256);
-    let mut hist = new_histogram();
-    for i in 0..warmup + calls {
-        let start = Instant::now();
-        stdin.write_all(&line)?;
-        back.clear();
-        stdout.read_until(b'\n', &mut back)?;
-        let took = start.elapsed();
-        ensure!(back == line, "the floor child answered {back:?}");
-        if i >= warmup {
-            record(&mut hist, took);
-        }
-    }
-    drop(stdin);
-    let status = child.wait()?;
-    ensure!(status.success(), "the floor child exited with {status}");
-    Ok(Run::one(hist, warmup + calls, mark.elapsed()?))
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(args);
+    // The child pins itself (`--pin`), so the spawn needs no placement of its own.
+    let cpus = conduit_bench::regime::Cpus::default();
+    let pp = conduit_bench::floor::ping_pong(&mut cmd, cpus, warmup, calls, PAYLOAD)?;
+    Ok(Run::one(pp.hist, pp.calls_total, pp.life))
 }
 
 /// Writes the request and reads the answer on the calling task, nothing else.

@@ -1,0 +1,103 @@
+//! The transport comparison still runs end to end: both extension children start, pass every
+//! step of the workload (each answer, digest and cancellation is checked by the benchmark
+//! itself), and the JSON has the shape `docs/performance.md` and scripts read.
+//!
+//! The run is tiny (the point is that it works, not the figures): idle only, one placement,
+//! one round, a 256 KiB artifact.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const FLOORS: [&str; 7] = [
+    "pipe_rtt_p50_us",
+    "pipe_rtt_p99_us",
+    "spawn_us",
+    "pipe_mib_s",
+    "kill_to_eof_us",
+    "pipe_cpu_us",
+    "pipe_msgs_s",
+];
+
+const FIGURES: [&str; 12] = [
+    "cold_start_us",
+    "warm_restart_us",
+    "version_refusal_us",
+    "echo_p50_us",
+    "echo_p99_us",
+    "callback_p50_us",
+    "artifact_mib_s",
+    "cancel_seen_us",
+    "crash_detected_us",
+    "echo_cpu_us",
+    "pipelined_calls_s",
+    "binary_bytes",
+];
+
+#[test]
+fn both_transports_run_the_workload_and_the_json_has_its_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("results.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_protocol-prototype"))
+        .args([
+            "--regime",
+            "idle",
+            "--placement",
+            "same",
+            "--rounds",
+            "1",
+            "--warmup",
+            "5",
+            "--calls",
+            "20",
+            "--callbacks",
+            "10",
+            "--pipelined",
+            "200",
+            "--in-flight",
+            "8",
+            "--starts",
+            "1",
+            "--cancels",
+            "2",
+            "--artifacts",
+            "1",
+            "--artifact-bytes",
+            "262144",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "protocol-prototype failed: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("echo p50"), "no table printed:\n{stdout}");
+
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(report["commit"].is_string());
+    assert!(report["machine"]["cpus"].as_u64().unwrap() >= 1);
+    let idle = &report["regimes"]["idle"];
+    for key in FLOORS {
+        let v = idle["floors"][key].as_f64();
+        assert!(
+            v.is_some_and(|v| v > 0.0),
+            "floor {key}: {}",
+            idle["floors"]
+        );
+    }
+    for t in ["jsonrpc-stdio", "grpc-uds"] {
+        let figures = &idle["transports"][t];
+        for key in FIGURES {
+            let v = figures[key].as_f64();
+            assert!(v.is_some_and(|v| v > 0.0), "{t} {key}: {figures}");
+        }
+        assert!(figures["echo_p99_us"].as_f64() >= figures["echo_p50_us"].as_f64());
+    }
+    assert!(report["placements"]["same-cpu"]["idle"].is_object());
+}
