@@ -21,8 +21,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use conduit_protocol::calls::{
-    ArtifactAbort, ArtifactChunk, ArtifactClose, ArtifactOpen, ArtifactOpened, ArtifactStored,
-    ChunkAck, Empty,
+    ArtifactAbort, ArtifactClose, ArtifactOpen, ArtifactOpened, ArtifactStored, ChunkAck, Empty,
 };
 use conduit_protocol::{ErrorCode, methods};
 use conduit_rpc::{BoxFuture, CallError, Peer};
@@ -241,17 +240,21 @@ impl ArtifactWriter {
                 .expect("a full window is not empty");
             self.on_ack(ack).await?;
         }
-        let params = ArtifactChunk {
-            stream_id: self.stream_id.clone(),
-            seq: self.seq,
-            data: base64::engine::general_purpose::STANDARD.encode(bytes),
-        };
+        // The params (`ArtifactChunk`) are written by hand, the base64 straight into the
+        // buffer: serializing the 87 KiB string through serde would scan every byte for
+        // characters to escape, which base64 never has (a quarter of the sender's CPU, measured).
+        let params = chunk_params(&self.stream_id, self.seq, bytes);
         self.seq += 1;
         let peer = self.peer.clone();
         let deadline = self.deadline;
         self.in_flight.push(Box::pin(async move {
-            peer.call(methods::ext::ARTIFACT_CHUNK, &params, deadline)
-                .await
+            let raw = peer
+                .call_prebuilt(methods::ext::ARTIFACT_CHUNK, &params, deadline)
+                .await?;
+            serde_json::from_str::<ChunkAck>(raw.get()).map_err(|e| CallError::BadResult {
+                method: methods::ext::ARTIFACT_CHUNK.into(),
+                detail: e.to_string(),
+            })
         }));
         // Poll the new call once now, so that it is written at once rather than when the
         // window next needs draining. Its first poll queues the frame: the session's send path
@@ -326,5 +329,42 @@ impl Drop for ArtifactWriter {
                 Err(e) => tracing::debug!(artifact = %name, error = %e, "artifact.abort failed"),
             }
         });
+    }
+}
+
+/// `ArtifactChunk` as JSON text, the data base64-encoded in place.
+fn chunk_params(stream_id: &str, seq: u64, bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(48 + stream_id.len() + bytes.len().div_ceil(3) * 4);
+    out.push_str(r#"{"stream_id":"#);
+    // The id came from the host: escape it like any string.
+    out.push_str(&serde_json::to_string(stream_id).expect("a string serializes"));
+    out.push_str(r#","seq":"#);
+    out.push_str(&seq.to_string());
+    out.push_str(r#","data":""#);
+    base64::engine::general_purpose::STANDARD.encode_string(bytes, &mut out);
+    out.push_str(r#""}"#);
+    out
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::*;
+    use conduit_protocol::calls::ArtifactChunk;
+
+    #[test]
+    fn hand_written_chunk_params_are_the_chunk_serde_would_write() {
+        for (id, seq, bytes) in [
+            ("abc123", 0u64, &b""[..]),
+            ("a\"b", 7, &b"hello, artifact"[..]),
+            ("s", 99, &[0u8, 255, 10, 13][..]),
+        ] {
+            let ours: ArtifactChunk = serde_json::from_str(&chunk_params(id, seq, bytes)).unwrap();
+            let want = ArtifactChunk {
+                stream_id: id.into(),
+                seq,
+                data: base64::engine::general_purpose::STANDARD.encode(bytes),
+            };
+            assert_eq!(ours, want);
+        }
     }
 }

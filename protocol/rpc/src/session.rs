@@ -385,28 +385,54 @@ impl Peer {
         cancel: Option<&CancellationToken>,
     ) -> Result<Box<RawValue>, CallError> {
         match deadline {
-            None => self.exchange(method, params, cancel).await,
-            Some(d) => match tokio::time::timeout(d, self.exchange(method, params, cancel)).await {
-                Ok(r) => r,
-                // The pending guard inside removes the call and sends `$/cancel` as it drops.
-                Err(_) => Err(CallError::DeadlineExceeded {
-                    method: method.into(),
-                    deadline: d,
-                }),
-            },
+            None => self.exchange(method, params.get(), cancel).await,
+            Some(d) => {
+                match tokio::time::timeout(d, self.exchange(method, params.get(), cancel)).await {
+                    Ok(r) => r,
+                    // The pending guard inside removes the call and sends `$/cancel` as it drops.
+                    Err(_) => Err(CallError::DeadlineExceeded {
+                        method: method.into(),
+                        deadline: d,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Call `method` with params given as JSON text the caller built itself and vouches for —
+    /// a large payload written straight into one buffer, say — sent as is, without the parse a
+    /// [`RawValue`] would cost. Text that is not valid JSON makes the peer answer a parse
+    /// error (a call that then waits for its deadline): use it only for params you generate.
+    pub async fn call_prebuilt(
+        &self,
+        method: &str,
+        params_json: &str,
+        deadline: Option<Duration>,
+    ) -> Result<Box<RawValue>, CallError> {
+        match deadline {
+            None => self.exchange(method, params_json, None).await,
+            Some(d) => {
+                match tokio::time::timeout(d, self.exchange(method, params_json, None)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(CallError::DeadlineExceeded {
+                        method: method.into(),
+                        deadline: d,
+                    }),
+                }
+            }
         }
     }
 
     async fn exchange(
         &self,
         method: &str,
-        params: &RawValue,
+        params: &str,
         cancel: Option<&CancellationToken>,
     ) -> Result<Box<RawValue>, CallError> {
         let shared = &*self.shared;
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut frame = Vec::with_capacity(48 + method.len() + params.get().len());
-        message::write_request(&mut frame, &RequestId::num(id), method, params);
+        let mut frame = Vec::with_capacity(48 + method.len() + params.len());
+        message::write_request_json(&mut frame, &RequestId::num(id), method, params);
         if frame.len() > shared.max_message_bytes {
             return Err(CallError::TooLarge {
                 method: method.into(),
