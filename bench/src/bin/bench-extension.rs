@@ -50,8 +50,11 @@ struct Args {
     /// the vCPUs from halting between calls (SPEC §12).
     #[arg(long, value_enum, default_value_t = RegimeArg::Idle)]
     regime: RegimeArg,
-    /// The host side's tokio runtime: `multi` (two workers) or `current` (one thread).
-    #[arg(long, value_enum, default_value_t = HostRuntime::Multi)]
+    /// Where the host side's calls come from: `host-loop` (the default: a thread of its own
+    /// blocking on each call on a two-worker runtime, exactly as the daemon's host loop makes
+    /// its in-transaction calls), `multi` (a task on that runtime) or `current` (a task on a
+    /// one-thread runtime).
+    #[arg(long, value_enum, default_value_t = HostRuntime::HostLoop)]
     host_runtime: HostRuntime,
     /// The extension to time (default: `conduit-notes` next to this binary). Anything that
     /// serves the notes example's handlers will do, e.g. `slow-extension`.
@@ -75,8 +78,9 @@ enum RegimeArg {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 enum HostRuntime {
+    HostLoop,
     Multi,
     Current,
 }
@@ -137,7 +141,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let rt = match args.host_runtime {
         // Several workers, as a daemon with an API beside its host loop has: the host side
         // pays the thread hops it would.
-        HostRuntime::Multi => tokio::runtime::Builder::new_multi_thread()
+        HostRuntime::HostLoop | HostRuntime::Multi => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build(),
@@ -193,6 +197,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
                 .map(|s| format!(", {} busy loops", s.len()))
                 .unwrap_or_default(),
             match args.host_runtime {
+                HostRuntime::HostLoop => "host-loop thread on a multi-thread",
                 HostRuntime::Multi => "multi-thread",
                 HostRuntime::Current => "current-thread",
             },
@@ -207,10 +212,26 @@ fn run(args: Args) -> anyhow::Result<bool> {
             .flatten()
             .collect();
         let before = CpuSample::now(&ours);
-        let report = gate::run_gate(&ext, &cfg, |m, s| {
-            println!("{}", round_line(m, s, cfg.rounds));
-        })
-        .await;
+        let report = if args.host_runtime == HostRuntime::HostLoop {
+            // The daemon's host loop runs on a thread of its own and blocks on each call with
+            // `Handle::block_on` while its transaction is open; time the calls the same way.
+            let handle = tokio::runtime::Handle::current();
+            let (ext, cfg) = (ext.clone(), cfg.clone());
+            let thread = std::thread::spawn(move || {
+                handle.block_on(gate::run_gate(&ext, &cfg, |m, s| {
+                    println!("{}", round_line(m, s, cfg.rounds));
+                }))
+            });
+            tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .map_err(|e| anyhow!("the gate's thread was lost: {e}"))?
+                .map_err(|_| anyhow!("the gate's thread panicked"))?
+        } else {
+            gate::run_gate(&ext, &cfg, |m, s| {
+                println!("{}", round_line(m, s, cfg.rounds));
+            })
+            .await
+        };
         let others = machine::others_busy(before, CpuSample::now(&ours), machine.cpus);
         // The busy loops only matter while calls are timed.
         drop(spinners);
