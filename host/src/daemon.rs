@@ -62,21 +62,12 @@ impl ExtensionView {
             State::Stopped
         };
         ExtensionView {
-            status: Status {
-                name: rec.name.clone(),
-                version: rec.version.clone(),
+            status: Status::new(
+                &rec.name,
+                &rec.version,
                 state,
-                pid: None,
-                restarts: 0,
-                last_exit: None,
-                last_error: None,
-                next_start_at_ms: None,
-                ready_since_ms: None,
-                protocol_version: None,
-                capabilities: Some(rec.manifest.capabilities.clone()),
-                stderr_tail: Vec::new(),
-                calls: Default::default(),
-            },
+                Some(rec.manifest.capabilities.clone()),
+            ),
             enabled: rec.enabled,
             installed_at_ms: rec.installed_at_ms,
             description: rec.manifest.description.clone(),

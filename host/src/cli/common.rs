@@ -118,3 +118,33 @@ pub(crate) fn reload(
     }
     Ok(Some(report))
 }
+
+/// The running daemon's client, or exit code 3 saying how to start one.
+pub(crate) fn need_daemon(
+    rt: &tokio::runtime::Runtime,
+    state: &StateDir,
+) -> Result<Client, CliError> {
+    daemon(rt, state).ok_or_else(|| CliError {
+        code: 3,
+        error: anyhow::anyhow!(
+            "no daemon is running on {}; start it with `conduit daemon run`",
+            state.path().display()
+        ),
+    })
+}
+
+/// An API error answer as a CLI error: a 4xx is the caller's input (exit 2), anything else a
+/// failure (exit 1); the message is the API's own.
+pub(crate) fn api_error(status: hyper::StatusCode, body: &serde_json::Value) -> CliError {
+    let msg = anyhow::anyhow!(
+        "{}",
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("the daemon refused")
+    );
+    if status.is_client_error() {
+        CliError::usage(msg)
+    } else {
+        CliError::failure(msg)
+    }
+}

@@ -9,22 +9,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use conduit_host::client::Client;
-use conduit_host::state_dir::StateDir;
 use serde_json::{Value, json};
 
-use super::common::{StateArgs, daemon, print_json, runtime};
+use super::common::{StateArgs, api_error, daemon, need_daemon, print_json, runtime};
 use super::{CliError, print};
-
-fn need_daemon(rt: &tokio::runtime::Runtime, state: &StateDir) -> Result<Client, CliError> {
-    daemon(rt, state).ok_or_else(|| CliError {
-        code: 3,
-        error: anyhow::anyhow!(
-            "no daemon is running on {}; start it with `conduit daemon run`",
-            state.path().display()
-        ),
-    })
-}
 
 /// POST and print the answer; an API error with a 4xx status is a usage error.
 fn post(
@@ -41,15 +29,7 @@ fn post(
         .block_on(client.request(hyper::Method::POST, path, Some(body)))
         .map_err(CliError::failure)?;
     if !code.is_success() {
-        let msg = v["error"]["message"]
-            .as_str()
-            .unwrap_or("the daemon refused")
-            .to_owned();
-        return Err(if code.is_client_error() {
-            CliError::usage(anyhow::anyhow!(msg))
-        } else {
-            CliError::failure(anyhow::anyhow!(msg))
-        });
+        return Err(api_error(code, &v));
     }
     if json_out {
         print_json(&v)?

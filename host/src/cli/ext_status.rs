@@ -11,7 +11,7 @@ use conduit_host::daemon::ExtensionView;
 use conduit_host::packages;
 use conduit_supervisor::State;
 
-use super::common::{StateArgs, daemon, print_json, runtime};
+use super::common::{StateArgs, api_error, daemon, need_daemon, print_json, runtime};
 use super::{CliError, print};
 
 /// List installed packages and their state.
@@ -246,15 +246,7 @@ fn now_ms() -> i64 {
 pub(crate) fn restart(args: RestartArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
     let state = state.open_existing()?;
     let rt = runtime()?;
-    let Some(client) = daemon(&rt, &state) else {
-        return Err(CliError {
-            code: 3,
-            error: anyhow::anyhow!(
-                "no daemon is running on {}; start it with `conduit daemon run`",
-                state.path().display()
-            ),
-        });
-    };
+    let client = need_daemon(&rt, &state)?;
     let (code, body) = rt
         .block_on(client.request(
             hyper::Method::POST,
@@ -263,15 +255,7 @@ pub(crate) fn restart(args: RestartArgs, state: &StateArgs) -> Result<ExitCode, 
         ))
         .map_err(CliError::failure)?;
     if !code.is_success() {
-        let msg = body["error"]["message"]
-            .as_str()
-            .unwrap_or("the daemon refused")
-            .to_owned();
-        return Err(if code.is_client_error() {
-            CliError::usage(anyhow::anyhow!(msg))
-        } else {
-            CliError::failure(anyhow::anyhow!(msg))
-        });
+        return Err(api_error(code, &body));
     }
     print(&format!("restarting {}\n", args.name))?;
     Ok(ExitCode::SUCCESS)
@@ -306,15 +290,7 @@ pub(crate) fn call(args: CallArgs, state: &StateArgs) -> Result<ExitCode, CliErr
     };
     let state = state.open_existing()?;
     let rt = runtime()?;
-    let Some(client) = daemon(&rt, &state) else {
-        return Err(CliError {
-            code: 3,
-            error: anyhow::anyhow!(
-                "no daemon is running on {}; start it with `conduit daemon run`",
-                state.path().display()
-            ),
-        });
-    };
+    let client = need_daemon(&rt, &state)?;
     let body = serde_json::json!({ "method": args.method, "params": params, "timeout_ms": args.timeout_ms });
     let (code, v) = rt
         .block_on(client.request(
@@ -324,11 +300,7 @@ pub(crate) fn call(args: CallArgs, state: &StateArgs) -> Result<ExitCode, CliErr
         ))
         .map_err(CliError::failure)?;
     if !code.is_success() {
-        let msg = v["error"]["message"]
-            .as_str()
-            .unwrap_or("the daemon refused")
-            .to_owned();
-        return Err(CliError::usage(anyhow::anyhow!(msg)));
+        return Err(api_error(code, &v));
     }
     if v.get("error").is_some() {
         print_json(&serde_json::json!({ "error": v["error"] }))?;

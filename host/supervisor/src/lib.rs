@@ -181,6 +181,32 @@ pub struct Status {
     pub calls: BTreeMap<String, MethodStats>,
 }
 
+impl Status {
+    /// The status of an extension that has not run yet.
+    pub fn new(
+        name: &str,
+        version: &str,
+        state: State,
+        capabilities: Option<Capabilities>,
+    ) -> Self {
+        Status {
+            name: name.to_owned(),
+            version: version.to_owned(),
+            state,
+            pid: None,
+            restarts: 0,
+            last_exit: None,
+            last_error: None,
+            next_start_at_ms: None,
+            ready_since_ms: None,
+            protocol_version: None,
+            capabilities,
+            stderr_tail: Vec::new(),
+            calls: BTreeMap::new(),
+        }
+    }
+}
+
 /// Why a call to an extension failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -395,21 +421,12 @@ impl Supervisor {
     pub async fn start(&self, spec: ExtensionSpec) -> Extension {
         self.stop(&spec.name).await;
         let (cmds, cmd_rx) = mpsc::unbounded_channel();
-        let status = Status {
-            name: spec.name.clone(),
-            version: spec.version.clone(),
-            state: State::Starting,
-            pid: None,
-            restarts: 0,
-            last_exit: None,
-            last_error: None,
-            next_start_at_ms: None,
-            ready_since_ms: None,
-            protocol_version: None,
-            capabilities: spec.declared.clone(),
-            stderr_tail: Vec::new(),
-            calls: BTreeMap::new(),
-        };
+        let status = Status::new(
+            &spec.name,
+            &spec.version,
+            State::Starting,
+            spec.declared.clone(),
+        );
         let ext = Extension {
             inner: Arc::new(Inner {
                 name: spec.name.clone(),
