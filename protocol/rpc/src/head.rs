@@ -12,6 +12,22 @@ use conduit_protocol::RequestId;
 pub(crate) struct Peek {
     pub(crate) id: Option<RequestId>,
     pub(crate) has_method: bool,
+    /// `params` was seen: only requests and notifications carry it.
+    pub(crate) has_params: bool,
+    /// `result` or `error` was seen: only responses carry them.
+    pub(crate) has_outcome: bool,
+}
+
+impl Peek {
+    /// A request (or notification) for sure: it names a method, or carries params.
+    pub(crate) fn is_request(&self) -> bool {
+        self.has_method || (self.has_params && !self.has_outcome)
+    }
+
+    /// A response for sure: it carries a result or an error and no method.
+    pub(crate) fn is_response(&self) -> bool {
+        self.has_outcome && !self.has_method && !self.has_params
+    }
 }
 
 pub(crate) fn peek(head: &[u8]) -> Peek {
@@ -46,6 +62,16 @@ pub(crate) fn peek(head: &[u8]) -> Peek {
             }
             b"method" => {
                 out.has_method = true;
+                if !s.skip_value() {
+                    return out;
+                }
+            }
+            key @ (b"params" | b"result" | b"error") => {
+                if key == b"params" {
+                    out.has_params = true;
+                } else {
+                    out.has_outcome = true;
+                }
                 if !s.skip_value() {
                     return out;
                 }
@@ -147,27 +173,15 @@ mod tests {
     fn finds_the_top_level_id_wherever_it_is() {
         let p = peek(br#"{"jsonrpc":"2.0","id":42,"method":"x","params":{"a"#);
         assert_eq!(
-            p,
-            Peek {
-                id: Some(RequestId::num(42)),
-                has_method: true
-            }
+            (p.id, p.has_method, p.has_params),
+            (Some(RequestId::num(42)), true, true)
         );
         let p = peek(br#"{"params":{"id":1,"s":"}\"{"},"method":"m","id":"abc","x""#);
-        assert_eq!(
-            p,
-            Peek {
-                id: Some(RequestId::str("abc")),
-                has_method: true
-            }
-        );
+        assert_eq!((p.id, p.has_method), (Some(RequestId::str("abc")), true));
         let p = peek(br#"{"jsonrpc":"2.0","id":-3,"result":[1,2"#);
         assert_eq!(
-            p,
-            Peek {
-                id: Some(RequestId::num(-3)),
-                has_method: false
-            }
+            (p.id, p.has_method, p.has_outcome),
+            (Some(RequestId::num(-3)), false, true)
         );
     }
 

@@ -286,6 +286,23 @@ impl Shared {
             .map_err(|_| self.close_reason())
     }
 
+    /// Queue a frame if there is room now; otherwise hand it back. The reader task uses this:
+    /// it must never wait for the writer, or two sessions whose queues are both full (each
+    /// waiting for the other to read) would stop reading for good.
+    fn try_send(&self, bytes: Vec<u8>) -> Result<(), Vec<u8>> {
+        let permits = u32::try_from(bytes.len())
+            .unwrap_or(u32::MAX)
+            .min(self.queue_total);
+        match self.queue_space.try_acquire_many(permits) {
+            Ok(p) => {
+                p.forget();
+                let _ = self.queue.send(Queued { bytes, permits });
+                Ok(())
+            }
+            Err(_) => Err(bytes),
+        }
+    }
+
     /// Queue a frame without waiting: only for `$/cancel`, which is tiny and at most one per
     /// call, so it cannot grow the queue without bound.
     fn send_now(&self, bytes: Vec<u8>) {
@@ -820,7 +837,7 @@ async fn on_message(
                 }
             };
             if let Some(err) = refusal {
-                reply(shared, Some(&id), Err(err)).await;
+                refuse(shared, Some(&id), err);
                 return;
             }
             let req = Request {
@@ -838,10 +855,21 @@ async fn on_message(
             // that cannot goes on in its own task, where the reader never waits for it.
             if let std::task::Poll::Ready(r) = futures::poll!(fut.as_mut()) {
                 let res = r.unwrap_or_else(|_| Err(RpcError::internal("the handler panicked")));
-                let still_ours = shared.lock().incoming.remove(&id).is_some();
-                if still_ours {
-                    reply(shared, Some(&id), res).await;
-                }
+                let frame = reply_frame(shared, Some(&id), &res);
+                let frame = match shared.try_send(frame) {
+                    Ok(()) => {
+                        shared.lock().incoming.remove(&id);
+                        return;
+                    }
+                    Err(frame) => frame,
+                };
+                // No room to write the answer now: a task waits for room, keeping the
+                // request's slot (so at most 64 such answers wait) — never the reader.
+                let shared = shared.clone();
+                handlers.spawn(async move {
+                    let _ = shared.send(frame).await;
+                    shared.lock().incoming.remove(&id);
+                });
                 return;
             }
             let shared = shared.clone();
@@ -889,7 +917,7 @@ async fn on_message(
         Err(e) => {
             tracing::debug!(peer = %shared.name, error = %e, "bad message from peer");
             if let Some((id, err)) = e.reply() {
-                reply(shared, id.as_ref(), Err(err)).await;
+                refuse(shared, id.as_ref(), err);
             }
         }
     }
@@ -898,26 +926,45 @@ async fn on_message(
 async fn on_oversized(shared: &Arc<Shared>, head: &[u8], len: usize) {
     let peek = head::peek(head);
     tracing::warn!(peer = %shared.name, bytes = len, id = ?peek.id, "discarded a message over the size cap");
-    let Some(id) = peek.id else { return };
-    if peek.has_method {
+    let Some(id) = peek.id.clone() else { return };
+    if peek.is_request() {
         let err = RpcError::new(
             ErrorCode::MessageTooLarge,
             format!("the request was {len} bytes, over the {}-byte message cap; it was discarded unread", shared.max_message_bytes),
         )
         .with_data(&serde_json::json!({ "limit": shared.max_message_bytes, "size": len }));
-        reply(shared, Some(&id), Err(err)).await;
-    } else if let Some(n) = id.as_num() {
+        refuse(shared, Some(&id), err);
+    } else if let Some(n) = id.as_num().filter(|_| peek.is_response()) {
         let tx = shared.lock().pending.remove(&n);
         if let Some(tx) = tx {
             let _ = tx.send(Err(Failure::TooLarge(len)));
         }
     }
+    // Neither for sure (the head shows only the id): logged above, nothing else — answering a
+    // response, or failing one of our calls for a peer's request, would both be wrong.
 }
 
 /// Answer a request. A result over the cap is replaced by `message_too_large`.
 async fn reply(shared: &Shared, id: Option<&RequestId>, res: HandlerResult) {
+    let frame = reply_frame(shared, id, &res);
+    let _ = shared.send(frame).await;
+}
+
+/// A refusal or error answer the reader makes itself (overloaded, parse error, …): queued if
+/// there is room now, dropped otherwise — a peer that does not read its answers cannot make
+/// the reader wait, nor make refusals pile up. The refused request's caller still gets its
+/// own deadline.
+fn refuse(shared: &Shared, id: Option<&RequestId>, err: RpcError) {
+    let frame = reply_frame(shared, id, &Err(err));
+    if shared.try_send(frame).is_err() {
+        tracing::debug!(peer = %shared.name, "the write queue is full; dropped a refusal");
+    }
+}
+
+/// The frame (with its `\n`) answering a request.
+fn reply_frame(shared: &Shared, id: Option<&RequestId>, res: &HandlerResult) -> Vec<u8> {
     let mut frame = Vec::new();
-    match &res {
+    match res {
         Ok(raw) => {
             frame.reserve(40 + raw.get().len());
             message::write_result(&mut frame, id.expect("a result always has an id"), raw);
@@ -937,7 +984,7 @@ async fn reply(shared: &Shared, id: Option<&RequestId>, res: HandlerResult) {
         Err(err) => message::write_error(&mut frame, id, err),
     }
     frame.push(b'\n');
-    let _ = shared.send(frame).await;
+    frame
 }
 
 #[cfg(test)]

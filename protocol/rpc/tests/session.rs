@@ -361,3 +361,50 @@ async fn graceful_close_lets_running_requests_finish_and_closes_the_write_half()
         "the other side sees EOF"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_flooding_each_other_with_large_calls_do_not_lock_up() {
+    // Each side makes 64 calls at a time of 1 MiB to the other, four rounds each, so both write
+    // queues (32 MiB) fill while both readers answer echo inline. A reader that waited for
+    // queue space would stop reading, and the two would wait on each other for ever (before
+    // the fix: 128 of 130 calls failed and the pair never answered again).
+    async fn echo(req: conduit_rpc::Request) -> conduit_rpc::HandlerResult {
+        Ok(req
+            .params
+            .unwrap_or_else(|| serde_json::value::RawValue::from_string("null".into()).unwrap()))
+    }
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    let left = Session::new(ar, aw, echo, SessionConfig::named("left"));
+    let right = Session::new(br, bw, echo, SessionConfig::named("right"));
+    let payload = std::sync::Arc::new(
+        serde_json::value::RawValue::from_string(format!("\"{}\"", "x".repeat(1024 * 1024)))
+            .unwrap(),
+    );
+    let mut tasks = Vec::new();
+    for peer in [left.peer(), right.peer()] {
+        for _ in 0..64 {
+            let (peer, payload) = (peer.clone(), payload.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..4 {
+                    peer.call_raw("echo", &payload, Some(Duration::from_secs(10)))
+                        .await?;
+                }
+                Ok::<_, CallError>(())
+            }));
+        }
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        t.await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("caller {i}: {e}"));
+    }
+    let small = serde_json::value::RawValue::from_string("1".into()).unwrap();
+    let v = left
+        .peer()
+        .call_raw("echo", &small, Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(v.get(), "1");
+}
