@@ -206,4 +206,16 @@ mod tests {
             Some(RequestId::str("a\"b"))
         );
     }
+
+    #[test]
+    fn tells_requests_from_responses_even_when_method_comes_late() {
+        // params first, method past the head: still a request.
+        let p = peek(br#"{"jsonrpc":"2.0","id":1,"params":{"s":"xxxxxxxx"#);
+        assert!(p.is_request() && !p.is_response(), "{p:?}");
+        let p = peek(br#"{"jsonrpc":"2.0","id":1,"result":{"s":"xxxx"#);
+        assert!(p.is_response() && !p.is_request(), "{p:?}");
+        // Only the id seen: neither for sure.
+        let p = peek(br#"{"jsonrpc":"2.0","id":1,"x":"xxxxx"#);
+        assert!(!p.is_response() && !p.is_request(), "{p:?}");
+    }
 }
