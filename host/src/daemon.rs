@@ -345,6 +345,9 @@ fn sweep_leftovers(state: &StateDir) {
 
 /// Run the daemon on `state` until SIGTERM or SIGINT (or `stop` is cancelled).
 pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()> {
+    // Signals first: a SIGTERM (or SIGHUP from a service manager) during startup must get the
+    // graceful path, not the default action.
+    let signals = Signals::new()?;
     let lock = state.lock_exclusive()?;
     sweep_leftovers(&state);
     let socket = socket_path(&state);
@@ -421,13 +424,19 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
         daemon.clone(),
         shutdown.clone(),
     ));
-    let first = daemon.reload().await?;
+    let first = match daemon.reload().await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "the first reload failed; extensions start at the next reload");
+            ReloadReport::default()
+        }
+    };
     tracing::info!(pid = lock.pid(), state_dir = %state.path().display(), socket = %socket.display(), started = ?first.started, "conduit daemon running");
     for e in &first.errors {
         tracing::error!("{e}");
     }
 
-    wait_for_signal(&shutdown, &daemon).await;
+    signals.wait(&shutdown, &daemon).await;
     tracing::info!("stopping extensions");
     shutdown.cancel();
     let _ = reconciler.await;
@@ -436,34 +445,51 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     daemon.supervisor.shutdown().await;
     core.tasks.close();
     let _ = tokio::time::timeout(Duration::from_secs(5), core.tasks.wait()).await;
-    let _ = api.await;
+    // Open connections (a client reading an artifact slowly) get a few seconds, not for ever.
+    let abort = api.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(5), api)
+        .await
+        .is_err()
+    {
+        tracing::warn!("management connections were still open after 5 s; closing them");
+        abort.abort();
+    }
     let _ = std::fs::remove_file(&socket);
     drop(lock);
     tracing::info!("conduit daemon stopped");
     Ok(())
 }
 
-/// Wait for SIGTERM or SIGINT (stop) while answering SIGHUP (re-read the package registry,
-/// as a reload through the API does).
-async fn wait_for_signal(shutdown: &CancellationToken, daemon: &Daemon) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        shutdown.cancelled().await;
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => return tracing::info!("SIGTERM received"),
-            _ = int.recv() => return tracing::info!("SIGINT received"),
-            _ = hup.recv() => match daemon.reload().await {
-                Ok(r) => tracing::info!(started = ?r.started, stopped = ?r.stopped, restarted = ?r.restarted, "SIGHUP: package registry applied"),
-                Err(e) => tracing::error!(error = %e, "SIGHUP: reload failed"),
-            },
-            () = shutdown.cancelled() => return,
+/// The signals the daemon handles, registered before anything else starts.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+            hup: signal(SignalKind::hangup()).context("cannot handle SIGHUP")?,
+        })
+    }
+
+    /// Wait for SIGTERM or SIGINT (stop) while answering SIGHUP (re-read the package registry,
+    /// as a reload through the API does).
+    async fn wait(mut self, shutdown: &CancellationToken, daemon: &Daemon) {
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => return tracing::info!("SIGTERM received"),
+                _ = self.int.recv() => return tracing::info!("SIGINT received"),
+                _ = self.hup.recv() => match daemon.reload().await {
+                    Ok(r) => tracing::info!(started = ?r.started, stopped = ?r.stopped, restarted = ?r.restarted, "SIGHUP: package registry applied"),
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: reload failed"),
+                },
+                () = shutdown.cancelled() => return,
+            }
         }
     }
 }

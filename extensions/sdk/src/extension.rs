@@ -106,6 +106,8 @@ fn is_reserved(name: &str) -> bool {
             methods::ext::STATE_EVENTS,
             methods::ext::STATE_WORK,
             methods::ext::ARTIFACT_ABORT,
+            methods::ext::ARTIFACT_OPEN,
+            methods::ext::ARTIFACT_CHUNK,
         ]
         .contains(&name)
         || methods::host::IN_TRANSACTION.contains(&name)

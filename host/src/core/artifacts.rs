@@ -29,6 +29,9 @@ use tokio::sync::Notify;
 /// The largest artifact accepted.
 pub const MAX_ARTIFACT_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 
+/// How many streams one extension may have open at once.
+pub const MAX_OPEN_STREAMS: usize = 16;
+
 /// How long a chunk waits for the ones before it.
 const CHUNK_TURN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -138,6 +141,16 @@ impl Artifacts {
                 ErrorCode::InvalidParams,
                 "`name` must be 1 to 255 bytes",
             ));
+        }
+        let open_now = self
+            .lock()
+            .values()
+            .filter(|(owner, _)| owner == ext)
+            .count();
+        if open_now >= MAX_OPEN_STREAMS {
+            return Err(invalid(format!(
+                "this extension already has {MAX_OPEN_STREAMS} artifact streams open; close or abort one first"
+            )));
         }
         let id = random_id();
         std::fs::create_dir_all(&self.tmp).map_err(|e| {
@@ -267,21 +280,29 @@ impl Artifacts {
             )));
         }
         let dest = self.content_path(&digest);
-        let res = (|| -> std::io::Result<()> {
+        // fsync and rename can take a while on a large file: off the runtime's workers.
+        let (tmp_path, dest_path) = (path.clone(), dest.clone());
+        let res = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             file.flush()?;
             file.sync_all()?;
             drop(file);
-            std::fs::create_dir_all(dest.parent().unwrap_or(Path::new(".")))?;
-            if dest.exists() {
-                std::fs::remove_file(&path)?; // same digest, same content: keep the one stored
+            std::fs::create_dir_all(dest_path.parent().unwrap_or(Path::new(".")))?;
+            if dest_path.exists() {
+                std::fs::remove_file(&tmp_path)?; // same digest, same content: keep the one stored
             } else {
-                std::fs::rename(&path, &dest)?;
-                if let Some(dir) = dest.parent() {
+                std::fs::rename(&tmp_path, &dest_path)?;
+                if let Some(dir) = dest_path.parent() {
                     std::fs::File::open(dir)?.sync_all()?;
                 }
             }
             Ok(())
-        })();
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(std::io::Error::other(format!(
+                "storing the artifact panicked: {e}"
+            )))
+        });
         if let Err(e) = res {
             let _ = std::fs::remove_file(&path);
             return Err(RpcError::internal(format!(

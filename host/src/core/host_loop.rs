@@ -108,7 +108,19 @@ impl HostLoop {
     fn run(self) {
         while !self.shutdown.is_cancelled() {
             let t = Instant::now();
-            let report = self.pass();
+            // A bug in one pass must not end the loop for the daemon's life: log it, count it,
+            // and pass again.
+            let report =
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.pass())) {
+                    Ok(r) => r,
+                    Err(_) => {
+                        self.core.stats.panics.fetch_add(1, Ordering::Relaxed);
+                        PassReport {
+                            errors: vec!["the pass panicked (a bug); it will be retried".into()],
+                            ..PassReport::default()
+                        }
+                    }
+                };
             let took = t.elapsed();
             self.core.stats.passes.fetch_add(1, Ordering::Relaxed);
             self.core

@@ -50,6 +50,8 @@ pub struct LoopStats {
     pub last_pass_us: AtomicU64,
     pub in_transaction_calls: AtomicU64,
     pub fallbacks: AtomicU64,
+    /// Passes that panicked (a bug; the loop goes on).
+    pub panics: AtomicU64,
 }
 
 impl LoopStats {
@@ -59,6 +61,7 @@ impl LoopStats {
             "last_pass_us": self.last_pass_us.load(Ordering::Relaxed),
             "in_transaction_calls": self.in_transaction_calls.load(Ordering::Relaxed),
             "fallbacks": self.fallbacks.load(Ordering::Relaxed),
+            "panics": self.panics.load(Ordering::Relaxed),
         })
     }
 }

@@ -418,8 +418,11 @@ impl Supervisor {
     }
 
     /// Start supervising `spec`. An extension of the same name is stopped first.
+    ///
+    /// The new extension is listed (as `starting`) at once, even while the one it replaces is
+    /// still stopping: whoever asks in between (the host loop) sees an extension about to
+    /// start, not a gap.
     pub async fn start(&self, spec: ExtensionSpec) -> Extension {
-        self.stop(&spec.name).await;
         let (cmds, cmd_rx) = mpsc::unbounded_channel();
         let status = Status::new(
             &spec.name,
@@ -439,20 +442,25 @@ impl Supervisor {
             }),
         };
         let handler = (self.handlers)(&spec.name);
-        let task = tokio::spawn(actor(
-            ext.clone(),
-            spec.clone(),
-            handler,
-            cmd_rx,
-            self.shutdown.child_token(),
-        ));
-        self.lock().insert(
-            spec.name.clone(),
+        let mut running = self.lock();
+        let previous = running.remove(&spec.name);
+        let (actor_ext, shutdown) = (ext.clone(), self.shutdown.child_token());
+        let task = tokio::spawn(async move {
+            // The old one stops first (it owns the package's process group and log).
+            if let Some(old) = previous {
+                let _ = old.ext.inner.cmds.send(Cmd::Stop);
+                let _ = old.task.await;
+            }
+            actor(actor_ext, spec, handler, cmd_rx, shutdown).await
+        });
+        running.insert(
+            ext.name().to_owned(),
             Running {
                 ext: ext.clone(),
                 task,
             },
         );
+        drop(running);
         ext
     }
 
@@ -671,6 +679,11 @@ async fn run_once(
             return finish_failed(ext, run, exit, None, "exited during the handshake".into()).await;
         }
         () = shutdown.cancelled() => { stop_run(ext, run, spec.stop_grace).await; return Outcome::Stop; }
+        // A stop or restart asked for during the handshake is not kept waiting for it.
+        cmd = cmds.recv() => {
+            stop_run(ext, run, spec.stop_grace).await;
+            return match cmd { Some(Cmd::Restart) => Outcome::Restart, Some(Cmd::Stop) | None => Outcome::Stop };
+        }
     };
     let result = match handshake {
         Err(_) => {

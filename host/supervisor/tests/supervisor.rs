@@ -374,3 +374,40 @@ async fn an_extension_sees_only_the_environment_descriptors_and_folder_it_is_giv
     );
     env.sup.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_handshake_that_never_comes_is_not_kept_waiting() {
+    let env = env();
+    let mut s = spec(&env, "mute-start", "no-handshake");
+    s.start_timeout = Duration::from_secs(30);
+    let ext = env.sup.start(s).await;
+    ext.wait_for(READY, |_| ext.status().pid.is_some())
+        .await
+        .ok();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    env.sup.stop("mute-start").await;
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "the stop waited {:?}",
+        t.elapsed()
+    );
+    assert_eq!(ext.state(), State::Stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_is_listed_as_starting_while_the_old_one_stops() {
+    let env = env();
+    let ext = env.sup.start(spec(&env, "swap", "ignore-shutdown")).await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    // The old one ignores shutdown and SIGTERM: its stop takes seconds. Meanwhile the new one
+    // is already listed, starting — never a gap in which the extension is unknown.
+    let new = env.sup.start(spec(&env, "swap", "ok")).await;
+    let listed = env.sup.get("swap").expect("listed at once");
+    assert_eq!(listed.state(), State::Starting);
+    new.wait_for(Duration::from_secs(15), |s| s == State::Ready)
+        .await
+        .unwrap();
+    assert_eq!(ext.state(), State::Stopped);
+    env.sup.shutdown().await;
+}

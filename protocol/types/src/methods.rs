@@ -51,14 +51,9 @@ pub mod ext {
     /// Give up on a stream: nothing is kept.
     pub const ARTIFACT_ABORT: &str = "artifact.abort";
     /// Callbacks that need the host's writer, refused with `reentrant_write` while an
-    /// in-transaction call to the same extension is pending.
-    pub const WRITES: [&str; 5] = [
-        OPERATION_EMIT,
-        INGRESS_PUSH,
-        ARTIFACT_OPEN,
-        ARTIFACT_CHUNK,
-        ARTIFACT_CLOSE,
-    ];
+    /// in-transaction call to the same extension is pending. (`artifact.open` and
+    /// `artifact.chunk` only touch the stream's file, so a background upload goes on.)
+    pub const WRITES: [&str; 3] = [OPERATION_EMIT, INGRESS_PUSH, ARTIFACT_CLOSE];
 }
 
 /// Notifications, in either direction.
