@@ -411,3 +411,52 @@ async fn a_replacement_is_listed_as_starting_while_the_old_one_stops() {
     assert_eq!(ext.state(), State::Stopped);
     env.sup.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_an_oversized_line_and_a_callback_flood_leave_the_extension_serving() {
+    let env = env();
+    let ext = env.sup.start(spec(&env, "rowdy", "ok")).await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    // Garbage, then a line over 16 MiB, then the answer: the host discards the first two and
+    // still reads the third.
+    let v: Value = ext
+        .call("garbage", &json!({}), Some(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert_eq!(v, json!("survived"));
+    // 200 callbacks at once to a host that serves none of them (every one is answered, at
+    // most 64 in flight: the rest `overloaded`, or `method_not_found`).
+    let n: u64 = ext
+        .call("flood", &json!({ "n": 200 }), Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(n, 200);
+    let start = Instant::now();
+    let answered = loop {
+        let tail = ext.status().stderr_tail;
+        let count = tail
+            .iter()
+            .filter(|l| l.starts_with("callback answer"))
+            .count();
+        if count >= 20 || start.elapsed() > Duration::from_secs(10) {
+            break tail;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        answered.iter().any(|l| l.starts_with("callback answer")),
+        "{answered:?}"
+    );
+    let v: Value = ext
+        .call("echo", &json!("still"), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(v, json!("still"));
+    let st = ext.status();
+    assert_eq!(
+        (st.state, st.restarts),
+        (State::Ready, 0),
+        "the session survived all of it"
+    );
+    env.sup.shutdown().await;
+}
