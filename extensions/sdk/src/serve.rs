@@ -182,6 +182,13 @@ impl Dispatch {
     }
 
     fn initialize(&self, req: &Request) -> HandlerResult {
+        // A second `initialize` is refused before its params are looked at (protocol.md §3.4).
+        if self.lock().phase != Phase::New {
+            return Err(RpcError::new(
+                ErrorCode::InvalidRequest,
+                "`initialize` was already answered in this session",
+            ));
+        }
         let params: InitializeParams = parse_params(&req.method, req.params.as_deref(), true)?;
         let mut st = self.lock();
         if st.phase != Phase::New {
@@ -490,11 +497,15 @@ fn check_sleep(
 ) -> Result<BoxFuture<HandlerResult>, RpcError> {
     let p: SleepParams = parse_params(method, params, true)?;
     Ok(Box::pin(async move {
+        let held = std::time::Instant::now();
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(p.ms)) => {}
             () = cx.shutdown.cancelled() => return Err(RpcError::cancelled()),
         }
-        to_raw(&SleepResult { slept_ms: p.ms })
+        // The time actually held, as protocol.md §6.7 says.
+        to_raw(&SleepResult {
+            slept_ms: held.elapsed().as_millis() as u64,
+        })
     }))
 }
 

@@ -523,7 +523,8 @@ async fn a_minimal_extension_still_declares_and_serves_check_sleep() {
         .call(methods::host::CHECK_SLEEP, json!({ "ms": 5 }))
         .await
         .unwrap();
-    assert_eq!(v, json!({ "slept_ms": 5 }));
+    // The time actually held: at least what was asked.
+    assert!(v["slept_ms"].as_u64().unwrap() >= 5, "{v}");
 }
 
 #[tokio::test]
@@ -562,7 +563,13 @@ async fn requests_before_initialize_are_refused_and_a_second_initialize_is_inval
         .unwrap();
     let err = h.call(methods::host::INITIALIZE, init).await.unwrap_err();
     assert!(err.is(ErrorCode::InvalidRequest), "{err}");
-    // Still serving after both refusals.
+    // A second one with bad params is still `invalid_request`: the phase is checked first.
+    let err = h
+        .call(methods::host::INITIALIZE, json!({}))
+        .await
+        .unwrap_err();
+    assert!(err.is(ErrorCode::InvalidRequest), "{err}");
+    // Still serving after the refusals.
     assert_eq!(
         h.call("echo", json!({ "text": "hi" })).await.unwrap(),
         json!({ "text": "hi" })
@@ -759,7 +766,8 @@ async fn check_sleep_holds_until_its_time_or_until_cancel() {
         .call(methods::host::CHECK_SLEEP, json!({ "ms": 50 }))
         .await
         .unwrap();
-    assert_eq!(v, json!({ "slept_ms": 50 }));
+    let held = v["slept_ms"].as_u64().unwrap();
+    assert!((50..1000).contains(&held), "{v}");
     assert!(t0.elapsed() >= Duration::from_millis(50));
 
     let cancel = CancellationToken::new();

@@ -767,6 +767,16 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let peer = Peer {
         shared: shared.clone(),
     };
+    // However the loop ends — even by a panic — the session ends with it, so no caller waits
+    // on a reader that is gone.
+    struct EndOnDrop(Arc<Shared>);
+    impl Drop for EndOnDrop {
+        fn drop(&mut self) {
+            self.0
+                .end(CloseReason::Broken("the session's reader stopped".into()));
+        }
+    }
+    let _end = EndOnDrop(shared.clone());
     let reason = loop {
         let frame = tokio::select! {
             biased;
@@ -847,9 +857,20 @@ async fn on_message(
                 cancel: cancel.clone(),
                 peer: peer.clone(),
             };
-            // A handler that panics still answers (and frees its slot).
-            let mut fut =
-                Box::pin(std::panic::AssertUnwindSafe(handler.request(req)).catch_unwind());
+            // A handler that panics still answers (and frees its slot) — whether it panics while
+            // making its future or while it runs.
+            let made =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.request(req)));
+            let Ok(fut) = made else {
+                shared.lock().incoming.remove(&id);
+                refuse(
+                    shared,
+                    Some(&id),
+                    RpcError::internal("the handler panicked"),
+                );
+                return;
+            };
+            let mut fut = Box::pin(std::panic::AssertUnwindSafe(fut).catch_unwind());
             // Poll it once here: a handler that can answer at once (most can) is answered
             // without a task of its own — one spawn and two wake-ups fewer per request. One
             // that cannot goes on in its own task, where the reader never waits for it.

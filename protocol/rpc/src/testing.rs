@@ -4,7 +4,7 @@
 //! Methods: `echo` (answers its params), `hold` (waits until cancelled, counts the cancel it
 //! saw), `sleep` (`{"ms"}`), `callback` (calls the other side's `echo` with its params and
 //! answers with that), `stats` (`{"cancels_seen"}`), `big` (`{"bytes"}`: answers a string of
-//! that many bytes), `panic` (panics), `exit` (`{"code"}`: the process exits at once, without
+//! that many bytes), `panic` (panics), `panic-early` (panics before returning its future), `exit` (`{"code"}`: the process exits at once, without
 //! answering).
 
 use std::sync::Arc;
@@ -31,6 +31,10 @@ impl TestHandler {
 
 impl Handler for TestHandler {
     fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
+        if req.method == "panic-early" {
+            // Panics while making its future, not while it runs (quietly, as `panic` does).
+            std::panic::resume_unwind(Box::new("the test handler was asked to panic early"));
+        }
         let cancels = self.cancels_seen.clone();
         Box::pin(async move {
             match req.method.as_str() {

@@ -64,6 +64,15 @@ pub(crate) async fn cancellation(
     let took = t0.elapsed();
     canceller.abort();
     match res {
+        Err(e) if rpc_is(&e, ErrorCode::Cancelled) && !token.is_cancelled() => RuleResult::fail(
+            CANCELLATION,
+            format!(
+                "answered check.sleep {{\"ms\": {}}} with `cancelled` after {} ms, before any `$/cancel` was sent",
+                HOLD.ms,
+                ms(took)
+            ),
+            "answer `cancelled` only for a request the host cancelled with `$/cancel` (docs/protocol.md §9)",
+        ),
         Err(e) if rpc_is(&e, ErrorCode::Cancelled) => RuleResult::pass(
             CANCELLATION,
             format!(
