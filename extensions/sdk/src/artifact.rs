@@ -147,6 +147,10 @@ impl ArtifactWriter {
 
     /// Append `data`. Whole chunks are sent at once, waiting only when `window` chunks are
     /// already unanswered; the rest is kept until more is written or the stream is finished.
+    ///
+    /// Not cancel-safe: `data` is counted in the size and digest before the wait for the
+    /// window, so a `write` dropped while waiting (in a `select!` or a timeout) must end the
+    /// stream — call [`ArtifactWriter::abort`] or drop the writer — rather than write on.
     pub async fn write(&mut self, mut data: &[u8]) -> Result<(), HostError> {
         self.check_open()?;
         self.hasher.update(data);
