@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::core::{Core, HostLoop};
+use crate::core::{Core, HostLoop, now_ms};
 use crate::packages::{self, PackageRecord};
 use crate::state_dir::StateDir;
 
@@ -104,13 +104,6 @@ impl std::fmt::Debug for Daemon {
             .field("state", &self.state.path())
             .finish_non_exhaustive()
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 impl Daemon {

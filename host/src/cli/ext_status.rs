@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use conduit_host::daemon::ExtensionView;
 use conduit_host::packages;
-use conduit_supervisor::State;
+use conduit_supervisor::{State, now_ms};
 
 use super::common::{StateArgs, api_error, daemon, need_daemon, print_json, runtime};
 use super::{CliError, print};
@@ -234,13 +234,6 @@ fn us(v: u64) -> String {
     } else {
         format!("{v} µs")
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 pub(crate) fn restart(args: RestartArgs, state: &StateArgs) -> Result<ExitCode, CliError> {

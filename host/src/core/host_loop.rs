@@ -158,7 +158,7 @@ impl HostLoop {
         // its handshake is done or fails, which the start timeout bounds.
         let mut settling: HashMap<String, conduit_protocol::Capabilities> = HashMap::new();
         exts.retain(|name, (e, caps)| {
-            let s = e.status();
+            let s = e.brief();
             let first_start = s.state == conduit_supervisor::State::Starting
                 && s.restarts == 0
                 && s.protocol_version.is_none();
@@ -185,7 +185,7 @@ impl HostLoop {
 
     fn start_polls(&self, exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>) {
         for (name, (ext, caps)) in exts {
-            let status = ext.status();
+            let status = ext.brief();
             if status.state != conduit_supervisor::State::Ready {
                 continue;
             }

@@ -36,12 +36,7 @@ use tokio::sync::Notify;
 pub use host_loop::HostLoop;
 
 /// The current time in Unix milliseconds (the store never reads the clock itself).
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use conduit_supervisor::now_ms;
 
 /// Counters of the host loop, for the health endpoint.
 #[derive(Debug, Default)]
@@ -146,7 +141,7 @@ impl Core {
     pub fn capabilities(&self, ext: &str) -> Option<Capabilities> {
         self.supervisor
             .get(ext)
-            .and_then(|e| e.status().capabilities)
+            .and_then(|e| e.brief().capabilities)
     }
 
     /// Every supervised extension with the capabilities of its last handshake.
@@ -154,7 +149,7 @@ impl Core {
         self.supervisor
             .list()
             .into_iter()
-            .filter_map(|e| e.status().capabilities.map(|c| (e, c)))
+            .filter_map(|e| e.brief().capabilities.map(|c| (e, c)))
             .collect()
     }
 

@@ -265,7 +265,8 @@ impl std::fmt::Debug for Extension {
     }
 }
 
-fn now_ms() -> i64 {
+/// The current time in Unix milliseconds, as statuses and the store record it.
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -277,15 +278,20 @@ impl Extension {
         &self.inner.name
     }
 
-    /// A snapshot of the status.
-    pub fn status(&self) -> Status {
-        let mut s = self
-            .inner
+    /// The status without its call statistics and stderr tail: cheap enough for a caller that
+    /// asks on every pass (the host loop), where [`Extension::status`] computes percentiles.
+    pub fn brief(&self) -> Status {
+        self.inner
             .core
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .status
-            .clone();
+            .clone()
+    }
+
+    /// A snapshot of the status.
+    pub fn status(&self) -> Status {
+        let mut s = self.brief();
         s.stderr_tail = self
             .inner
             .tail
