@@ -551,3 +551,29 @@ fn sighup_applies_the_registry_and_keeps_the_daemon_running() {
     );
     assert_eq!(f.status("one")["state"], "ready");
 }
+
+#[test]
+fn an_extension_may_have_16_artifact_streams_open_and_no_more() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("streams", "ok"));
+    f.start_daemon();
+    f.wait_state("streams", "ready", Duration::from_secs(5));
+    let run = f.conduit(&["ext", "call", "streams", "open-streams", r#"{"n":17}"#]);
+    assert_eq!(run.code(), Some(0), "{}", run.context());
+    let got: Vec<String> = serde_json::from_slice(&run.out.stdout).unwrap();
+    assert_eq!(&got[..16], &vec!["ok".to_owned(); 16][..], "{got:?}");
+    assert_eq!(
+        got[16], "-32009",
+        "the 17th is refused artifact_invalid: {got:?}"
+    );
+    // Streams of a session that ends are dropped with their files.
+    let pid = f.status("streams")["pid"].as_i64().unwrap() as i32;
+    kill(pid, nix::sys::signal::Signal::SIGKILL);
+    f.wait_for("streams", Duration::from_secs(5), |s| {
+        s["restarts"] == 1 && s["state"] == "ready"
+    });
+    wait_until("the streams' files to go", Duration::from_secs(5), || {
+        let left = std::fs::read_dir(f.state().join("tmp")).unwrap().count();
+        (left == 0).then_some(())
+    });
+}

@@ -98,7 +98,7 @@ impl Fixture {
             format!(
                 "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"core_ext.py\", \"{mode}\"]\n\n\
                  [capabilities]\nwork_kinds = [{{ name = \"job\", trigger = true }}]\nrecurrences = [\"tick\"]\n\
-                 dependency_filters = [\"match\"]\nemissions = [\"note\"]\ningress = [\"feed\"]\nmethods = [\"make-artifact\"]\n"
+                 dependency_filters = [\"match\"]\nemissions = [\"note\"]\ningress = [\"feed\"]\nmethods = [\"make-artifact\", \"open-streams\"]\n"
             ),
         )
         .unwrap();
