@@ -14,6 +14,8 @@
 #                            Unix socket, beside this machine's floors (about a minute)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
+#   make drill               the drill suite alone (host/tests/drill_*.rs): misbehaving extensions,
+#                            one line per drill with its bound and what it measured
 #   make doc                 API docs for the SDK and the protocol crates, warnings denied
 
 CARGO ?= cargo
@@ -21,7 +23,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: build test test-rust test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype
+.PHONY: drill build test test-rust test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype
 
 build:
 	$(CARGO) build --workspace --bins
@@ -77,3 +79,10 @@ bench-history:
 
 bench-roundtrip:
 	$(CARGO) run --release -p conduit-bench --bin roundtrip -- --regime both
+
+# Drills are ordinary integration tests (host/tests/drill_*.rs); each records a line that
+# scripts/drill-report.sh prints as a table.
+drill: build
+	rm -rf $(TARGET_DIR)/tmp/drills
+	$(CARGO) test -p conduit-host --test 'drill_*' -- --test-threads 2
+	scripts/drill-report.sh $(TARGET_DIR)

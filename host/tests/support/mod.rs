@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)] // each test binary uses its own part of this module
 
+pub mod drill;
 pub mod fixture;
 
 use std::path::{Path, PathBuf};
