@@ -2,10 +2,12 @@
 #
 # Targets:
 #   make build               debug build of the whole workspace
-#   make test                every test: Rust (nextest if installed, else cargo test), doc tests,
-#                            and the Python example's own tests
-#   make check               fmt check, clippy with warnings denied, the tests, the API docs,
-#                            then the in-transaction latency budget gate on its own
+#   make test                every suite, each run even when another fails, then one summary line
+#                            per suite: Rust (nextest if installed, else cargo test; the drills
+#                            included), doc tests, the Python example's own tests. No benchmarks.
+#   make check               fmt check, clippy with warnings denied, the tests, the benchmarks'
+#                            own tests, the API docs, then the in-transaction latency budget gate
+#                            on its own
 #   make run                 the daemon with the example packages installed, on a state
 #                            directory inside the target folder (Ctrl-C stops it)
 #   make bench-extension     the budget gate in release, both regimes, with its numbers
@@ -23,20 +25,22 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: drill build test test-rust test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype
+.PHONY: drill build test test-bench test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype
 
 build:
 	$(CARGO) build --workspace --bins
 
-test: test-rust test-python
-
 # The end-to-end tests run the example packages' binaries, so every binary is built first.
-test-rust: build
+test: build
+	CARGO="$(CARGO)" CARGO_TARGET_DIR="$(TARGET_DIR)" scripts/test-all.sh
+
+# The benchmarks' own tests: the budget gate passes `notes` and fails its negative controls,
+# and each benchmark's JSON has its shape. They time things, so they are not in `make test`.
+test-bench: build
 ifeq ($(NEXTEST),yes)
-	$(CARGO) nextest run --workspace --no-fail-fast
-	$(CARGO) test --workspace --doc
+	$(CARGO) nextest run -p conduit-bench --no-fail-fast --hide-progress-bar --failure-output immediate-final
 else
-	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) test -p conduit-bench --no-fail-fast
 endif
 
 test-python:
@@ -53,6 +57,7 @@ doc:
 
 # The gate runs in the recipe, after every prerequisite, so even `make -j check` runs it alone.
 check: fmt-check clippy test doc
+	$(MAKE) test-bench
 	$(MAKE) gate
 
 gate:

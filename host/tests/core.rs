@@ -6,6 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::PATIENCE;
 use support::fixture::{Fixture, kill, stage_examples};
 
 fn wait_until<T>(what: &str, timeout: Duration, f: impl Fn() -> Option<T>) -> T {
@@ -74,7 +75,7 @@ fn each_in_transaction_call_happens_at_its_call_site_and_its_answer_is_applied()
         f.install(&p);
     }
     f.start_daemon();
-    f.wait_state("notes", "ready", Duration::from_secs(5));
+    f.wait_state("notes", "ready", PATIENCE);
 
     // work_kind.trigger: notes group by thread.
     let a = f.push(
@@ -103,7 +104,7 @@ fn each_in_transaction_call_happens_at_its_call_site_and_its_answer_is_applied()
         .map(|v| v["event_id"].as_i64().unwrap())
         .collect();
     for id in &ids {
-        wait_until("routing", Duration::from_secs(5), || routed(&f, *id));
+        wait_until("routing", PATIENCE, || routed(&f, *id));
     }
     let work = f.json(&["work", "list", "--json"]);
     let keys: Vec<(String, Vec<i64>)> = work["work"]
@@ -133,7 +134,7 @@ fn each_in_transaction_call_happens_at_its_call_site_and_its_answer_is_applied()
 
     // recurrence.next: a digest timer is rescheduled 15 minutes after it fired.
     let t = f.json(&["timers", "add", "digest", "every 15m", "--json"]);
-    let timer = wait_until("the timer to fire", Duration::from_secs(5), || {
+    let timer = wait_until("the timer to fire", PATIENCE, || {
         let t = http_get(&f, &format!("/v1/timers/{}", t["timer_id"]));
         t["last_fired_at_ms"].is_i64().then_some(t)
     });
@@ -157,7 +158,7 @@ fn each_in_transaction_call_happens_at_its_call_site_and_its_answer_is_applied()
         "note.posted",
         r#"{"thread":"t-3","text":"thanks @Dora!"}"#,
     );
-    let wait = wait_until("the wait to be satisfied", Duration::from_secs(5), || {
+    let wait = wait_until("the wait to be satisfied", PATIENCE, || {
         let w = http_get(&f, &format!("/v1/waits/{}", w["wait_id"]));
         (w["state"] == "satisfied").then_some(w)
     });
@@ -171,7 +172,7 @@ fn each_in_transaction_call_happens_at_its_call_site_and_its_answer_is_applied()
         r#"{"text":"a short note about the plan"}"#,
         "--json",
     ]);
-    let committed = wait_until("the emission to commit", Duration::from_secs(5), || {
+    let committed = wait_until("the emission to commit", PATIENCE, || {
         let e = http_get(&f, &format!("/v1/emissions/{}", em["emission_id"]));
         (e["state"] == "committed").then_some(e)
     });
@@ -200,16 +201,18 @@ fn a_hung_call_returns_within_bounds_applies_its_fallback_and_frees_the_writer()
     let mut f = Fixture::new();
     f.install(&f.core_ext("hung", "hang"));
     f.start_daemon();
-    f.wait_state("hung", "ready", Duration::from_secs(5));
+    f.wait_state("hung", "ready", PATIENCE);
     let t0 = Instant::now();
     let ev = f.push("feed", "h1", "job.run", r#"{"group":"g"}"#);
     let id = ev["event_id"].as_i64().unwrap();
-    let e = wait_until("the fallback routing", Duration::from_secs(5), || {
+    let e = wait_until("the fallback routing", PATIENCE, || {
         routed(&f, id)
     });
     let took = t0.elapsed();
+    // The deadline is the feature: never before it; and soon after it, not whenever the
+    // extension might answer (never). The upper margin is for a busy machine.
     assert!(
-        took >= Duration::from_millis(250) && took < Duration::from_secs(2),
+        took >= Duration::from_millis(250) && took < Duration::from_secs(10),
         "routing took {took:?}"
     );
     // The fallback: a Work of its own, keyed by the event.
@@ -218,8 +221,10 @@ fn a_hung_call_returns_within_bounds_applies_its_fallback_and_frees_the_writer()
     // The writer is free again: a push right after commits at once.
     let t = Instant::now();
     f.push("elsewhere", "w1", "other.kind", "{}");
+    // A writer still held by the hung call would never commit the push (the extension never
+    // answers); 10 s tells that apart from a busy machine.
     assert!(
-        t.elapsed() < Duration::from_millis(1500),
+        t.elapsed() < Duration::from_secs(10),
         "a push after the hung call took {:?}",
         t.elapsed()
     );
@@ -238,9 +243,9 @@ fn during_an_in_transaction_call_reads_are_served_and_writes_refused_without_dea
     let mut f = Fixture::new();
     f.install(&f.core_ext("reent", "reentrant"));
     f.start_daemon();
-    f.wait_state("reent", "ready", Duration::from_secs(5));
+    f.wait_state("reent", "ready", PATIENCE);
     let ev = f.push("feed", "r1", "job.run", "{}");
-    let e = wait_until("routing", Duration::from_secs(5), || {
+    let e = wait_until("routing", PATIENCE, || {
         routed(&f, ev["event_id"].as_i64().unwrap())
     });
     let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
@@ -263,7 +268,7 @@ fn a_push_cut_by_an_extension_crash_is_accepted_exactly_once_after_the_retry() {
     f.install(&f.core_ext("crashy", "push-crash"));
     f.start_daemon();
     // It pushes x1, dies before the answer, is restarted, and pushes x1 again.
-    let s = f.wait_for("crashy", Duration::from_secs(10), |s| {
+    let s = f.wait_for("crashy", PATIENCE, |s| {
         s["stderr_tail"].as_array().is_some_and(|t| {
             t.iter()
                 .any(|l| l.as_str().unwrap_or("").contains("retry of x1"))
@@ -283,7 +288,7 @@ fn a_daemon_killed_under_a_stream_of_pushes_keeps_every_acknowledged_event() {
     let mut f = Fixture::new();
     f.install(&f.core_ext("sink", "ok"));
     f.start_daemon();
-    f.wait_state("sink", "ready", Duration::from_secs(5));
+    f.wait_state("sink", "ready", PATIENCE);
     let mut acked = Vec::new();
     let daemon = f.daemon_pid();
     let mut killed = false;
@@ -329,7 +334,7 @@ fn a_daemon_killed_under_a_stream_of_pushes_keeps_every_acknowledged_event() {
     }
     // Work resumes: everything gets routed, and new pushes are accepted and routed.
     let ev = f.push("feed", "after-restart", "job.run", r#"{"group":"g0"}"#);
-    wait_until("routing after the restart", Duration::from_secs(10), || {
+    wait_until("routing after the restart", PATIENCE, || {
         routed(&f, ev["event_id"].as_i64().unwrap())
     });
     assert!(
@@ -345,7 +350,7 @@ fn a_16_mib_artifact_arrives_intact_and_a_wrong_digest_keeps_nothing() {
     let mut f = Fixture::new();
     f.install(&f.core_ext("art", "ok"));
     f.start_daemon();
-    f.wait_state("art", "ready", Duration::from_secs(5));
+    f.wait_state("art", "ready", PATIENCE);
     let size = 16 * 1024 * 1024;
     let run = f.conduit(&[
         "ext",
@@ -453,10 +458,10 @@ fn ingress_sources_are_polled_and_their_events_accepted_once() {
     let mut f = Fixture::new();
     f.install(&f.core_ext("poller", "ok"));
     f.start_daemon();
-    f.wait_state("poller", "ready", Duration::from_secs(5));
+    f.wait_state("poller", "ready", PATIENCE);
     let inbox = f.state().join("data/poller/inbox.jsonl");
     std::fs::write(&inbox, "{\"delivery_id\":\"p1\",\"kind\":\"job.run\",\"payload\":{\"group\":\"a\"}}\n{\"delivery_id\":\"p2\",\"kind\":\"job.run\",\"payload\":{\"group\":\"a\"}}\n").unwrap();
-    let polled = wait_until("the polled events", Duration::from_secs(10), || {
+    let polled = wait_until("the polled events", PATIENCE, || {
         let evs: Vec<Value> = f
             .all_events()
             .into_iter()
@@ -469,7 +474,7 @@ fn ingress_sources_are_polled_and_their_events_accepted_once() {
     let mut text = std::fs::read_to_string(&inbox).unwrap();
     text.push_str("{\"delivery_id\":\"p3\",\"kind\":\"job.run\",\"payload\":{}}\n");
     std::fs::write(&inbox, text).unwrap();
-    wait_until("the third event", Duration::from_secs(10), || {
+    wait_until("the third event", PATIENCE, || {
         let n = f
             .all_events()
             .iter()
@@ -477,7 +482,15 @@ fn ingress_sources_are_polled_and_their_events_accepted_once() {
             .count();
         (n == 3).then_some(())
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    // Two more polls after the third event (each returns what lies past the cursor) must
+    // add nothing: wait for the poll count to grow by two rather than for a fixed time.
+    let polls = |f: &Fixture| {
+        f.status("poller")["calls"]["ingress.poll"]["count"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let seen = polls(&f);
+    wait_until("two more polls", PATIENCE, || (polls(&f) >= seen + 2).then_some(()));
     assert_eq!(
         f.all_events()
             .iter()
@@ -502,7 +515,7 @@ fn events_pushed_while_their_extension_first_starts_wait_for_it() {
     let a = f.push("feed", "early-1", "job.run", r#"{"group":"early"}"#);
     let b = f.push("feed", "early-2", "job.run", r#"{"group":"early"}"#);
     assert_eq!(f.status("slow")["state"], "starting");
-    let e = wait_until("routing", Duration::from_secs(10), || {
+    let e = wait_until("routing", PATIENCE, || {
         routed(&f, b["event_id"].as_i64().unwrap())
     });
     let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
@@ -521,10 +534,10 @@ fn a_malformed_answer_gets_the_fallback_and_counts_as_an_error() {
     let mut f = Fixture::new();
     f.install(&f.core_ext("bad", "malformed"));
     f.start_daemon();
-    f.wait_state("bad", "ready", Duration::from_secs(5));
+    f.wait_state("bad", "ready", PATIENCE);
     let ev = f.push("feed", "m1", "job.run", "{}");
     let id = ev["event_id"].as_i64().unwrap();
-    let e = wait_until("routing", Duration::from_secs(5), || routed(&f, id));
+    let e = wait_until("routing", PATIENCE, || routed(&f, id));
     assert_eq!(
         http_get(&f, &format!("/v1/work/{}", e["work_id"]))["key"],
         format!("event:{id}")
@@ -538,9 +551,9 @@ fn sighup_applies_the_registry_and_keeps_the_daemon_running() {
     let mut f = Fixture::new();
     f.install(&f.core_ext("one", "ok"));
     f.start_daemon();
-    f.wait_state("one", "ready", Duration::from_secs(5));
+    f.wait_state("one", "ready", PATIENCE);
     kill(f.daemon_pid(), nix::sys::signal::Signal::SIGHUP);
-    wait_until("the reload to be logged", Duration::from_secs(5), || {
+    wait_until("the reload to be logged", PATIENCE, || {
         std::fs::read_to_string(f.daemon_log())
             .ok()
             .filter(|l| l.contains("SIGHUP: package registry applied"))
@@ -557,7 +570,7 @@ fn an_extension_may_have_16_artifact_streams_open_and_no_more() {
     let mut f = Fixture::new();
     f.install(&f.core_ext("streams", "ok"));
     f.start_daemon();
-    f.wait_state("streams", "ready", Duration::from_secs(5));
+    f.wait_state("streams", "ready", PATIENCE);
     let run = f.conduit(&["ext", "call", "streams", "open-streams", r#"{"n":17}"#]);
     assert_eq!(run.code(), Some(0), "{}", run.context());
     let got: Vec<String> = serde_json::from_slice(&run.out.stdout).unwrap();
@@ -569,10 +582,10 @@ fn an_extension_may_have_16_artifact_streams_open_and_no_more() {
     // Streams of a session that ends are dropped with their files.
     let pid = f.status("streams")["pid"].as_i64().unwrap() as i32;
     kill(pid, nix::sys::signal::Signal::SIGKILL);
-    f.wait_for("streams", Duration::from_secs(5), |s| {
+    f.wait_for("streams", PATIENCE, |s| {
         s["restarts"] == 1 && s["state"] == "ready"
     });
-    wait_until("the streams' files to go", Duration::from_secs(5), || {
+    wait_until("the streams' files to go", PATIENCE, || {
         let left = std::fs::read_dir(f.state().join("tmp")).unwrap().count();
         (left == 0).then_some(())
     });

@@ -767,7 +767,8 @@ async fn check_sleep_holds_until_its_time_or_until_cancel() {
         .await
         .unwrap();
     let held = v["slept_ms"].as_u64().unwrap();
-    assert!((50..1000).contains(&held), "{v}");
+    // At least its time; the upper margin is for a busy machine.
+    assert!((50..5000).contains(&held), "{v}");
     assert!(t0.elapsed() >= Duration::from_millis(50));
 
     let cancel = CancellationToken::new();
@@ -783,8 +784,9 @@ async fn check_sleep_holds_until_its_time_or_until_cancel() {
     cancel.cancel();
     let err = rpc(call.await.unwrap().unwrap_err());
     assert!(err.is(ErrorCode::Cancelled), "{err}");
+    // Not the 60 s sleep; the margin is for a busy machine.
     assert!(
-        t0.elapsed() < Duration::from_secs(1),
+        t0.elapsed() < Duration::from_secs(5),
         "cancel took {:?}",
         t0.elapsed()
     );
@@ -1020,7 +1022,7 @@ async fn shutdown_cancels_what_outlives_half_the_grace() {
     assert_eq!(v, json!({}));
     let took = t0.elapsed();
     assert!(
-        took >= Duration::from_millis(180) && took < Duration::from_secs(2),
+        took >= Duration::from_millis(180) && took < Duration::from_secs(5),
         "shutdown took {took:?}"
     );
     let err = rpc(hang.await.unwrap().unwrap_err());
@@ -1055,8 +1057,9 @@ async fn eof_ends_serve_at_once_with_exit_code_0() {
     .await;
     assert_eq!(reason, ExitReason::HostClosed);
     assert_eq!(reason.code(), 0);
+    // Not the 60 s sleep still running; the margin is for a busy machine.
     assert!(
-        t0.elapsed() < Duration::from_secs(1),
+        t0.elapsed() < Duration::from_secs(5),
         "took {:?}",
         t0.elapsed()
     );

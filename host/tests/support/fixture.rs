@@ -239,6 +239,29 @@ pub fn kill(pid: i32, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
 }
 
+/// How many bytes process `pid` has read so far (`rchar` of `/proc/PID/io`, Linux). A test
+/// that must know a request has reached an extension waits for this to grow, instead of
+/// sleeping and hoping.
+pub fn bytes_read(pid: i32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Polls until `pid` has read more than `before` bytes; panics after [`super::PATIENCE`].
+pub fn wait_read_past(pid: i32, before: u64, what: &str) {
+    let start = Instant::now();
+    while bytes_read(pid) <= before {
+        assert!(
+            start.elapsed() < super::PATIENCE,
+            "process {pid} never read {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 pub fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     if let Ok(rd) = std::fs::read_dir(dir) {

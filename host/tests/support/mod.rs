@@ -8,6 +8,13 @@ pub mod fixture;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::time::Duration;
+
+/// How long a test waits for a condition before it gives up. Only a failing test ever waits
+/// this long, so it is generous: the suite runs on busy two-core machines, where starting a
+/// Python extension can take seconds. A bound that is the feature under test (a deadline, a
+/// start timeout) is asserted on its own, never through this ceiling.
+pub const PATIENCE: Duration = Duration::from_secs(30);
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

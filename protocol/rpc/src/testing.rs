@@ -3,7 +3,7 @@
 //!
 //! Methods: `echo` (answers its params), `hold` (waits until cancelled, counts the cancel it
 //! saw), `sleep` (`{"ms"}`), `callback` (calls the other side's `echo` with its params and
-//! answers with that), `stats` (`{"cancels_seen"}`), `big` (`{"bytes"}`: answers a string of
+//! answers with that), `stats` (`{"cancels_seen", "holds_started"}`), `big` (`{"bytes"}`: answers a string of
 //! that many bytes), `panic` (panics), `panic-early` (panics before returning its future), `exit` (`{"code"}`: the process exits at once, without
 //! answering).
 
@@ -20,6 +20,8 @@ use crate::session::{BoxFuture, Handler, HandlerResult, Request, to_raw};
 #[derive(Clone, Debug, Default)]
 pub struct TestHandler {
     cancels_seen: Arc<AtomicUsize>,
+    /// How many `hold` requests have started: a test waits for this instead of sleeping.
+    holds_started: Arc<AtomicUsize>,
 }
 
 impl TestHandler {
@@ -36,10 +38,12 @@ impl Handler for TestHandler {
             std::panic::resume_unwind(Box::new("the test handler was asked to panic early"));
         }
         let cancels = self.cancels_seen.clone();
+        let holds = self.holds_started.clone();
         Box::pin(async move {
             match req.method.as_str() {
                 "echo" => Ok(req.params.unwrap_or_else(|| to_raw(&()).unwrap())),
                 "hold" => {
+                    holds.fetch_add(1, Ordering::SeqCst);
                     req.cancel.cancelled().await;
                     cancels.fetch_add(1, Ordering::SeqCst);
                     Err(RpcError::cancelled())
@@ -57,7 +61,10 @@ impl Handler for TestHandler {
                         .await
                         .map_err(|e| e.to_rpc_error())
                 }
-                "stats" => to_raw(&json!({ "cancels_seen": cancels.load(Ordering::SeqCst) })),
+                "stats" => to_raw(&json!({
+                    "cancels_seen": cancels.load(Ordering::SeqCst),
+                    "holds_started": holds.load(Ordering::SeqCst),
+                })),
                 "big" => {
                     let p: serde_json::Value = req.params()?;
                     let n = p["bytes"].as_u64().unwrap_or(0) as usize;

@@ -107,6 +107,19 @@ async fn stats(peer: &Peer) -> Value {
         .unwrap()
 }
 
+/// How long a test waits for a condition before it gives up (only a failing test waits this
+/// long; the suite runs on busy machines).
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Polls until the other side's handler has started `n` `hold` requests.
+async fn wait_holding(peer: &Peer, n: u64) {
+    let start = Instant::now();
+    while stats(peer).await["holds_started"].as_u64().unwrap() < n {
+        assert!(start.elapsed() < PATIENCE, "the holds never started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 async fn a_thousand_concurrent_calls_all_get_their_own_answer(pair: Pair) {
     let peer = pair.peer();
     let calls = (0..1000).map(|i| {
@@ -153,10 +166,10 @@ async fn the_65th_request_is_refused_overloaded_while_64_are_held(pair: Pair) {
 
     let err = loop {
         match peer
-            .call::<_, Value>("echo", &json!(1), Some(Duration::from_secs(2)))
+            .call::<_, Value>("echo", &json!(1), Some(PATIENCE))
             .await
         {
-            Ok(_) => assert!(start.elapsed() < Duration::from_secs(5), "never refused"),
+            Ok(_) => assert!(start.elapsed() < PATIENCE, "never refused"),
             Err(e) => break e,
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -168,11 +181,11 @@ async fn the_65th_request_is_refused_overloaded_while_64_are_held(pair: Pair) {
     let start = Instant::now();
     loop {
         match peer
-            .call::<_, Value>("echo", &json!(2), Some(Duration::from_secs(2)))
+            .call::<_, Value>("echo", &json!(2), Some(PATIENCE))
             .await
         {
             Ok(v) => break assert_eq!(v, json!(2)),
-            Err(e) if e.is(ErrorCode::Overloaded) && start.elapsed() < Duration::from_secs(5) => {
+            Err(e) if e.is(ErrorCode::Overloaded) && start.elapsed() < PATIENCE => {
                 tokio::time::sleep(Duration::from_millis(5)).await
             }
             Err(e) => panic!("{e}"),
@@ -194,12 +207,13 @@ async fn cancellation_reaches_the_handler_and_the_caller_gets_cancelled(pair: Pa
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_holding(&peer, 1).await;
     let t = Instant::now();
     token.cancel();
     let err = call.await.unwrap().unwrap_err();
     assert!(err.is(ErrorCode::Cancelled), "{err}");
-    assert!(t.elapsed() < Duration::from_secs(1));
+    // Not the call's 10 s deadline; the margin is for a busy machine.
+    assert!(t.elapsed() < Duration::from_secs(5));
     assert_eq!(
         stats(&peer).await["cancels_seen"],
         1,
@@ -217,14 +231,16 @@ async fn a_deadline_yields_deadline_exceeded_and_the_other_side_sees_cancel(pair
     let took = t.elapsed();
     assert!(matches!(err, CallError::DeadlineExceeded { .. }), "{err}");
     assert!(err.is(ErrorCode::DeadlineExceeded));
+    // The deadline is the feature: never before it, and soon after it (the handler never
+    // answers); the upper margin is for a busy machine.
     assert!(
-        took >= Duration::from_millis(100) && took < Duration::from_secs(1),
+        took >= Duration::from_millis(100) && took < Duration::from_secs(5),
         "{took:?}"
     );
     let start = Instant::now();
     while stats(&peer).await["cancels_seen"] != 1 {
         assert!(
-            start.elapsed() < Duration::from_secs(2),
+            start.elapsed() < PATIENCE,
             "the other side never saw $/cancel"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -277,10 +293,10 @@ async fn the_peer_going_away_fails_every_pending_call_at_once(mut pair: Pair) {
         .collect();
     let start = Instant::now();
     while peer.outgoing_in_flight() < 10 {
-        assert!(start.elapsed() < Duration::from_secs(2));
+        assert!(start.elapsed() < PATIENCE);
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    wait_holding(&peer, 10).await;
     let t = Instant::now();
     pair.kill_other().await;
     for p in pending {
@@ -297,8 +313,9 @@ async fn the_peer_going_away_fails_every_pending_call_at_once(mut pair: Pair) {
         );
         assert!(err.is(ErrorCode::ExtensionExited));
     }
+    // Not the calls' 30 s deadline; the margin is for a busy machine.
     assert!(
-        t.elapsed() < Duration::from_secs(1),
+        t.elapsed() < Duration::from_secs(5),
         "took {:?}, far over what EOF needs",
         t.elapsed()
     );
@@ -355,7 +372,13 @@ async fn graceful_close_lets_running_requests_finish_and_closes_the_write_half()
             .call::<_, Value>("sleep", &json!({ "ms": 50 }), None)
             .await
     });
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Close once the host is serving the call, not after a guessed time.
+    let host_peer = host.peer();
+    let start = Instant::now();
+    while host_peer.incoming_in_flight() < 1 {
+        assert!(start.elapsed() < PATIENCE, "the call never reached the host");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let reason = host.close(Duration::from_secs(2)).await;
     assert_eq!(reason, CloseReason::Local);
     assert_eq!(call.await.unwrap().unwrap(), json!({ "slept_ms": 50 }));

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# `make test`: runs every suite even when one fails, then prints one line per suite and fails
+# if any failed. Suites: rust (every crate's unit and integration tests, the drills among
+# them; not the benchmarks), doc (the doc tests), python (the Python example's own tests).
+# Failure output is printed as it happens and again at the end, never under a progress bar.
+#
+# Usage: scripts/test-all.sh            (CARGO and CARGO_TARGET_DIR are honoured)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+cargo="${CARGO:-cargo}"
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+
+names=() results=() times=()
+run_suite() {
+  local name="$1"; shift
+  echo
+  echo "=== suite $name: $*"
+  local t0=$SECONDS
+  "$@"
+  local rc=$?
+  names+=("$name")
+  times+=("$((SECONDS - t0))")
+  if [ "$rc" -eq 0 ]; then results+=("passed"); else results+=("FAILED (exit $rc)"); fi
+}
+
+rm -rf "$target/tmp/drills" # each drill writes its line afresh
+
+# The benchmarks' own tests (conduit-bench: the budget gate and its negative controls) are
+# timing measurements; they run in `make check`, alone, not here.
+if "$cargo" nextest --version >/dev/null 2>&1; then
+  run_suite rust "$cargo" nextest run --workspace --exclude conduit-bench --no-fail-fast \
+    --hide-progress-bar --failure-output immediate-final --final-status-level fail
+else
+  run_suite rust "$cargo" test --workspace --exclude conduit-bench --no-fail-fast
+fi
+run_suite doc "$cargo" test --workspace --exclude conduit-bench --doc
+run_suite python python3 -m unittest discover -s examples/python-echo -p 'test_*.py'
+
+if ls "$target"/tmp/drills/*.txt >/dev/null 2>&1; then
+  echo
+  echo "=== drills (each drill's bound and what it measured)"
+  scripts/drill-report.sh "$target" || true
+fi
+
+echo
+echo "=== summary"
+failed=0
+for i in "${!names[@]}"; do
+  printf 'suite %-7s %s in %ss\n' "${names[$i]}" "${results[$i]}" "${times[$i]}"
+  [ "${results[$i]}" = passed ] || failed=$((failed + 1))
+done
+echo "suites: $(( ${#names[@]} - failed )) passed, $failed failed"
+[ "$failed" -eq 0 ]
