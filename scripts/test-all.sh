@@ -11,16 +11,44 @@ cargo="${CARGO:-cargo}"
 target="${CARGO_TARGET_DIR:-$PWD/target}"
 
 names=() results=() times=()
+total_passed=0 total_failed=0
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+
+# Counts the tests a suite's runner reported passed and failed (nextest's Summary line, cargo
+# test's "test result" lines, unittest's "Ran N tests" and "FAILED (failures=F, errors=E)").
+count_tests() {
+  python3 - "$1" <<'PY'
+import re, sys
+text = open(sys.argv[1], errors="replace").read()
+passed = failed = 0
+m = re.findall(r"Summary \[.*?\] +(\d+) tests? run: (\d+) passed(?:.*?(\d+) failed)?", text)
+if m:
+    for run, p, f in m:
+        passed += int(p); failed += int(f or 0)
+else:
+    for p, f in re.findall(r"test result: \w+\. (\d+) passed; (\d+) failed", text):
+        passed += int(p); failed += int(f)
+    for n in re.findall(r"^Ran (\d+) tests?", text, re.M):
+        bad = sum(int(x) for x in re.findall(r"(?:failures|errors)=(\d+)", text))
+        passed += int(n) - bad; failed += bad
+print(passed, failed)
+PY
+}
+
 run_suite() {
   local name="$1"; shift
   echo
   echo "=== suite $name: $*"
   local t0=$SECONDS
-  "$@"
-  local rc=$?
+  "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  local p f
+  read -r p f < <(count_tests "$log")
+  total_passed=$((total_passed + p)) total_failed=$((total_failed + f))
   names+=("$name")
   times+=("$((SECONDS - t0))")
-  if [ "$rc" -eq 0 ]; then results+=("passed"); else results+=("FAILED (exit $rc)"); fi
+  if [ "$rc" -eq 0 ]; then results+=("passed ($p tests)"); else results+=("FAILED (exit $rc; $p passed, $f failed)"); fi
 }
 
 rm -rf "$target/tmp/drills" # each drill writes its line afresh
@@ -47,7 +75,8 @@ echo "=== summary"
 failed=0
 for i in "${!names[@]}"; do
   printf 'suite %-7s %s in %ss\n' "${names[$i]}" "${results[$i]}" "${times[$i]}"
-  [ "${results[$i]}" = passed ] || failed=$((failed + 1))
+  case "${results[$i]}" in passed*) ;; *) failed=$((failed + 1)) ;; esac
 done
 echo "suites: $(( ${#names[@]} - failed )) passed, $failed failed"
+echo "tests: $total_passed passed, $total_failed failed"
 [ "$failed" -eq 0 ]
