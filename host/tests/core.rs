@@ -205,9 +205,7 @@ fn a_hung_call_returns_within_bounds_applies_its_fallback_and_frees_the_writer()
     let t0 = Instant::now();
     let ev = f.push("feed", "h1", "job.run", r#"{"group":"g"}"#);
     let id = ev["event_id"].as_i64().unwrap();
-    let e = wait_until("the fallback routing", PATIENCE, || {
-        routed(&f, id)
-    });
+    let e = wait_until("the fallback routing", PATIENCE, || routed(&f, id));
     let took = t0.elapsed();
     // The deadline is the feature: never before it; and soon after it, not whenever the
     // extension might answer (never). The upper margin is for a busy machine.
@@ -490,7 +488,9 @@ fn ingress_sources_are_polled_and_their_events_accepted_once() {
             .unwrap_or(0)
     };
     let seen = polls(&f);
-    wait_until("two more polls", PATIENCE, || (polls(&f) >= seen + 2).then_some(()));
+    wait_until("two more polls", PATIENCE, || {
+        (polls(&f) >= seen + 2).then_some(())
+    });
     assert_eq!(
         f.all_events()
             .iter()

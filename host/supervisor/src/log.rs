@@ -144,8 +144,30 @@ impl LogFile {
             .await
     }
 
+    /// Keeps the full log as `<name>.log.1` and starts the log afresh. On Linux there is no
+    /// moment in which `<name>.log` does not exist (a reader such as `conduit ext logs` may look
+    /// at any time): an empty file is made under a temporary name and exchanged with the log
+    /// in one `renameat2(RENAME_EXCHANGE)`, then the old log, now under the temporary name, is
+    /// renamed over the rotated file. Elsewhere the log is renamed and created again.
     async fn rotate(&self) -> Option<tokio::fs::File> {
-        let _ = tokio::fs::rename(&self.path, self.rotated_path()).await;
+        let mut tmp = self.path.clone().into_os_string();
+        tmp.push(".new");
+        let tmp = PathBuf::from(tmp);
+        let exchanged = match tokio::fs::File::create(&tmp).await {
+            Ok(_) => {
+                let (a, b) = (tmp.clone(), self.path.clone());
+                tokio::task::spawn_blocking(move || exchange(&a, &b))
+                    .await
+                    .is_ok_and(|r| r.is_ok())
+            }
+            Err(_) => false,
+        };
+        if exchanged {
+            let _ = tokio::fs::rename(&tmp, self.rotated_path()).await;
+        } else {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            let _ = tokio::fs::rename(&self.path, self.rotated_path()).await;
+        }
         self.open_append().await.ok()
     }
 
@@ -165,6 +187,18 @@ impl LogFile {
             .map(|s| s.to_string())
             .collect())
     }
+}
+
+/// Swaps two paths atomically.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    renameat2(AT_FDCWD, a, AT_FDCWD, b, RenameFlags::RENAME_EXCHANGE).map_err(std::io::Error::from)
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
 }
 
 #[cfg(test)]
@@ -200,5 +234,40 @@ mod tests {
         );
         let last = log.last_lines(3).unwrap();
         assert_eq!(last.len(), 3);
+    }
+
+    #[test]
+    fn the_log_exists_at_every_moment_of_a_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(LogFile::new(dir.path().join("x.log")));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Rotations on a thread of their own, while this thread looks at the path.
+        let writer = {
+            let (log, done) = (log.clone(), done.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                let input = vec![b'x'; 8 * LOG_CAP_BYTES as usize];
+                rt.block_on(log.capture(&input[..], Tail::default()));
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        while !log.path().exists() {
+            std::thread::yield_now();
+        }
+        let mut looks = 0u64;
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            assert!(log.path().exists(), "the log was missing during a rotation");
+            looks += 1;
+        }
+        writer.join().unwrap();
+        assert!(looks > 0);
+        // Nothing was lost to the rotation: both files are full of what was written.
+        for p in [log.path().to_owned(), log.rotated_path()] {
+            let text = std::fs::read(&p).unwrap();
+            assert_eq!(text.len() as u64, LOG_CAP_BYTES, "{}", p.display());
+            assert!(text.iter().all(|b| *b == b'x'));
+        }
     }
 }

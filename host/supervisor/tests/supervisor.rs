@@ -80,7 +80,10 @@ fn bytes_read(pid: i32) -> u64 {
 async fn wait_read_past(pid: i32, before: u64) {
     let start = Instant::now();
     while bytes_read(pid) <= before {
-        assert!(start.elapsed() < READY, "process {pid} never read the request");
+        assert!(
+            start.elapsed() < READY,
+            "process {pid} never read the request"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -159,9 +162,7 @@ async fn sigkill_fails_pending_calls_at_once_then_it_backs_off_and_comes_back() 
         "the pending call waited {:?}",
         t.elapsed()
     );
-    let st = ext
-        .wait_for(READY, |s| s == State::BackingOff)
-        .await;
+    let st = ext.wait_for(READY, |s| s == State::BackingOff).await;
     assert!(st.is_ok() || ext.state() == State::Ready, "{st:?}");
     ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
     let st = ext.status();
@@ -428,9 +429,7 @@ async fn a_replacement_is_listed_as_starting_while_the_old_one_stops() {
     let new = env.sup.start(spec(&env, "swap", "ok")).await;
     let listed = env.sup.get("swap").expect("listed at once");
     assert_eq!(listed.state(), State::Starting);
-    new.wait_for(READY, |s| s == State::Ready)
-        .await
-        .unwrap();
+    new.wait_for(READY, |s| s == State::Ready).await.unwrap();
     assert_eq!(ext.state(), State::Stopped);
     env.sup.shutdown().await;
 }

@@ -376,7 +376,10 @@ async fn graceful_close_lets_running_requests_finish_and_closes_the_write_half()
     let host_peer = host.peer();
     let start = Instant::now();
     while host_peer.incoming_in_flight() < 1 {
-        assert!(start.elapsed() < PATIENCE, "the call never reached the host");
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the call never reached the host"
+        );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let reason = host.close(Duration::from_secs(2)).await;
