@@ -428,10 +428,29 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     for e in &first.errors {
         tracing::error!("{e}");
     }
+    // Under systemd: readiness once the extensions have settled, status lines, the watchdog.
+    let notifier = crate::service::notify::Notifier::from_env();
+    let notify_task = notifier
+        .clone()
+        .map(|n| tokio::spawn(n.run(daemon.clone(), shutdown.clone())));
 
     signals.wait(&shutdown, &daemon).await;
     tracing::info!("stopping extensions");
+    let extender = notifier.map(|n| {
+        n.stopping();
+        // A stop is bounded step by step; extending stops after a minute, so a stop that
+        // hangs after all is still ended by the service manager.
+        tokio::spawn(async move {
+            for _ in 0..6 {
+                n.extend_stop();
+                tokio::time::sleep(crate::service::notify::EXTEND_EVERY).await;
+            }
+        })
+    });
     shutdown.cancel();
+    if let Some(t) = notify_task {
+        let _ = t.await;
+    }
     let _ = reconciler.await;
     // The loop finishes its pass (each call is bounded by its deadline) before extensions stop.
     let _ = tokio::task::spawn_blocking(move || host_loop.join()).await;
@@ -446,6 +465,9 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     {
         tracing::warn!("management connections were still open after 5 s; closing them");
         abort.abort();
+    }
+    if let Some(t) = extender {
+        t.abort();
     }
     let _ = std::fs::remove_file(&socket);
     drop(lock);

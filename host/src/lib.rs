@@ -10,4 +10,5 @@ pub mod core;
 pub mod daemon;
 pub mod manifest;
 pub mod packages;
+pub mod service;
 pub mod state_dir;

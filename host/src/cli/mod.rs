@@ -16,6 +16,7 @@ mod ext_check;
 mod ext_logs;
 mod ext_manage;
 mod ext_status;
+mod service;
 
 use std::process::ExitCode;
 
@@ -71,6 +72,16 @@ enum Command {
     /// Read stored artifacts.
     #[command(subcommand)]
     Artifacts(ArtifactsCommand),
+    /// Run the daemon under systemd or launchd: install, uninstall, status.
+    #[command(subcommand)]
+    Service(ServiceCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ServiceCommand {
+    Install(service::InstallArgs),
+    Uninstall(service::UninstallArgs),
+    Status(service::StatusArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -183,6 +194,9 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Waits(WaitsCommand::Add(args)) => core_cmds::add_wait(args, &state),
         Command::Emissions(EmissionsCommand::Add(args)) => core_cmds::add_emission(args, &state),
         Command::Artifacts(ArtifactsCommand::Get(args)) => core_cmds::get_artifact(args, &state),
+        Command::Service(ServiceCommand::Install(args)) => service::install(args, &state),
+        Command::Service(ServiceCommand::Uninstall(args)) => service::uninstall(args, &state),
+        Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
     }
 }
 

@@ -58,6 +58,10 @@ pub(crate) struct PollState {
     declined_by: Option<u32>,
 }
 
+/// While the file this variable names exists, the host loop makes no pass (fault injection:
+/// a stalled loop, as the watchdog must notice). Unset in normal operation.
+pub const STALL_FILE_VAR: &str = "CONDUIT_FAULT_STALL_HOST_LOOP";
+
 /// When a timer's `recurrence.next` fails, it fires again this much later.
 pub const RECURRENCE_FALLBACK_MS: i64 = 60_000;
 
@@ -106,7 +110,16 @@ impl HostLoop {
     }
 
     fn run(self) {
+        // Fault injection for the watchdog's tests and for an operator who wants to see the
+        // service manager act: while the file named by this variable exists, no pass starts.
+        let stall = std::env::var_os(STALL_FILE_VAR).map(std::path::PathBuf::from);
         while !self.shutdown.is_cancelled() {
+            if let Some(path) = &stall
+                && path.exists()
+            {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
             let t = Instant::now();
             // A bug in one pass must not end the loop for the daemon's life: log it, count it,
             // and pass again.

@@ -154,9 +154,17 @@ impl Fixture {
     }
 
     pub fn start_daemon(&mut self) {
+        self.start_daemon_with(&[]);
+    }
+
+    /// Start the daemon with extra environment variables.
+    pub fn start_daemon_with(&mut self, env: &[(&str, &std::ffi::OsStr)]) {
         let log = std::fs::File::create(self.daemon_log()).unwrap();
-        let child = self
-            .command(&["daemon", "run"])
+        let mut cmd = self.command(&["daemon", "run"]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
