@@ -339,6 +339,13 @@ async fn reload(State(d): State<Arc<Daemon>>) -> ApiResult {
 use conduit_store::StoreError;
 
 fn store_err(e: StoreError) -> ApiError {
+    if e.is_disk_full() {
+        return ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "disk_full",
+            crate::core::disk_full_message(&e),
+        );
+    }
     match e {
         StoreError::InvalidLimit { .. } | StoreError::Invalid { .. } => {
             ApiError::new(StatusCode::BAD_REQUEST, "invalid", e.to_string())

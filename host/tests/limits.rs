@@ -297,3 +297,264 @@ fn a_polled_event_past_the_depth_limit_is_skipped_and_the_others_accepted() {
         "{log}"
     );
 }
+
+// ---- a full disk --------------------------------------------------------------------------
+
+/// Start the daemon with `env` added, waiting for its socket like `Fixture::start_daemon`.
+fn start_daemon_with(f: &mut Fixture, env: &[(&str, &str)]) {
+    let log = std::fs::File::create(f.daemon_log()).unwrap();
+    let mut cmd = f.command(&["daemon", "run"]);
+    cmd.envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    f.daemon = Some(cmd.spawn().expect("start the daemon"));
+    let socket = f.state().join("run/conduit.sock");
+    wait_until("the daemon's socket", Duration::from_secs(20), || {
+        socket.exists().then_some(())
+    });
+}
+
+fn daemon_log(f: &Fixture) -> String {
+    std::fs::read_to_string(f.daemon_log()).unwrap_or_default()
+}
+
+fn big_payload() -> String {
+    format!(r#"{{"text":"{}"}}"#, "x".repeat(64 * 1024))
+}
+
+/// The store's test knob makes SQLite answer `SQLITE_FULL` exactly as on a full disk; this runs
+/// everywhere. The real thing (a full file system, and freeing it) is the test below.
+#[test]
+fn a_store_that_cannot_grow_refuses_writes_saying_the_disk_is_full_and_serves_reads() {
+    let mut f = Fixture::new();
+    f.start_daemon();
+    f.push("s", "before", "k", r#"{"n":1}"#);
+    assert_eq!(f.stop_daemon(), Some(0));
+    start_daemon_with(&mut f, &[(conduit_store::TEST_MAX_PAGE_COUNT_ENV, "1")]);
+    let (code, v) = http(
+        &f,
+        "POST",
+        "/v1/events",
+        Some(&push_body("full", "k", &big_payload())),
+    );
+    assert_eq!(code, 507, "{v}{}", f.context());
+    assert_eq!(v["error"]["code"], "disk_full", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("disk holding the state directory is full")
+            && msg.contains("database or disk is full"),
+        "{msg}"
+    );
+    // Reads are served, and the CLI says the same with exit 1 (a retry may succeed).
+    let kept: Vec<Value> = f.all_events();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let run = f.conduit(&[
+        "events",
+        "push",
+        "--source",
+        "s",
+        "--delivery-id",
+        "cli",
+        "--kind",
+        "k",
+        "--payload",
+        &big_payload(),
+    ]);
+    assert_eq!(run.code(), Some(1), "{}", run.context());
+    assert!(
+        run.stderr()
+            .contains("disk holding the state directory is full"),
+        "{}",
+        run.context()
+    );
+    let log = daemon_log(&f);
+    assert!(
+        log.contains("disk holding the state directory is full")
+            && log.contains("database or disk is full"),
+        "{log}"
+    );
+    assert_eq!(f.stop_daemon(), Some(0));
+}
+
+#[test]
+fn daemon_run_exits_2_for_a_store_that_is_not_a_database_and_prints_the_cause_once() {
+    let f = Fixture::new();
+    std::fs::create_dir_all(f.state()).unwrap();
+    std::fs::write(f.state().join("conduit.db"), vec![b'x'; 8192]).unwrap();
+    let run = f.conduit(&["daemon", "run"]);
+    assert_eq!(run.code(), Some(2), "{}", run.context());
+    let err = run.stderr();
+    let line = err.lines().find(|l| l.starts_with("error:")).unwrap_or("");
+    assert_eq!(
+        line.matches("not a database").count(),
+        1,
+        "the cause once: {}",
+        run.context()
+    );
+    // The failed start left no lock behind: the lock file holds no pid, and a fixed state
+    // starts.
+    assert_eq!(
+        std::fs::read_to_string(f.state().join("daemon.lock")).unwrap(),
+        ""
+    );
+    std::fs::remove_file(f.state().join("conduit.db")).unwrap();
+    let mut f = f;
+    f.start_daemon();
+    assert_eq!(f.stop_daemon(), Some(0));
+}
+
+const FULL_DISK_ENV: &str = "CONDUIT_TEST_FULL_DISK_SCENARIO";
+
+/// A real full file system: a small tmpfs mounted on the state directory inside a private mount
+/// namespace (`unshare --mount`), so the host's own mounts are never touched. Needs root (or
+/// CAP_SYS_ADMIN); skips, saying so, without it.
+#[test]
+fn on_a_full_disk_the_daemon_starts_serves_reads_refuses_writes_and_recovers() {
+    if std::env::var_os(FULL_DISK_ENV).is_some() {
+        return full_disk_scenario();
+    }
+    let probe = std::process::Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "mount",
+            "-t",
+            "tmpfs",
+            "tmpfs",
+            "/mnt",
+        ])
+        .output();
+    match probe {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            eprintln!(
+                "skipped: cannot mount a tmpfs in a private mount namespace (needs root): {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+            return;
+        }
+        Err(e) => {
+            eprintln!("skipped: `unshare` cannot run here: {e}");
+            return;
+        }
+    }
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "on_a_full_disk_the_daemon_starts_serves_reads_refuses_writes_and_recovers",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(FULL_DISK_ENV, "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("FULL DISK SCENARIO DONE"),
+        "{text}"
+    );
+}
+
+/// Fill the file system holding `path`'s folder until it refuses another byte.
+fn fill(path: &std::path::Path) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).unwrap();
+    let block = vec![0u8; 64 * 1024];
+    loop {
+        match file.write(&block) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(28) => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    let _ = file.sync_all();
+}
+
+/// Run inside the private mount namespace.
+fn full_disk_scenario() {
+    let mut f = Fixture::new();
+    let state = f.state();
+    std::fs::create_dir_all(&state).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs"])
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount a tmpfs on {}", state.display());
+    // Unmounted (lazily, while the daemon may still hold files) before the fixture goes.
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let filler = state.join("filler");
+
+    // A first start on a full disk cannot create the store: exit 1 (a retry helps), and no
+    // lock is left behind.
+    fill(&filler);
+    let run = f.conduit(&["daemon", "run"]);
+    assert_eq!(run.code(), Some(1), "{}", run.context());
+    assert!(
+        run.stderr().contains("database or disk is full"),
+        "{}",
+        run.context()
+    );
+    std::fs::remove_file(&filler).unwrap();
+    f.start_daemon();
+    f.push("s", "before", "k", r#"{"n":1}"#);
+    assert_eq!(f.stop_daemon(), Some(0));
+
+    // Full again: the daemon starts, serves reads, and refuses writes saying why.
+    fill(&filler);
+    f.start_daemon();
+    let _unmount = Unmount(state.clone());
+    let kept: Vec<String> = f
+        .all_events()
+        .iter()
+        .map(|e| e["delivery_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kept, ["before"], "{}", f.context());
+    let (code, v) = http(
+        &f,
+        "POST",
+        "/v1/events",
+        Some(&push_body("full", "k", &big_payload())),
+    );
+    assert_eq!(code, 507, "{v}{}", f.context());
+    assert_eq!(v["error"]["code"], "disk_full", "{v}");
+    let log = daemon_log(&f);
+    assert!(
+        log.contains("disk holding the state directory is full"),
+        "{log}"
+    );
+
+    // Space freed: the same write is accepted, with no restart.
+    std::fs::remove_file(&filler).unwrap();
+    let (code, v) = http(
+        &f,
+        "POST",
+        "/v1/events",
+        Some(&push_body("full", "k", &big_payload())),
+    );
+    assert_eq!(code, 201, "{v}{}", f.context());
+    wait_until("the recovery in the log", Duration::from_secs(20), || {
+        daemon_log(&f)
+            .contains("writes succeed again")
+            .then_some(())
+    });
+    assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
+    println!("FULL DISK SCENARIO DONE");
+}
