@@ -203,7 +203,7 @@ impl From<anyhow::Error> for ApiError {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
-            format!("{e:#}"),
+            crate::error_chain::chain(&e),
         )
     }
 }

@@ -124,9 +124,8 @@ fn the_api_refuses_a_payload_past_the_depth_limit_naming_it() {
     f.push("s", "cli-at", "k", &nested(MAX_PAYLOAD_DEPTH, "0"));
 }
 
-#[test]
-fn ingress_push_refuses_a_payload_past_the_depth_limit_with_invalid_params() {
-    let mut f = Fixture::new();
+/// The `deep-push` test package (`fixtures/deep_push.py`), staged under the fixture.
+fn deep_push_package(f: &Fixture) -> std::path::PathBuf {
     let pkg = f.dir.path().join("src/deep-push");
     std::fs::create_dir_all(&pkg).unwrap();
     std::fs::copy(
@@ -139,7 +138,13 @@ fn ingress_push_refuses_a_payload_past_the_depth_limit_with_invalid_params() {
         "name = \"deep-push\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"deep_push.py\"]\n\n[capabilities]\ningress = [\"feed\"]\nmethods = [\"push-deep\"]\n",
     )
     .unwrap();
-    f.install(&pkg);
+    pkg
+}
+
+#[test]
+fn ingress_push_refuses_a_payload_past_the_depth_limit_with_invalid_params() {
+    let mut f = Fixture::new();
+    f.install(&deep_push_package(&f));
     f.start_daemon();
     f.wait_state("deep-push", "ready", Duration::from_secs(10));
     let push = |depth: usize| -> Value {
@@ -328,10 +333,12 @@ fn big_payload() -> String {
 #[test]
 fn a_store_that_cannot_grow_refuses_writes_saying_the_disk_is_full_and_serves_reads() {
     let mut f = Fixture::new();
+    f.install(&deep_push_package(&f));
     f.start_daemon();
     f.push("s", "before", "k", r#"{"n":1}"#);
     assert_eq!(f.stop_daemon(), Some(0));
     start_daemon_with(&mut f, &[(conduit_store::TEST_MAX_PAGE_COUNT_ENV, "1")]);
+    f.wait_state("deep-push", "ready", Duration::from_secs(10));
     let (code, v) = http(
         &f,
         "POST",
@@ -368,6 +375,17 @@ fn a_store_that_cannot_grow_refuses_writes_saying_the_disk_is_full_and_serves_re
         "{}",
         run.context()
     );
+    // A write callback gets the retryable `storage_full`.
+    let run = f.conduit(&[
+        "ext",
+        "call",
+        "deep-push",
+        "push-deep",
+        r#"{"depth":1,"delivery_id":"cb","pad":65536}"#,
+    ]);
+    assert_eq!(run.code(), Some(0), "{}{}", run.context(), f.context());
+    let v: Value = serde_json::from_slice(&run.out.stdout).unwrap();
+    assert_eq!(v["error"]["code"], -32011, "storage_full: {v}");
     let log = daemon_log(&f);
     assert!(
         log.contains("disk holding the state directory is full")
@@ -375,6 +393,20 @@ fn a_store_that_cannot_grow_refuses_writes_saying_the_disk_is_full_and_serves_re
         "{log}"
     );
     assert_eq!(f.stop_daemon(), Some(0));
+}
+
+#[test]
+fn daemon_run_help_documents_which_exit_codes_a_retry_can_cure() {
+    let f = Fixture::new();
+    let run = f.conduit(&["daemon", "run", "--help"]);
+    assert_eq!(run.code(), Some(0), "{}", run.context());
+    let help = run.stdout();
+    assert!(
+        help.contains("1  could not run for a reason that may pass")
+            && help.contains("2  could not run until someone changes something")
+            && help.contains("full disk"),
+        "{help}"
+    );
 }
 
 #[test]
@@ -556,5 +588,9 @@ fn full_disk_scenario() {
             .then_some(())
     });
     assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
+    // Without a daemon, lists read the store directly, also on a full disk.
+    fill(&filler);
+    let list = f.json(&["events", "list", "--json"]);
+    assert_eq!(list["events"].as_array().unwrap().len(), 2, "{list:#}");
     println!("FULL DISK SCENARIO DONE");
 }
