@@ -545,6 +545,7 @@ fn full_disk_scenario() {
         run.context()
     );
     std::fs::remove_file(&filler).unwrap();
+    f.install(&f.core_ext("art", "ok"));
     f.start_daemon();
     f.push("s", "before", "k", r#"{"n":1}"#);
     assert_eq!(f.stop_daemon(), Some(0));
@@ -572,6 +573,18 @@ fn full_disk_scenario() {
         log.contains("disk holding the state directory is full"),
         "{log}"
     );
+    // An extension starts too, and an artifact it streams is refused as storage_full.
+    f.wait_state("art", "ready", Duration::from_secs(20));
+    let run = f.conduit(&[
+        "ext",
+        "call",
+        "art",
+        "make-artifact",
+        r#"{"size":1000000,"chunk":65536}"#,
+    ]);
+    assert_eq!(run.code(), Some(0), "{}{}", run.context(), f.context());
+    let v: Value = serde_json::from_slice(&run.out.stdout).unwrap();
+    assert_eq!(v["error"]["code"], -32011, "storage_full: {v}");
 
     // Space freed: the same write is accepted, with no restart.
     std::fs::remove_file(&filler).unwrap();
