@@ -244,6 +244,18 @@ fn declared(
     }
 }
 
+/// The rules a polled event follows: those of [`check_event_fields`], and the payload depth
+/// limit (the poll's result was parsed already, so the payload is measured as re-serialised).
+pub fn check_polled_event(
+    source: &str,
+    e: &conduit_protocol::calls::NewEvent,
+) -> Result<(), RpcError> {
+    check_event_fields(source, &e.delivery_id, &e.kind)?;
+    Ok(conduit_protocol::check_payload_depth(
+        &e.payload.to_string(),
+    )?)
+}
+
 /// The rules every pushed event's identifying fields follow, wherever it is pushed from.
 pub fn check_event_fields(source: &str, delivery_id: &str, kind: &str) -> Result<(), RpcError> {
     for (field, v) in [
