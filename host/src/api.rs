@@ -9,7 +9,8 @@
 //! POST /v1/extensions/{name}/call         {"method", "params", "timeout_ms"}: call it (diagnostics)
 //! POST /v1/reload                         apply the package registry (the CLI sends this)
 //! POST /v1/events                         push an event {source, delivery_id, kind, payload}
-//!                                         (body ≤ 1 MiB); answered after it commits
+//!                                         (body ≤ 1 MiB, payload ≤ 64 levels deep); answered
+//!                                         after it commits
 //! GET  /v1/events?after=&limit=&source=   events, oldest first, pages of 1–200 (default 50)
 //! GET  /v1/work?after=&limit=             Work, oldest first, same paging; /v1/work/{id}
 //! POST /v1/timers                         {recurrence, spec, extension?, first_at_ms?}
@@ -202,7 +203,7 @@ impl From<anyhow::Error> for ApiError {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
-            format!("{e:#}"),
+            crate::error_chain::chain(&e),
         )
     }
 }
@@ -338,6 +339,13 @@ async fn reload(State(d): State<Arc<Daemon>>) -> ApiResult {
 use conduit_store::StoreError;
 
 fn store_err(e: StoreError) -> ApiError {
+    if e.is_disk_full() {
+        return ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "disk_full",
+            crate::core::disk_full_message(&e),
+        );
+    }
     match e {
         StoreError::InvalidLimit { .. } | StoreError::Invalid { .. } => {
             ApiError::new(StatusCode::BAD_REQUEST, "invalid", e.to_string())
@@ -384,18 +392,34 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
     }
 }
 
+/// A payload as it came, raw: its depth is checked before it is parsed, so a payload of any
+/// depth gets the answer that names the limit.
+type RawPayload = Option<Box<serde_json::value::RawValue>>;
+
+/// Check a raw payload against `MAX_PAYLOAD_DEPTH`, then parse it; absent is `null`.
+fn payload(raw: RawPayload) -> Result<serde_json::Value, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(serde_json::Value::Null);
+    };
+    conduit_protocol::check_payload_depth(raw.get())
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "too_deep", e.to_string()))?;
+    serde_json::from_str(raw.get())
+        .map_err(|e| bad_request(format!("the payload does not parse: {e}")))
+}
+
 #[derive(Deserialize)]
 struct PushBody {
     source: String,
     delivery_id: String,
     kind: String,
     #[serde(default)]
-    payload: serde_json::Value,
+    payload: RawPayload,
 }
 
 async fn push_event(State(d): State<Arc<Daemon>>, Body(b): Body<PushBody>) -> ApiResult {
     crate::core::callbacks::check_event_fields(&b.source, &b.delivery_id, &b.kind)
         .map_err(|e| bad_request(e.message))?;
+    let payload = payload(b.payload)?;
     let core = d.core().clone();
     let accepted = core
         .write(move |tx| {
@@ -403,7 +427,7 @@ async fn push_event(State(d): State<Arc<Daemon>>, Body(b): Body<PushBody>) -> Ap
                 &b.source,
                 &b.delivery_id,
                 &b.kind,
-                &b.payload,
+                &payload,
                 crate::core::now_ms(),
             )
         })
@@ -587,13 +611,14 @@ async fn one_wait(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> Ap
 struct EmissionBody {
     emission: String,
     #[serde(default)]
-    payload: serde_json::Value,
+    payload: RawPayload,
     extension: Option<String>,
     work_id: Option<i64>,
 }
 
 async fn create_emission(State(d): State<Arc<Daemon>>, Body(b): Body<EmissionBody>) -> ApiResult {
     let em = b.emission.clone();
+    let payload = payload(b.payload)?;
     let ext = owner(&d, b.extension, "emission", &em, |c| {
         c.emissions.contains(&em)
     })?;
@@ -604,7 +629,7 @@ async fn create_emission(State(d): State<Arc<Daemon>>, Body(b): Body<EmissionBod
                 &ext,
                 &b.emission,
                 b.work_id,
-                &b.payload,
+                &payload,
                 crate::core::now_ms(),
             )
         })

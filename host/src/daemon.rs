@@ -345,6 +345,9 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     sweep_leftovers(&state);
     let socket = socket_path(&state);
     let listener = crate::api::bind(&socket)?;
+    // A start that fails after this point must not leave a socket behind that looks like a
+    // daemon to clients and to whoever starts the next one.
+    let _socket_file = RemoveOnDrop(socket.clone());
     let (reloads, mut reload_rx) = mpsc::channel::<oneshot::Sender<ReloadReport>>(16);
     let shutdown = stop.child_token();
 
@@ -473,6 +476,15 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     drop(lock);
     tracing::info!("conduit daemon stopped");
     Ok(())
+}
+
+/// Removes a file when dropped (however `run` returns).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// The signals the daemon handles, registered before anything else starts.

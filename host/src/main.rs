@@ -17,7 +17,7 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {:#}", e.error);
+            eprintln!("error: {}", conduit_host::error_chain::chain(&e.error));
             ExitCode::from(e.code)
         }
     }

@@ -106,12 +106,10 @@ pub enum StateDirError {
         "state directory {path} exists but is not a directory; remove it or choose another --state-dir"
     )]
     NotADirectory { path: PathBuf },
-    #[error("cannot prepare state directory {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    /// The message carries the I/O error itself (`cause` is deliberately not `source()`), so
+    /// a chain printer does not repeat it.
+    #[error("cannot prepare state directory {path}: {cause}", path = path.display())]
+    Io { path: PathBuf, cause: io::Error },
     #[error(
         "another conduit daemon ({}) holds the lock on {path}; stop it first, or give this one another --state-dir",
         match .pid { Some(pid) => format!("pid {pid}"), None => "pid unknown".to_owned() }
@@ -120,10 +118,30 @@ pub enum StateDirError {
 }
 
 impl StateDirError {
-    fn io(path: &Path, source: io::Error) -> StateDirError {
+    fn io(path: &Path, cause: io::Error) -> StateDirError {
         StateDirError::Io {
             path: path.to_owned(),
-            source,
+            cause,
+        }
+    }
+
+    /// Whether retrying cannot help until someone changes the configuration: no home, a
+    /// directory owned by someone else or not a directory, permissions, a read-only file
+    /// system, another daemon holding the lock. A full disk or another I/O error may pass.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            StateDirError::Io { cause, .. } => matches!(
+                cause.raw_os_error().map(Errno::from_raw),
+                Some(
+                    Errno::EACCES
+                        | Errno::EPERM
+                        | Errno::EROFS
+                        | Errno::ENOTDIR
+                        | Errno::ELOOP
+                        | Errno::ENAMETOOLONG
+                )
+            ),
+            _ => true,
         }
     }
 }
@@ -248,7 +266,7 @@ impl StateDir {
     }
 
     /// Takes the daemon lock: an exclusive, non-blocking `flock` on `daemon.lock`, and writes this
-    /// process's pid into the file.
+    /// process's pid into the file (if it can: a full disk leaves the file empty, with a warning).
     ///
     /// Fails at once with [`StateDirError::Locked`], naming the holder's pid, if another open of
     /// the file (in this process or another) holds it. The lock lasts as long as the guard, and
@@ -278,7 +296,12 @@ impl StateDir {
             writeln!(f, "{pid}")?;
             f.sync_all()
         };
-        write(&mut lock).map_err(|e| StateDirError::io(&path, e))?;
+        // The lock is the flock, not the pid: a pid that cannot be written (a full disk) only
+        // makes a second daemon's refusal say "pid unknown", so it must not keep this one down.
+        if let Err(e) = write(&mut lock) {
+            let _ = lock.set_len(0);
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the pid into the lock file; holding the lock without it");
+        }
         Ok(DaemonLock { lock, path, pid })
     }
 }

@@ -1156,3 +1156,45 @@ async fn a_piped_shutdown_is_answered_after_everything_before_and_after_it() {
     let reason = tokio::time::timeout(T, served).await.unwrap().unwrap();
     assert_eq!(reason.code(), 0);
 }
+
+// ---- payload depth --------------------------------------------------------------------------
+
+/// What the host accepts it sends wrapped in envelopes; the SDK reads every wrap of a payload at
+/// the limit, and one past it (the host never sends that, but the margin is there).
+#[tokio::test]
+async fn payloads_at_the_depth_limit_and_one_past_it_are_read_in_every_wrap() {
+    let (h, _) = Harness::ready(extension(), FakeHost::new()).await;
+    for depth in [protocol::MAX_PAYLOAD_DEPTH, protocol::MAX_PAYLOAD_DEPTH + 1] {
+        let payload: Value =
+            serde_json::from_str(&protocol::depth::nested(depth - 1, r#"{"thread":"t"}"#)).unwrap();
+        assert_eq!(
+            protocol::json_depth(&payload.to_string()),
+            depth,
+            "the test's own payload"
+        );
+        let mut deep = event(41, "note.posted");
+        deep["payload"] = payload.clone();
+        let v = h
+            .call(
+                methods::host::WORK_KIND_TRIGGER,
+                json!({ "kind": "note", "inputs": [event(40, "note.posted"), deep.clone()] }),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("trigger at depth {depth}: {e}"));
+        assert_eq!(v["groups"].as_array().unwrap().len(), 2, "{v}");
+        let v = h
+            .call(
+                methods::host::DEPENDENCY_FILTER,
+                json!({ "filter": "subject-is-yes", "wait_id": 9, "subject": "yes", "event": deep }),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("filter at depth {depth}: {e}"));
+        assert_eq!(v, json!({ "satisfied": true }));
+        h.call(
+            methods::host::EMIT_COMMIT,
+            json!({ "emission": "annotation", "commit_id": "c", "payload": payload }),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("commit at depth {depth}: {e}"));
+    }
+}

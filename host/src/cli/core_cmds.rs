@@ -43,7 +43,8 @@ fn post(
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Answered only after the event is committed; pushing the same --source and --delivery-id again
-is safe (the first event's id comes back, marked duplicate). The body is capped at 1 MiB.
+is safe (the first event's id comes back, marked duplicate). The body is capped at 1 MiB, and the
+payload at 64 levels of nested arrays and objects.
 
 Exit codes: 0 accepted (or a duplicate); 2 invalid (fields, JSON, size); 3 no daemon is running")]
 pub(crate) struct PushArgs {
@@ -75,6 +76,7 @@ pub(crate) fn push(args: PushArgs, state: &StateArgs) -> Result<ExitCode, CliErr
             .map_err(CliError::usage)?,
         (None, None) => "{}".into(),
     };
+    conduit_protocol::check_payload_depth(&text).map_err(CliError::usage)?;
     let payload: Value = serde_json::from_str(&text)
         .context("the payload is not JSON")
         .map_err(CliError::usage)?;
@@ -268,6 +270,7 @@ pub(crate) struct EmissionArgs {
 }
 
 pub(crate) fn add_emission(args: EmissionArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
+    conduit_protocol::check_payload_depth(&args.payload).map_err(CliError::usage)?;
     let payload: Value = serde_json::from_str(&args.payload)
         .context("the payload is not JSON")
         .map_err(CliError::usage)?;

@@ -1,8 +1,13 @@
 //! `conduit daemon run`: run the daemon in the foreground until SIGTERM or SIGINT.
+//!
+//! Exit codes separate what a retry can cure from what it cannot, so that a service manager
+//! restarts the daemon after the first (exit 1) and not after the second (exit 2).
 
 use std::process::ExitCode;
 
 use anyhow::Context;
+use conduit_host::state_dir::StateDirError;
+use conduit_store::StoreError;
 use tokio_util::sync::CancellationToken;
 
 use super::CliError;
@@ -14,12 +19,20 @@ use super::common::StateArgs;
 #[command(after_help = "\
 Logs go to stderr (CONDUIT_LOG sets the filter, default `info`).
 
-Exit codes: 0 stopped by SIGTERM/SIGINT after stopping every extension; 1 could not run (the
-socket, the runtime); 2 the state directory is unusable or another daemon holds its lock")]
+A full disk does not keep the daemon down: it starts, serves reads, refuses writes saying the
+disk is full, and accepts them again by itself once space is freed.
+
+Exit codes:
+  0  stopped by SIGTERM/SIGINT after stopping every extension
+  1  could not run for a reason that may pass (a full disk or another I/O error while starting,
+     the socket, the runtime): retrying helps, so a service manager should restart it
+  2  could not run until someone changes something (an unusable state directory: no home, owned
+     by another user, not a directory, permissions; another daemon holds its lock; a damaged
+     store, or one from a newer conduit): retrying does not help")]
 pub(crate) struct Args {}
 
 pub(crate) fn run(_args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
-    let state = state.open()?;
+    let state = state.open().map_err(|e| classified(e.error))?;
     // A multi-thread runtime whose workers live as long as the daemon: children are spawned
     // from them, and their parent-death signal is tied to the spawning thread.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -33,12 +46,26 @@ pub(crate) fn run(_args: Args, state: &StateArgs) -> Result<ExitCode, CliError> 
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
     match res {
         Ok(()) => Ok(ExitCode::SUCCESS),
-        Err(e)
-            if e.downcast_ref::<conduit_host::state_dir::StateDirError>()
-                .is_some() =>
-        {
-            Err(CliError::usage(e))
-        }
-        Err(e) => Err(CliError::failure(e)),
+        Err(e) => Err(classified(e)),
     }
+}
+
+/// Exit 2 when something in the error's chain is permanent, else 1.
+fn classified(e: anyhow::Error) -> CliError {
+    if is_permanent(&e) {
+        CliError::usage(e)
+    } else {
+        CliError::failure(e)
+    }
+}
+
+fn is_permanent(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<StateDirError>()
+            .is_some_and(StateDirError::is_permanent)
+            || cause
+                .downcast_ref::<StoreError>()
+                .is_some_and(StoreError::is_permanent)
+    })
 }

@@ -85,6 +85,21 @@ fn invalid(msg: impl Into<String>) -> RpcError {
     RpcError::new(ErrorCode::ArtifactInvalid, msg)
 }
 
+/// A file error while receiving an artifact: `storage_full` (retryable) when the disk is full,
+/// `internal_error` otherwise.
+fn io_error(what: String, e: &std::io::Error) -> RpcError {
+    if e.kind() == std::io::ErrorKind::StorageFull {
+        RpcError::new(
+            ErrorCode::StorageFull,
+            format!(
+                "{what}: {e}; the disk holding the state directory is full, retry once space is freed"
+            ),
+        )
+    } else {
+        RpcError::internal(format!("{what}: {e}"))
+    }
+}
+
 impl Artifacts {
     pub fn new(dir: PathBuf, tmp: PathBuf) -> Self {
         Artifacts {
@@ -158,7 +173,7 @@ impl Artifacts {
         })?;
         let path = self.tmp.join(format!("artifact-{id}.part"));
         let file = std::fs::File::create(&path)
-            .map_err(|e| RpcError::internal(format!("cannot create {}: {e}", path.display())))?;
+            .map_err(|e| io_error(format!("cannot create {}", path.display()), &e))?;
         let watcher = tokio_util::sync::CancellationToken::new();
         let stream = Stream {
             ext: ext.to_owned(),
@@ -235,9 +250,7 @@ impl Artifacts {
                 if let Some(Err(e)) = res {
                     drop(s);
                     self.fail(&c.stream_id).await;
-                    return Err(RpcError::internal(format!(
-                        "cannot write the artifact: {e}"
-                    )));
+                    return Err(io_error("cannot write the artifact".into(), &e));
                 }
                 s.received += data.len() as u64;
                 s.next_seq += 1;
@@ -305,9 +318,7 @@ impl Artifacts {
         });
         if let Err(e) = res {
             let _ = std::fs::remove_file(&path);
-            return Err(RpcError::internal(format!(
-                "cannot store the artifact: {e}"
-            )));
+            return Err(io_error("cannot store the artifact".into(), &e));
         }
         Ok(Finished {
             sha256: digest,

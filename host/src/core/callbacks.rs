@@ -16,6 +16,7 @@ use conduit_protocol::calls::{
 use conduit_protocol::methods::ext;
 use conduit_protocol::{ErrorCode, RpcError};
 use conduit_rpc::{BoxFuture, Handler, HandlerResult, Request, to_raw};
+use serde_json::value::RawValue;
 
 use super::{Core, now_ms, store_error};
 
@@ -113,7 +114,12 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             }
         }
         ext::OPERATION_EMIT => {
-            let p: EmitParams = req.params()?;
+            let raw: RawEmit = req.params()?;
+            let p = EmitParams {
+                payload: payload(&raw.payload)?,
+                emission: raw.emission,
+                work_id: raw.work_id,
+            };
             declared(&core, ext, "emissions", &p.emission, |c| &c.emissions)?;
             let owner = ext.to_owned();
             let planned = core
@@ -126,7 +132,13 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             to_raw(&EmitResult::from(planned))
         }
         ext::INGRESS_PUSH => {
-            let p: PushParams = req.params()?;
+            let raw: RawPush = req.params()?;
+            let p = PushParams {
+                payload: payload(&raw.payload)?,
+                source: raw.source,
+                delivery_id: raw.delivery_id,
+                kind: raw.kind,
+            };
             declared(&core, ext, "ingress", &p.source, |c| &c.ingress)?;
             check_event_fields(&p.source, &p.delivery_id, &p.kind)?;
             let accepted = core
@@ -182,6 +194,35 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
     }
 }
 
+/// `PushParams` with the payload left raw, so its depth is checked before it is parsed.
+#[derive(serde::Deserialize)]
+struct RawPush {
+    source: String,
+    delivery_id: String,
+    kind: String,
+    payload: Box<RawValue>,
+}
+
+/// `EmitParams` with the payload left raw.
+#[derive(serde::Deserialize)]
+struct RawEmit {
+    emission: String,
+    #[serde(default)]
+    work_id: Option<i64>,
+    payload: Box<RawValue>,
+}
+
+/// Check a payload against `MAX_PAYLOAD_DEPTH` (`invalid_params` naming the limit), then parse it.
+fn payload(raw: &RawValue) -> Result<serde_json::Value, RpcError> {
+    conduit_protocol::check_payload_depth(raw.get())?;
+    serde_json::from_str(raw.get()).map_err(|e| {
+        RpcError::new(
+            ErrorCode::InvalidParams,
+            format!("the payload does not parse: {e}"),
+        )
+    })
+}
+
 /// Refuse a name the extension did not declare in its handshake.
 fn declared(
     core: &Core,
@@ -201,6 +242,18 @@ fn declared(
             ),
         ))
     }
+}
+
+/// The rules a polled event follows: those of [`check_event_fields`], and the payload depth
+/// limit (the poll's result was parsed already, so the payload is measured as re-serialised).
+pub fn check_polled_event(
+    source: &str,
+    e: &conduit_protocol::calls::NewEvent,
+) -> Result<(), RpcError> {
+    check_event_fields(source, &e.delivery_id, &e.kind)?;
+    Ok(conduit_protocol::check_payload_depth(
+        &e.payload.to_string(),
+    )?)
 }
 
 /// The rules every pushed event's identifying fields follow, wherever it is pushed from.

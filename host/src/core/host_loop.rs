@@ -616,7 +616,7 @@ async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: 
             let events: Vec<_> = r
                 .events
                 .into_iter()
-                .filter(|e| match super::callbacks::check_event_fields(&source, &e.delivery_id, &e.kind) {
+                .filter(|e| match super::callbacks::check_polled_event(&source, e) {
                     Ok(()) => true,
                     Err(err) => {
                         tracing::warn!(extension = %name, %source, error = %err.message, "skipped a polled event");

@@ -25,7 +25,7 @@ pub mod host_loop;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use conduit_protocol::{Capabilities, ErrorCode, RpcError};
@@ -74,6 +74,8 @@ pub struct Core {
     pub(crate) polls: Mutex<HashMap<(String, String), host_loop::PollState>>,
     /// Tasks the core starts (ingress polls); closed and awaited when the daemon stops.
     pub tasks: tokio_util::task::TaskTracker,
+    /// Says in the log when writes start and stop failing for want of space.
+    pub disk_full: DiskFullLog,
 }
 
 impl std::fmt::Debug for Core {
@@ -100,6 +102,7 @@ impl Core {
             stats: LoopStats::default(),
             polls: Mutex::new(HashMap::new()),
             tasks: tokio_util::task::TaskTracker::new(),
+            disk_full: DiskFullLog::default(),
         }
     }
 
@@ -159,14 +162,16 @@ impl Core {
         f: impl FnOnce(&mut conduit_store::WriteTx<'_>) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.write(f))
+        let res = tokio::task::spawn_blocking(move || store.write(f))
             .await
             .unwrap_or_else(|e| {
                 Err(StoreError::Invalid {
                     field: "write",
                     reason: format!("the write panicked: {e}"),
                 })
-            })
+            });
+        self.disk_full.note(&res);
+        res
     }
 
     /// Run a read on a reader connection, off the async runtime.
@@ -200,11 +205,58 @@ impl Drop for InTransaction<'_> {
 
 /// A store failure as a wire error for a callback.
 pub(crate) fn store_error(e: StoreError) -> RpcError {
+    if e.is_disk_full() {
+        return RpcError::new(ErrorCode::StorageFull, disk_full_message(&e));
+    }
     match e {
         StoreError::NotFound { .. } => RpcError::new(ErrorCode::NotFound, e.to_string()),
         StoreError::InvalidLimit { .. } | StoreError::Invalid { .. } => {
             RpcError::new(ErrorCode::InvalidParams, e.to_string())
         }
         other => RpcError::internal(format!("the host's store failed: {other}")),
+    }
+}
+
+/// What a caller is told when a write was refused because the disk is full.
+pub fn disk_full_message(e: &StoreError) -> String {
+    format!(
+        "the disk holding the state directory is full, so nothing was written ({e}); reads still work, \
+         and writes are accepted again by themselves once space is freed"
+    )
+}
+
+/// Logs a full disk once when writes start failing for that reason (then at most once a
+/// minute while it lasts), and once when a write succeeds again.
+#[derive(Debug, Default)]
+pub struct DiskFullLog {
+    /// When the last "disk full" line was logged, in Unix ms; 0 while writes succeed.
+    since_logged_ms: AtomicI64,
+}
+
+impl DiskFullLog {
+    const REPEAT_MS: i64 = 60_000;
+
+    /// Note the outcome of a write.
+    pub fn note<T>(&self, res: &Result<T, StoreError>) {
+        match res {
+            Err(e) if e.is_disk_full() => {
+                let now = now_ms();
+                let last = self.since_logged_ms.load(Ordering::Relaxed);
+                if (last == 0 || now - last >= Self::REPEAT_MS)
+                    && self
+                        .since_logged_ms
+                        .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    tracing::error!(error = %e, "the disk holding the state directory is full: writes are refused (reads still work) until space is freed");
+                }
+            }
+            Ok(_) if self.since_logged_ms.swap(0, Ordering::Relaxed) != 0 => {
+                tracing::info!(
+                    "writes succeed again: the disk holding the state directory has room"
+                );
+            }
+            _ => {}
+        }
     }
 }

@@ -193,6 +193,12 @@ impl WriteTx<'_> {
             field: "payload",
             reason: err.to_string(),
         })?;
+        // Every caller checks the depth before it parses a payload; this is the backstop that
+        // keeps a payload no receiver could read out of the store whatever the path.
+        conduit_protocol::check_payload_depth(&body).map_err(|err| StoreError::Invalid {
+            field: "payload",
+            reason: err.to_string(),
+        })?;
         // SQLite's `randomblob` draws from its own generator, seeded from the operating
         // system, so the store needs no random number crate of its own.
         let (id, nonce): (i64, String) = self

@@ -5,6 +5,11 @@
 //! peer; the `Display` text is for logs and operators.
 //!
 //! Invariant: no SQL error leaves the store without the operation it interrupted (`Sql::what`).
+//!
+//! Each message is whole: it carries the SQLite error underneath in one line (`cause`, which is
+//! deliberately not reported as `source()`), so a log line or an API answer that prints only
+//! `Display` still says why ("database or disk is full"), and a chain printer (`{:#}`) does not
+//! print the cause twice.
 
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -15,12 +20,11 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum StoreError {
     /// The database file could not be opened or configured.
-    #[error("cannot open the store at {}: {what}", path.display())]
+    #[error("cannot open the store at {}: {what}: {}", path.display(), sqlite(cause))]
     Open {
         path: PathBuf,
         what: &'static str,
-        #[source]
-        source: rusqlite::Error,
+        cause: rusqlite::Error,
     },
 
     /// SQLite would not put the file in WAL mode.
@@ -43,32 +47,30 @@ pub enum StoreError {
     },
 
     /// A schema migration failed; the transaction that ran it was rolled back.
-    #[error("migration to schema version {version} failed")]
+    #[error("migration to schema version {version} failed: {}", sqlite(cause))]
     Migration {
         version: usize,
-        #[source]
-        source: rusqlite::Error,
+        cause: rusqlite::Error,
     },
 
     /// `BEGIN IMMEDIATE` did not get the write lock (another process held it past the busy
     /// timeout) or failed otherwise.
-    #[error("cannot begin a write transaction")]
-    Begin(#[source] rusqlite::Error),
+    #[error("cannot begin a write transaction: {}", sqlite(.0))]
+    Begin(rusqlite::Error),
 
     /// `COMMIT` failed; nothing the transaction wrote is visible.
-    #[error("cannot commit the write transaction")]
-    Commit(#[source] rusqlite::Error),
+    #[error("cannot commit the write transaction: {}", sqlite(.0))]
+    Commit(rusqlite::Error),
 
     /// Every reader connection stayed busy for the whole checkout timeout.
     #[error("no reader connection came free within {waited:?}")]
     ReaderTimeout { waited: Duration },
 
     /// A statement failed; `what` names the operation and the record it touched.
-    #[error("{what}")]
+    #[error("{what}: {}", sqlite(cause))]
     Sql {
         what: Cow<'static, str>,
-        #[source]
-        source: rusqlite::Error,
+        cause: rusqlite::Error,
     },
 
     /// The record does not exist.
@@ -111,21 +113,76 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The SQLite error underneath, if there is one.
+    pub fn sqlite_error(&self) -> Option<&rusqlite::Error> {
+        match self {
+            StoreError::Open { cause, .. }
+            | StoreError::Migration { cause, .. }
+            | StoreError::Begin(cause)
+            | StoreError::Commit(cause)
+            | StoreError::Sql { cause, .. } => Some(cause),
+            _ => None,
+        }
+    }
+
     /// Whether the error is SQLite reporting the database busy or locked, which another
     /// process holding the file causes; the caller may retry later.
     pub fn is_busy(&self) -> bool {
-        let source = match self {
-            StoreError::Open { source, .. }
-            | StoreError::Migration { source, .. }
-            | StoreError::Begin(source)
-            | StoreError::Commit(source)
-            | StoreError::Sql { source, .. } => source,
-            _ => return false,
-        };
         matches!(
-            source.sqlite_error_code(),
+            self.sqlite_error().and_then(|e| e.sqlite_error_code()),
             Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
         )
+    }
+
+    /// Whether the file system holding the store is full (`SQLITE_FULL`, which SQLite reports
+    /// for `ENOSPC`, or growing the shared-memory index failed). Nothing was written; the same
+    /// write succeeds once there is room again.
+    pub fn is_disk_full(&self) -> bool {
+        match self.sqlite_error() {
+            Some(rusqlite::Error::SqliteFailure(f, _)) => {
+                f.code == rusqlite::ErrorCode::DiskFull
+                    || f.extended_code == rusqlite::ffi::SQLITE_IOERR_SHMSIZE
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether retrying cannot help until someone changes the file or the build: damage, a
+    /// schema from a newer build, a file system without WAL, a migration that failed for a
+    /// reason other than space, locks or I/O. Everything else (a full disk, I/O errors, a
+    /// lock held too long) may pass.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            StoreError::NotWal { .. } | StoreError::Corrupt { .. } | StoreError::TooNew { .. } => {
+                true
+            }
+            // A file that is not a database (or is damaged past reading) stays so.
+            StoreError::Open { cause, .. } => matches!(
+                cause.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt)
+            ),
+            StoreError::Migration { cause, .. } => {
+                !self.is_disk_full()
+                    && !self.is_busy()
+                    && !matches!(
+                        cause.sqlite_error_code(),
+                        Some(rusqlite::ErrorCode::SystemIoFailure)
+                    )
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A SQLite error in one line: its message and extended code, without the repetition its
+/// `source()` chain would add.
+pub(crate) fn sqlite(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqliteFailure(f, Some(msg)) => {
+            format!("{msg} (SQLite error {})", f.extended_code)
+        }
+        rusqlite::Error::SqliteFailure(f, None) => f.to_string(),
+        other => other.to_string(),
     }
 }
 
@@ -138,16 +195,16 @@ pub(crate) trait SqlContext<T> {
 
 impl<T> SqlContext<T> for Result<T, rusqlite::Error> {
     fn context(self, what: &'static str) -> Result<T, StoreError> {
-        self.map_err(|source| StoreError::Sql {
+        self.map_err(|cause| StoreError::Sql {
             what: Cow::Borrowed(what),
-            source,
+            cause,
         })
     }
 
     fn with_context(self, what: impl FnOnce() -> String) -> Result<T, StoreError> {
-        self.map_err(|source| StoreError::Sql {
+        self.map_err(|cause| StoreError::Sql {
             what: Cow::Owned(what()),
-            source,
+            cause,
         })
     }
 }

@@ -205,6 +205,12 @@ impl WriteTx<'_> {
             field: "payload",
             reason: err.to_string(),
         })?;
+        // Every caller checks the depth before it parses a payload; this is the backstop that
+        // keeps a payload no receiver could read out of the store whatever the path.
+        conduit_protocol::check_payload_depth(&body).map_err(|err| StoreError::Invalid {
+            field: "payload",
+            reason: err.to_string(),
+        })?;
         // Insert first: a new delivery, the common case, costs one statement. `DO NOTHING`
         // returns no row on a duplicate, and then the first Event is looked up.
         let mut insert = self

@@ -70,6 +70,12 @@ pub const MAX_READERS: usize = 4;
 /// How long [`Store::read`] waits for a reader connection when all are busy.
 pub const READER_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A test-only knob: when set to a number, the writer's `max_page_count` is set to it, so the
+/// file cannot grow past that many pages (SQLite clamps it to the current size) and writes
+/// that need room fail with `SQLITE_FULL`, exactly as on a full disk. Never set it in
+/// production.
+pub const TEST_MAX_PAGE_COUNT_ENV: &str = "CONDUIT_TEST_MAX_PAGE_COUNT";
+
 /// Prepared statements kept per connection; more than the store has, so none is re-prepared.
 const STATEMENT_CACHE: usize = 64;
 
@@ -108,7 +114,7 @@ impl Store {
         let path = path.as_ref().to_owned();
         let open_err = |what| {
             let path = path.clone();
-            move |source| StoreError::Open { path, what, source }
+            move |cause| StoreError::Open { path, what, cause }
         };
         let mut conn = Connection::open(&path).map_err(open_err("opening"))?;
         conn.busy_timeout(BUSY_TIMEOUT)
@@ -128,9 +134,22 @@ impl Store {
             .map_err(open_err("setting foreign_keys=ON"))?;
         configure_statements(&conn)
             .map_err(open_err("enabling the query planner stability guarantee"))?;
+        persist_wal(&conn).map_err(open_err("keeping the WAL files across restarts"))?;
 
         quick_check(&conn, &path)?;
         schema::migrate(&mut conn, &path)?;
+
+        if let Some(n) = std::env::var(TEST_MAX_PAGE_COUNT_ENV)
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+        {
+            tracing::warn!(
+                max_page_count = n,
+                "{TEST_MAX_PAGE_COUNT_ENV} is set: the store will not grow (a test knob)"
+            );
+            conn.pragma_update(None, "max_page_count", n)
+                .map_err(open_err("setting the test max_page_count"))?;
+        }
 
         Ok(Store {
             readers: pool::Readers::new(path.clone(), MAX_READERS),
@@ -240,21 +259,51 @@ fn configure_statements(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Keep `conduit.db-wal` and `conduit.db-shm` when the last connection closes
+/// (`SQLITE_FCNTL_PERSIST_WAL`), instead of deleting them and creating them again at the next
+/// open. Creating the shared-memory index needs 32 KiB of free space, so without this a store
+/// closed cleanly could not be opened again on a full disk; with it, the next open reuses the
+/// space the files already hold. The WAL is still checkpointed into the main file at close, so
+/// `conduit.db` alone is complete after a clean stop. Set on every connection: whichever closes
+/// last decides.
+fn persist_wal(conn: &Connection) -> rusqlite::Result<()> {
+    let mut on: std::ffi::c_int = 1;
+    // SAFETY: `handle` is the connection's live handle, used only during this call;
+    // SQLITE_FCNTL_PERSIST_WAL reads and writes one `int` through the pointer, which points to
+    // a local that outlives the call.
+    let rc = unsafe {
+        rusqlite::ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            rusqlite::ffi::SQLITE_FCNTL_PERSIST_WAL,
+            (&raw mut on).cast(),
+        )
+    };
+    if rc == rusqlite::ffi::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rc),
+            None,
+        ))
+    }
+}
+
 fn quick_check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let mut stmt = conn
         .prepare("PRAGMA quick_check")
-        .map_err(|source| StoreError::Open {
+        .map_err(|cause| StoreError::Open {
             path: path.to_owned(),
             what: "running quick_check",
-            source,
+            cause,
         })?;
     let problems = stmt
         .query_map([], |row| row.get::<_, String>(0))
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-        .map_err(|source| StoreError::Open {
+        .map_err(|cause| StoreError::Open {
             path: path.to_owned(),
             what: "running quick_check",
-            source,
+            cause,
         })?;
     if problems.len() == 1 && problems[0] == "ok" {
         return Ok(());

@@ -98,7 +98,7 @@ impl Readers {
     fn open(&self) -> Result<Connection, StoreError> {
         let open_err = |what| {
             let path = self.path.clone();
-            move |source| StoreError::Open { path, what, source }
+            move |cause| StoreError::Open { path, what, cause }
         };
         // Read-write flags with `query_only` rather than a read-only open: a read-only
         // connection cannot create the WAL index if it is missing, and `query_only` still
@@ -117,6 +117,7 @@ impl Readers {
         crate::configure_statements(&conn).map_err(open_err(
             "enabling a reader's query planner stability guarantee",
         ))?;
+        crate::persist_wal(&conn).map_err(open_err("keeping the WAL files across restarts"))?;
         Ok(conn)
     }
 }

@@ -138,10 +138,10 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
         // Read the version under the write lock, so a concurrent opener's migration is seen.
         let found: i64 = tx
             .pragma_query_value(None, "user_version", |row| row.get(0))
-            .map_err(|source| StoreError::Open {
+            .map_err(|cause| StoreError::Open {
                 path: path.to_owned(),
                 what: "reading user_version",
-                source,
+                cause,
             })?;
         let applied = usize::try_from(found).unwrap_or(usize::MAX);
         if applied == MIGRATIONS.len() {
@@ -158,7 +158,7 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
         tx.execute_batch(MIGRATIONS[applied])
             .and_then(|()| tx.pragma_update(None, "user_version", version as i64))
             .and_then(|()| tx.commit())
-            .map_err(|source| StoreError::Migration { version, source })?;
+            .map_err(|cause| StoreError::Migration { version, cause })?;
         tracing::info!(version, path = %path.display(), "applied store migration");
     }
 }

@@ -53,7 +53,7 @@ fn readers_are_query_only() {
         })
         .unwrap_err();
     assert!(
-        matches!(err, StoreError::Sql { ref source, .. } if source.to_string().contains("readonly")),
+        matches!(err, StoreError::Sql { ref cause, .. } if cause.to_string().contains("readonly")),
         "{err:?}"
     );
 }

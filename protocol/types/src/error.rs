@@ -81,6 +81,9 @@ codes! {
     ArtifactInvalid = -32009, "artifact_invalid", false;
     /// The thing a callback asked for does not exist.
     NotFound = -32010, "not_found", false;
+    /// The host's disk is full: the write was not made. Retry later; the host accepts writes
+    /// again by itself once space is freed.
+    StorageFull = -32011, "storage_full", true;
 }
 
 impl std::fmt::Display for ErrorCode {

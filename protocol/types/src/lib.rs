@@ -9,11 +9,13 @@
 //! meaning of a call (what the host does with an answer) lives in the host.
 
 pub mod calls;
+pub mod depth;
 pub mod error;
 pub mod handshake;
 pub mod message;
 pub mod methods;
 
+pub use depth::{MAX_PAYLOAD_DEPTH, PayloadTooDeep, check_payload_depth, json_depth};
 pub use error::{ErrorCode, ErrorObject, RpcError};
 pub use handshake::{Capabilities, InitializeParams, InitializeResult};
 pub use message::{Message, MessageError, RequestId};
