@@ -28,10 +28,19 @@ fn main() -> ExitCode {
 fn install_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CONDUIT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    // Colours only on a terminal, and never with NO_COLOR (no-color.org).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .init();
+        .with_ansi(ansi)
+        .with_target(false);
+    // Under systemd, stderr is the journal (it sets JOURNAL_STREAM), which stamps every line
+    // itself: a second timestamp would only crowd `journalctl`.
+    if std::env::var_os("JOURNAL_STREAM").is_some() {
+        fmt.without_time().init();
+    } else {
+        fmt.init();
+    }
 }
