@@ -14,8 +14,11 @@ use super::common::StateArgs;
 #[command(after_help = "\
 Logs go to stderr (CONDUIT_LOG sets the filter, default `info`).
 
+CONDUIT_UNRESPONSIVE_AFTER (1 to 100, default 5): consecutive failed in-transaction calls and
+probes, with no answer between, after which an extension is unresponsive and restarted.
+
 Exit codes: 0 stopped by SIGTERM/SIGINT after stopping every extension; 1 could not run (the
-socket, the runtime); 2 the state directory is unusable or another daemon holds its lock")]
+socket, the runtime); 2 the state directory is unusable, another daemon holds its lock, or a setting is invalid")]
 pub(crate) struct Args {}
 
 pub(crate) fn run(_args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
@@ -35,7 +38,9 @@ pub(crate) fn run(_args: Args, state: &StateArgs) -> Result<ExitCode, CliError> 
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e)
             if e.downcast_ref::<conduit_host::state_dir::StateDirError>()
-                .is_some() =>
+                .is_some()
+                || e.downcast_ref::<conduit_host::daemon::SettingError>()
+                    .is_some() =>
         {
             Err(CliError::usage(e))
         }
