@@ -217,10 +217,17 @@ impl Health {
     }
 
     /// A probe of run `pid` ended: `Ok` if it was answered within its deadline (whatever the
-    /// answer), `Err(why)` if not. A probe of an earlier run is ignored.
-    pub fn probed(&mut self, threshold: u32, pid: Option<u32>, now: i64, res: Result<(), String>) {
+    /// answer), `Err(why)` if not. A probe of an earlier run is ignored. Whether it restored
+    /// the extension.
+    pub fn probed(
+        &mut self,
+        threshold: u32,
+        pid: Option<u32>,
+        now: i64,
+        res: Result<(), String>,
+    ) -> bool {
         if pid != self.pid || !self.probing {
-            return;
+            return false;
         }
         self.probing = false;
         match res {
@@ -231,8 +238,12 @@ impl Health {
                 self.degraded_since_ms = None;
                 self.reason = None;
                 self.next_probe_at_ms = None;
+                true
             }
-            Err(why) => self.failed(threshold, now, format!("probe: {why}")),
+            Err(why) => {
+                self.failed(threshold, now, format!("probe: {why}"));
+                false
+            }
         }
     }
 
@@ -327,9 +338,9 @@ mod tests {
         assert_eq!(h.view(3).unresponsive_restarts, 1);
         assert_eq!(h.next_action(10_000), Action::Probe);
         // A late answer to a probe of the old run changes nothing.
-        h.probed(3, Some(7), 10_100, Ok(()));
+        assert!(!h.probed(3, Some(7), 10_100, Ok(())));
         assert!(!h.callable());
-        h.probed(3, Some(8), 10_200, Ok(()));
+        assert!(h.probed(3, Some(8), 10_200, Ok(())));
         assert!(h.callable());
     }
 

@@ -712,11 +712,11 @@ async fn probe_once(core: Arc<Core>, ext: Extension, pid: Option<u32>, call: Pro
         Err(e) => Err(e.to_string()),
         Ok(_) => Ok(()),
     };
-    let restored = outcome.is_ok();
     let (threshold, now) = (core.unresponsive_after(), now_ms());
-    if let Some(h) = core.lock_health().get_mut(ext.name()) {
-        h.probed(threshold, pid, now, outcome);
-    }
+    let restored = core
+        .lock_health()
+        .get_mut(ext.name())
+        .is_some_and(|h| h.probed(threshold, pid, now, outcome));
     if restored {
         tracing::info!(extension = ext.name(), method = %call.method, "extension answered its probe; its in-transaction calls resume");
         core.nudge();
