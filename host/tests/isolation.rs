@@ -4,7 +4,8 @@
 //!
 //! - a hung extension is degraded: its events wait unrouted while another extension's are
 //!   routed at once, and `ext status` says so;
-//! - a degraded extension is probed off the writer and restored when it answers;
+//! - a degraded extension is probed off the writer and restored when it answers; its timers,
+//!   waits and emissions wait meanwhile and resume with its own answers;
 //! - one that answers nothing is shown unresponsive and restarted;
 //! - events accepted before a restart wait for their owner's handshake, each ends in a Work;
 //! - an event kind routes to the longest declared work kind at a dot boundary.
@@ -395,4 +396,53 @@ fn an_event_kind_routes_to_the_longest_declared_work_kind_at_a_dot_boundary() {
         let (_, w) = http::request(&sock, "GET", &format!("/v1/work/{work}"), None);
         assert_eq!(w["kind"], *want, "event kind {kind}: {w}");
     }
+}
+
+#[test]
+fn a_degraded_extensions_timers_waits_and_emissions_wait_and_resume_when_it_answers() {
+    let mut f = Fixture::new();
+    f.install(&core_pkg(&f, "late", "hang-until-file", &["job".into()]));
+    f.start_daemon();
+    f.wait_state("late", "ready", CEILING);
+    let sock = socket(&f);
+    http::push(&sock, "s", "d0", "job.x", json!({}));
+    f.wait_for("late", CEILING, |s| s["health"]["condition"] == "degraded");
+    let timer = f.json(&["timers", "add", "tick", "every 60000", "--json"]);
+    let wait = f.json(&["waits", "add", "match", "hello", "--json"]);
+    let hit = http::push(&sock, "s", "d1", "other.x", json!({"text": "hello there"}));
+    let em = f.json(&["emissions", "add", "note", r#"{"n":1}"#, "--json"]);
+    let get =
+        |what: &str, id: &Value| http::request(&sock, "GET", &format!("/v1/{what}/{id}"), None).1;
+    // Through several passes and a failed probe, none of them is given its fallback.
+    f.wait_for("late", CEILING, |s| {
+        s["health"]["failures"].as_u64().unwrap_or(0) >= 2
+    });
+    let t = get("timers", &timer["timer_id"]);
+    assert!(
+        t.get("last_fired_at_ms").is_none_or(Value::is_null),
+        "{t:#}"
+    );
+    let w = get("waits", &wait["wait_id"]);
+    assert_eq!(w["state"], "active", "{w:#}");
+    let e = get("emissions", &em["emission_id"]);
+    assert_eq!(e["state"], "planned", "{e:#}");
+
+    // It answers: everything resumes with the extension's own answers.
+    std::fs::write(f.state().join("data/late/answer"), "").unwrap();
+    let t = wait_until(&f, "the timer to fire", CEILING, || {
+        let t = get("timers", &timer["timer_id"]);
+        t["last_fired_at_ms"].is_i64().then_some(t)
+    });
+    let fired = t["last_fired_at_ms"].as_i64().unwrap();
+    assert_eq!(t["next_at_ms"].as_i64().unwrap() - fired, 60_000, "{t:#}");
+    let w = wait_until(&f, "the wait to be satisfied", CEILING, || {
+        let w = get("waits", &wait["wait_id"]);
+        (w["state"] == "satisfied").then_some(w)
+    });
+    assert_eq!(w["satisfied_by_event_id"], hit, "{w:#}");
+    let e = wait_until(&f, "the emission to commit", CEILING, || {
+        let e = get("emissions", &em["emission_id"]);
+        (e["state"] == "committed").then_some(e)
+    });
+    assert_eq!(e["records"][0]["body"]["n"], 1, "{e:#}");
 }
