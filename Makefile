@@ -89,5 +89,5 @@ bench-roundtrip:
 # scripts/drill-report.sh prints as a table.
 drill: build
 	rm -rf $(TARGET_DIR)/tmp/drills
-	$(CARGO) test -p conduit-host --test 'drill_*' -- --test-threads 2
+	CONDUIT_DRILL_ROUNDS=20 $(CARGO) test -p conduit-host --test 'drill_*' -- --test-threads 2
 	scripts/drill-report.sh $(TARGET_DIR)

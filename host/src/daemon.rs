@@ -49,6 +49,10 @@ pub struct ExtensionView {
     pub installed_at_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// How its in-transaction calls stand (healthy, degraded, unresponsive); absent when the
+    /// daemon does not run it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::core::health::HealthView>,
 }
 
 impl ExtensionView {
@@ -71,6 +75,7 @@ impl ExtensionView {
             enabled: rec.enabled,
             installed_at_ms: rec.installed_at_ms,
             description: rec.manifest.description.clone(),
+            health: None,
         }
     }
 }
@@ -150,6 +155,7 @@ impl Daemon {
                 enabled: true,
                 installed_at_ms: rec.installed_at_ms,
                 description: rec.manifest.description.clone(),
+                health: Some(self.core.health_view(&rec.name)),
             },
             _ => ExtensionView::offline(rec, true),
         }
@@ -237,6 +243,9 @@ impl Daemon {
                 Err(e) => report.errors.push(format!("{name}: {e:#}")),
             }
         }
+        // Every enabled package is supervised now (at least `starting`), so the owner of each
+        // of its kinds is known: routing may begin.
+        self.core.mark_registry_applied();
         for list in [
             &mut report.started,
             &mut report.stopped,
@@ -341,6 +350,12 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     // Signals first: a SIGTERM (or SIGHUP from a service manager) during startup must get the
     // graceful path, not the default action.
     let signals = Signals::new()?;
+    let unresponsive_after = crate::core::health::parse_unresponsive_after(
+        std::env::var(crate::core::health::UNRESPONSIVE_AFTER_ENV)
+            .ok()
+            .as_deref(),
+    )
+    .map_err(SettingError)?;
     let lock = state.lock_exclusive()?;
     sweep_leftovers(&state);
     let socket = socket_path(&state);
@@ -375,6 +390,7 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
         state.artifacts_dir(),
         state.tmp_dir(),
     ));
+    core.set_unresponsive_after(unresponsive_after);
     let _ = core_cell.set(Arc::downgrade(&core));
     let swept = core.artifacts.sweep_partial();
     if swept > 0 {
@@ -486,6 +502,12 @@ impl Drop for RemoveOnDrop {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// A daemon setting (an environment variable) that does not parse: permanent, retrying will
+/// not help.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SettingError(pub String);
 
 /// The signals the daemon handles, registered before anything else starts.
 struct Signals {

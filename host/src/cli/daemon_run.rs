@@ -22,13 +22,16 @@ Logs go to stderr (CONDUIT_LOG sets the filter, default `info`).
 A full disk does not keep the daemon down: it starts, serves reads, refuses writes saying the
 disk is full, and accepts them again by itself once space is freed.
 
+CONDUIT_UNRESPONSIVE_AFTER (1 to 100, default 5): consecutive failed in-transaction calls and
+probes, with no answer between, after which an extension is unresponsive and restarted.
+
 Exit codes:
   0  stopped by SIGTERM/SIGINT after stopping every extension
   1  could not run for a reason that may pass (a full disk or another I/O error while starting,
      the socket, the runtime): retrying helps, so a service manager should restart it
   2  could not run until someone changes something (an unusable state directory: no home, owned
      by another user, not a directory, permissions; another daemon holds its lock; a damaged
-     store, or one from a newer conduit): retrying does not help")]
+     store, or one from a newer conduit; an invalid setting): retrying does not help")]
 pub(crate) struct Args {}
 
 pub(crate) fn run(_args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
@@ -67,5 +70,8 @@ fn is_permanent(e: &anyhow::Error) -> bool {
             || cause
                 .downcast_ref::<StoreError>()
                 .is_some_and(StoreError::is_permanent)
+            || cause
+                .downcast_ref::<conduit_host::daemon::SettingError>()
+                .is_some()
     })
 }

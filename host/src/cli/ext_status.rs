@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use conduit_host::core::health::Condition;
 use conduit_host::daemon::ExtensionView;
 use conduit_host::packages;
 use conduit_supervisor::{State, now_ms};
@@ -72,7 +73,21 @@ fn views(state_args: &StateArgs) -> Result<(bool, Vec<ExtensionView>), CliError>
 }
 
 fn healthy(v: &ExtensionView) -> bool {
-    matches!(v.status.state, State::Ready | State::Disabled)
+    let calls_flow = v
+        .health
+        .as_ref()
+        .is_none_or(|h| h.condition == Condition::Healthy);
+    matches!(v.status.state, State::Ready | State::Disabled) && calls_flow
+}
+
+/// `ready`, or `ready, degraded` / `ready, unresponsive` when its in-transaction calls wait.
+fn state_text(v: &ExtensionView) -> String {
+    match &v.health {
+        Some(h) if h.condition != Condition::Healthy => {
+            format!("{}, {}", v.status.state, h.condition.as_str())
+        }
+        _ => v.status.state.to_string(),
+    }
 }
 
 fn table(list: &[ExtensionView]) -> String {
@@ -87,7 +102,12 @@ fn table(list: &[ExtensionView]) -> String {
         let _ = writeln!(
             out,
             "{:<20} {:<12} {:<14} {:>8} {:>8}  {}",
-            s.name, s.version, s.state, pid, s.restarts, exit
+            s.name,
+            s.version,
+            state_text(v),
+            pid,
+            s.restarts,
+            exit
         );
     }
     out
@@ -149,7 +169,7 @@ pub(crate) fn status(args: StatusArgs, state: &StateArgs) -> Result<ExitCode, Cl
 
 fn detail(out: &mut String, v: &ExtensionView) {
     let s = &v.status;
-    let _ = writeln!(out, "{} {} — {}", s.name, s.version, s.state);
+    let _ = writeln!(out, "{} {} — {}", s.name, s.version, state_text(v));
     if let Some(d) = &v.description {
         let _ = writeln!(out, "  {d}");
     }
@@ -157,6 +177,39 @@ fn detail(out: &mut String, v: &ExtensionView) {
         let _ = writeln!(out, "  pid           {pid}");
     }
     let _ = writeln!(out, "  restarts      {}", s.restarts);
+    if let Some(h) = v
+        .health
+        .as_ref()
+        .filter(|h| h.condition != Condition::Healthy)
+    {
+        let ago = h.since_ms.map_or(0, |t| (now_ms() - t).max(0));
+        let _ = writeln!(
+            out,
+            "  {:<13} since {:.1} s ago: {}",
+            h.condition.as_str(),
+            ago as f64 / 1000.0,
+            h.reason.as_deref().unwrap_or("-")
+        );
+        let probe = match h.next_probe_at_ms {
+            Some(at) => format!(
+                "next probe in {:.1} s",
+                (at - now_ms()).max(0) as f64 / 1000.0
+            ),
+            None => "probe under way".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "  failures      {} of {} before a restart; {probe}",
+            h.failures, h.unresponsive_after
+        );
+    }
+    if let Some(h) = v.health.as_ref().filter(|h| h.unresponsive_restarts > 0) {
+        let _ = writeln!(
+            out,
+            "  restarted     {} time(s) for being unresponsive",
+            h.unresponsive_restarts
+        );
+    }
     if let Some(c) = &s.capabilities {
         let mut serves = Vec::new();
         let kinds: Vec<String> = c

@@ -8,8 +8,16 @@
 //! commits — never with a corrupt record, and never holding the writer past the deadline.
 //!
 //! Which extension serves what comes from the capabilities of each extension's last handshake:
-//! an event of kind `note.posted` goes to the work kind `note`; an event whose kind names no
-//! declared work kind is marked routed to no Work.
+//! an event goes to the longest declared work kind that is its kind or a prefix of it ending at
+//! a dot (`note.posted` → `note.posted`, else `note`); an event whose kind names no declared
+//! work kind is marked routed to no Work. Nothing is routed before the package registry has
+//! been applied at start: until then no kind's owner is known.
+//!
+//! Isolation: an extension that misses a deadline or fails a call is degraded (`health.rs`):
+//! its in-transaction calls are not made for the rest of the pass and until a probe off the
+//! writer answers; what it would have been called for waits where it is (events unrouted,
+//! timers due, waits active, emissions planned). So one pass spends at most one deadline on
+//! each extension.
 //!
 //! The loop runs on its own thread: SQLite calls block, and the in-transaction call is awaited
 //! with `Handle::block_on` while the write transaction is open.
@@ -19,6 +27,7 @@
 //! in-transaction calls: they run as tasks on the runtime (deadline 30 s), and a poll's events
 //! and its new cursor are written in one transaction when it answers.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -30,11 +39,13 @@ use conduit_protocol::calls::{
     RecurrenceResult, TriggerGroup, TriggerParams, TriggerResult,
 };
 use conduit_protocol::methods::host;
-use conduit_supervisor::Extension;
+use conduit_rpc::CallError;
+use conduit_supervisor::{ExtCallError, Extension};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use super::health::{Action, ProbeCall};
 use super::{Core, now_ms};
 
 /// How many unrouted events one routing step reads (and one trigger call carries).
@@ -85,6 +96,9 @@ pub struct HostLoop {
     rt: tokio::runtime::Handle,
     poll: Duration,
     shutdown: CancellationToken,
+    /// Extensions whose in-transaction calls this pass does not make: degraded when it began,
+    /// or failed during it.
+    skip: RefCell<HashSet<String>>,
 }
 
 impl HostLoop {
@@ -99,6 +113,7 @@ impl HostLoop {
             rt,
             poll,
             shutdown,
+            skip: RefCell::new(HashSet::new()),
         }
     }
 
@@ -118,6 +133,12 @@ impl HostLoop {
                 && path.exists()
             {
                 std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            // Until the registry is applied no kind's owner is known: routing now would send
+            // every event of a package about to start to no Work.
+            if !self.core.registry_applied() {
+                self.idle();
                 continue;
             }
             let t = Instant::now();
@@ -146,6 +167,13 @@ impl HostLoop {
             if report != PassReport::default() {
                 tracing::debug!(?report, ?took, "host loop pass");
             }
+            self.idle();
+        }
+    }
+
+    /// Wait for the next pass: the poll interval, a nudge or the shutdown.
+    fn idle(&self) {
+        {
             let (core, shutdown, poll) = (self.core.clone(), self.shutdown.clone(), self.poll);
             self.rt.block_on(async move {
                 tokio::select! {
@@ -180,6 +208,7 @@ impl HostLoop {
             }
             !first_start
         });
+        self.tend_health(&exts);
         if let Err(e) = self.route(&exts, &settling, &mut r) {
             r.errors.push(format!("routing: {e}"));
         }
@@ -194,6 +223,61 @@ impl HostLoop {
         }
         self.start_polls(&exts);
         r
+    }
+
+    /// Bring each extension's health up to date: note new runs, start due probes (off the
+    /// writer), restart the unresponsive; and fix the set this pass skips.
+    fn tend_health(&self, exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>) {
+        let now = now_ms();
+        let threshold = self.core.unresponsive_after();
+        let mut skip = self.skip.borrow_mut();
+        skip.clear();
+        let mut probes = Vec::new();
+        let mut restarts = Vec::new();
+        {
+            let mut all = self.core.lock_health();
+            all.retain(|name, _| exts.contains_key(name));
+            for (name, (ext, _)) in exts {
+                let status = ext.brief();
+                let h = all.entry(name.clone()).or_default();
+                h.observe_run(status.pid, now);
+                if status.state == conduit_supervisor::State::Ready {
+                    match h.next_action(now) {
+                        Action::Probe => {
+                            if let Some(call) = h.probe_call().cloned() {
+                                probes.push((ext.clone(), status.pid, call));
+                            }
+                        }
+                        Action::Restart => {
+                            restarts.push((ext.clone(), h.view(threshold)));
+                        }
+                        Action::Nothing => {}
+                    }
+                }
+                if !h.callable() {
+                    skip.insert(name.clone());
+                }
+            }
+        }
+        for (ext, view) in restarts {
+            tracing::error!(
+                extension = ext.name(),
+                failures = view.failures,
+                reason = view.reason.as_deref().unwrap_or(""),
+                "extension is unresponsive (alive, but answered none of its last calls); restarting it"
+            );
+            ext.restart();
+        }
+        for (ext, pid, call) in probes {
+            self.core
+                .tasks
+                .spawn_on(probe_once(self.core.clone(), ext, pid, call), &self.rt);
+        }
+    }
+
+    /// Whether this pass makes `ext`'s in-transaction calls.
+    fn callable(&self, ext: &str) -> bool {
+        !self.skip.borrow().contains(ext)
     }
 
     fn start_polls(&self, exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>) {
@@ -240,9 +324,43 @@ impl HostLoop {
             .stats
             .in_transaction_calls
             .fetch_add(1, Ordering::Relaxed);
-        self.rt
-            .block_on(ext.call::<P, R>(method, params, Some(IN_TRANSACTION_DEADLINE)))
-            .map_err(|e| e.to_string())
+        let res = self
+            .rt
+            .block_on(ext.call::<P, R>(method, params, Some(IN_TRANSACTION_DEADLINE)));
+        match &res {
+            Ok(_) => self.record_answer(ext),
+            Err(e) => match answered(e) {
+                Some(true) => self.record_answer(ext),
+                Some(false) => {
+                    let why = e.to_string();
+                    let call = serde_json::value::to_raw_value(params).map(|params| ProbeCall {
+                        method: method.to_owned(),
+                        params,
+                    });
+                    if let Ok(call) = call {
+                        let (threshold, now) = (self.core.unresponsive_after(), now_ms());
+                        if let Some(h) = self.core.lock_health().get_mut(ext.name()) {
+                            h.missed(threshold, now, why.clone(), call);
+                        }
+                    }
+                    self.skip.borrow_mut().insert(ext.name().to_owned());
+                    tracing::warn!(
+                        extension = ext.name(),
+                        method,
+                        reason = %why,
+                        "extension degraded: its in-transaction calls wait until a probe answers"
+                    );
+                }
+                None => {}
+            },
+        }
+        res.map_err(|e| e.to_string())
+    }
+
+    fn record_answer(&self, ext: &Extension) {
+        if let Some(h) = self.core.lock_health().get_mut(ext.name()) {
+            h.answered();
+        }
     }
 
     fn fallback(&self, r: &mut PassReport, ext: &str, method: &str, why: &str) {
@@ -274,17 +392,34 @@ impl HostLoop {
                 kinds.entry(k.name.as_str()).or_insert((e, k.trigger));
             }
         }
+        let declared = |k: &str| kinds.contains_key(k) || waiting.contains(k);
+        // Events wait (unrouted) behind a starting or degraded owner; later events of other
+        // kinds are read past them, page by page, so they never block anyone else.
+        let mut after = 0;
         loop {
-            let events = self.core.store.read(|rd| rd.unrouted_events(ROUTE_BATCH))?;
+            let events = self
+                .core
+                .store
+                .read(|rd| rd.unrouted_events_after(after, ROUTE_BATCH))?;
             let n = events.len();
+            if let Some(last) = events.last() {
+                after = last.id;
+            }
             let mut by_kind: BTreeMap<String, Vec<Event>> = BTreeMap::new();
             for e in events {
-                let kind = e.kind.split('.').next().unwrap_or("").to_owned();
-                if !waiting.contains(kind.as_str()) {
-                    by_kind.entry(kind).or_default().push(e);
+                let kind = work_kind_of(&e.kind, declared)
+                    .unwrap_or(&e.kind)
+                    .to_owned();
+                if waiting.contains(kind.as_str()) {
+                    continue;
                 }
+                if let Some((ext, true)) = kinds.get(kind.as_str())
+                    && !self.callable(ext.name())
+                {
+                    continue;
+                }
+                by_kind.entry(kind).or_default().push(e);
             }
-            let routed_before = r.routed;
             for (kind, inputs) in by_kind {
                 // A stop waits for the pass; each step is bounded, so check between steps.
                 if self.shutdown.is_cancelled() {
@@ -300,6 +435,8 @@ impl HostLoop {
                             Ok(())
                         })?;
                     }
+                    // It failed earlier in this batch's loop: the rest waits.
+                    Some((ext, true)) if !self.callable(ext.name()) => continue,
                     Some((ext, trigger)) => {
                         let ext_name = ext.name().to_owned();
                         let mut fell_back = None;
@@ -352,8 +489,7 @@ impl HostLoop {
                 }
                 r.routed += ids.len();
             }
-            // A full batch of which nothing could be routed (all waiting): try again next pass.
-            if n < ROUTE_BATCH as usize || r.routed == routed_before {
+            if n < ROUTE_BATCH as usize {
                 return Ok(());
             }
         }
@@ -371,7 +507,7 @@ impl HostLoop {
             if self.shutdown.is_cancelled() {
                 return Ok(());
             }
-            if settling.contains_key(&t.extension) {
+            if settling.contains_key(&t.extension) || !self.callable(&t.extension) {
                 continue;
             }
             let ext = exts.get(&t.extension).map(|(e, _)| e);
@@ -440,12 +576,16 @@ impl HostLoop {
             if events.is_empty() {
                 continue;
             }
-            if settling.contains_key(&w.extension) {
+            if settling.contains_key(&w.extension) || !self.callable(&w.extension) {
                 continue;
             }
             r.waits_checked += 1;
             let ext = exts.get(&w.extension).map(|(e, _)| e);
             for ev in events {
+                // The extension failed on an earlier event of this wait: the rest waits.
+                if !self.callable(&w.extension) {
+                    break;
+                }
                 let ev_id = ev.id;
                 let mut fell_back = None;
                 let satisfied = self.core.store.write(|tx| {
@@ -496,7 +636,7 @@ impl HostLoop {
             if self.shutdown.is_cancelled() {
                 return Ok(());
             }
-            if settling.contains_key(&em.extension) {
+            if settling.contains_key(&em.extension) || !self.callable(&em.extension) {
                 continue;
             }
             let ext = exts.get(&em.extension).map(|(e, _)| e);
@@ -537,6 +677,62 @@ impl HostLoop {
             }
         }
         Ok(())
+    }
+}
+
+/// The work kind an event of kind `event_kind` is an input of: the longest declared work kind
+/// that is `event_kind` itself or a prefix of it ending just before a dot (`a.b.c` → `a.b.c`,
+/// else `a.b`, else `a`). `None` if no such kind is declared.
+pub fn work_kind_of(event_kind: &str, declared: impl Fn(&str) -> bool) -> Option<&str> {
+    let mut candidate = event_kind;
+    loop {
+        if declared(candidate) {
+            return Some(candidate);
+        }
+        candidate = &candidate[..candidate.rfind('.')?];
+    }
+}
+
+/// Whether a failed call was answered (`Some(true)`: an answer that breaks the method's rules
+/// still shows the extension responsive), missed or refused (`Some(false)`: it degrades), or
+/// could not be made or finish because the extension is not running (`None`: the supervisor
+/// deals with that).
+fn answered(e: &ExtCallError) -> Option<bool> {
+    match e {
+        ExtCallError::Call { source, .. } => match source {
+            CallError::BadResult { .. } | CallError::TooLarge { .. } => Some(true),
+            CallError::Rpc { .. } | CallError::DeadlineExceeded { .. } => Some(false),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// One probe of a degraded extension, off the writer: the call it failed, made again with the
+/// same deadline, its answer thrown away. Any answer in time restores it. Its write callbacks
+/// are refused meanwhile, as they would be during the real call.
+async fn probe_once(core: Arc<Core>, ext: Extension, pid: Option<u32>, call: ProbeCall) {
+    let res = {
+        let _mark = core.enter_transaction(ext.name());
+        ext.call_raw(&call.method, &call.params, Some(IN_TRANSACTION_DEADLINE))
+            .await
+    };
+    let outcome = match &res {
+        Err(e @ ExtCallError::Call { source, .. }) => match source {
+            CallError::DeadlineExceeded { .. } | CallError::Closed { .. } => Err(e.to_string()),
+            _ => Ok(()),
+        },
+        Err(e) => Err(e.to_string()),
+        Ok(_) => Ok(()),
+    };
+    let (threshold, now) = (core.unresponsive_after(), now_ms());
+    let restored = core
+        .lock_health()
+        .get_mut(ext.name())
+        .is_some_and(|h| h.probed(threshold, pid, now, outcome));
+    if restored {
+        tracing::info!(extension = ext.name(), method = %call.method, "extension answered its probe; its in-transaction calls resume");
+        core.nudge();
     }
 }
 
@@ -697,6 +893,24 @@ mod tests {
         ] {
             let err = check_groups(&TriggerResult { groups: bad }, &[1, 2, 3]).unwrap_err();
             assert!(err.contains(why), "{err}");
+        }
+    }
+
+    #[test]
+    fn an_event_kind_goes_to_the_longest_declared_kind_at_a_dot_boundary() {
+        let declared = |k: &str| ["a", "a.b", "note"].contains(&k);
+        for (kind, want) in [
+            ("a", Some("a")),
+            ("a.x", Some("a")),
+            ("a.b", Some("a.b")),
+            ("a.b.c", Some("a.b")),
+            ("a.bc", Some("a")),
+            ("note.posted", Some("note")),
+            ("notes", None),
+            ("b.a", None),
+            ("", None),
+        ] {
+            assert_eq!(work_kind_of(kind, declared), want, "{kind}");
         }
     }
 

@@ -21,11 +21,12 @@
 
 pub mod artifacts;
 pub mod callbacks;
+pub mod health;
 pub mod host_loop;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use conduit_protocol::{Capabilities, ErrorCode, RpcError};
@@ -72,10 +73,17 @@ pub struct Core {
     pub stats: LoopStats,
     /// Ingress polls by (extension, source): whether one is outstanding, when the last began.
     pub(crate) polls: Mutex<HashMap<(String, String), host_loop::PollState>>,
-    /// Tasks the core starts (ingress polls); closed and awaited when the daemon stops.
+    /// Tasks the core starts (ingress polls, probes); closed and awaited when the daemon stops.
     pub tasks: tokio_util::task::TaskTracker,
     /// Says in the log when writes start and stop failing for want of space.
     pub disk_full: DiskFullLog,
+    /// Whether the in-transaction calls of each extension are made (`health.rs`).
+    pub(crate) health: Mutex<HashMap<String, health::Health>>,
+    /// Consecutive failures that make an extension unresponsive.
+    unresponsive_after: AtomicU32,
+    /// Set once the package registry has been applied at start: until then the owner of no
+    /// kind is known, so the host loop routes nothing.
+    registry_applied: AtomicBool,
 }
 
 impl std::fmt::Debug for Core {
@@ -103,7 +111,44 @@ impl Core {
             polls: Mutex::new(HashMap::new()),
             tasks: tokio_util::task::TaskTracker::new(),
             disk_full: DiskFullLog::default(),
+            health: Mutex::new(HashMap::new()),
+            unresponsive_after: AtomicU32::new(health::DEFAULT_UNRESPONSIVE_AFTER),
+            registry_applied: AtomicBool::new(false),
         }
+    }
+
+    /// Consecutive failures that make an extension unresponsive.
+    pub fn unresponsive_after(&self) -> u32 {
+        self.unresponsive_after.load(Ordering::Relaxed)
+    }
+
+    pub fn set_unresponsive_after(&self, n: u32) {
+        self.unresponsive_after.store(n, Ordering::Relaxed);
+    }
+
+    /// The package registry has been applied (every enabled package is supervised, at least as
+    /// `starting`): the host loop may route from now on.
+    pub fn mark_registry_applied(&self) {
+        if !self.registry_applied.swap(true, Ordering::SeqCst) {
+            self.nudge();
+        }
+    }
+
+    pub fn registry_applied(&self) -> bool {
+        self.registry_applied.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn lock_health(&self) -> std::sync::MutexGuard<'_, HashMap<String, health::Health>> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How an extension's in-transaction calls stand, for `ext status`.
+    pub fn health_view(&self, ext: &str) -> health::HealthView {
+        let threshold = self.unresponsive_after();
+        self.lock_health()
+            .get(ext)
+            .map(|h| h.view(threshold))
+            .unwrap_or_else(|| health::Health::default().view(threshold))
     }
 
     pub(crate) fn artifacts_arc(&self) -> &Arc<artifacts::Artifacts> {

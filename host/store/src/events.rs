@@ -64,6 +64,11 @@ pub(crate) const SQL_UNROUTED: &str = concat!(
     event_cols!(),
     " FROM events WHERE routed_at IS NULL ORDER BY id LIMIT ?1"
 );
+pub(crate) const SQL_UNROUTED_AFTER: &str = concat!(
+    "SELECT ",
+    event_cols!(),
+    " FROM events WHERE routed_at IS NULL AND id > ?1 ORDER BY id LIMIT ?2"
+);
 const SQL_LIST: &str = concat!(
     "SELECT ",
     record_cols!(),
@@ -119,6 +124,26 @@ impl ReadTx<'_> {
             .prepare_cached(SQL_UNROUTED)
             .context("prepare unrouted events read")?;
         collect(&mut stmt, [limit], "read unrouted events", decode_event)
+    }
+
+    /// Up to `limit` unrouted Events with ids above `after_id`, oldest first: the routing pass
+    /// pages past events that wait (their owner is starting or degraded) with it.
+    pub fn unrouted_events_after(
+        &self,
+        after_id: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError> {
+        let limit = page(limit)?;
+        let mut stmt = self
+            .conn
+            .prepare_cached(SQL_UNROUTED_AFTER)
+            .context("prepare unrouted events read")?;
+        collect(
+            &mut stmt,
+            rusqlite::params![after_id, limit],
+            "read unrouted events",
+            decode_event,
+        )
     }
 
     /// A page of Events with ids above `after_id` (from the start when `None`), oldest first,

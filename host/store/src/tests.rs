@@ -142,6 +142,12 @@ fn assert_uses(conn: &Connection, sql: &str, table: &str, index: &str) {
 
 fn assert_live_reads_use_partial_indexes(conn: &Connection) {
     assert_uses(conn, events::SQL_UNROUTED, "events", "events_unrouted");
+    assert_uses(
+        conn,
+        events::SQL_UNROUTED_AFTER,
+        "events",
+        "events_unrouted",
+    );
     assert_uses(conn, work::SQL_OPEN_WORK, "work", "work_live");
     assert_uses(conn, work::SQL_LIVE_BY_KEY, "work", "work_live_key");
     assert_uses(conn, timers::SQL_DUE, "timers", "timers_due");

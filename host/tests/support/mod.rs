@@ -5,6 +5,7 @@
 
 pub mod drill;
 pub mod fixture;
+pub mod http;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

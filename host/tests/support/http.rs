@@ -1,0 +1,57 @@
+//! A minimal HTTP/1.1 client for the management socket, for tests that call the API too often
+//! to start the CLI each time (the drills measure latencies with it).
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// One request; the status code and the body parsed as JSON (`Value::Null` if it is not).
+pub fn request(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let mut s = UnixStream::connect(socket)
+        .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", socket.display()));
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nhost: conduit\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let payload = text.split("\r\n\r\n").nth(1).unwrap_or("");
+    (code, serde_json::from_str(payload).unwrap_or(Value::Null))
+}
+
+/// Push an event; its id (panics unless it was accepted).
+pub fn push(socket: &Path, source: &str, delivery: &str, kind: &str, payload: Value) -> i64 {
+    let body = serde_json::json!({"source": source, "delivery_id": delivery, "kind": kind, "payload": payload});
+    let (code, v) = request(socket, "POST", "/v1/events", Some(&body));
+    assert!(code == 200 || code == 201, "push answered {code}: {v}");
+    v["event_id"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no event_id in {v}"))
+}
+
+/// One event as the API lists it, if it exists.
+pub fn event(socket: &Path, id: i64) -> Option<Value> {
+    let (code, v) = request(
+        socket,
+        "GET",
+        &format!("/v1/events?after={}&limit=1", id - 1),
+        None,
+    );
+    assert_eq!(code, 200, "events list answered {code}: {v}");
+    v["events"]
+        .as_array()
+        .and_then(|a| a.first().cloned())
+        .filter(|e| e["id"] == id)
+}
