@@ -21,6 +21,7 @@ use conduit_supervisor::State;
 use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
 
+use crate::core::health::Condition;
 use crate::daemon::{Daemon, ExtensionView};
 
 /// How long the daemon waits for its extensions to settle before it says `READY=1` anyway:
@@ -150,7 +151,7 @@ fn loop_figures(daemon: &Daemon) -> LoopFigures {
 }
 
 /// The line `systemctl status conduit` shows, e.g.
-/// `3 ready, 1 backing-off; 2 restarts; host loop: 1,234 passes, 0 fallbacks`.
+/// `3 ready, 1 backing-off; 0 degraded; 2 restarts; host loop: 1,234 passes, 0 fallbacks`.
 pub fn status_line(views: &[ExtensionView], figures: &LoopFigures) -> String {
     let mut by_state: BTreeMap<u8, (&'static str, usize)> = BTreeMap::new();
     let mut restarts = 0u64;
@@ -173,6 +174,14 @@ pub fn status_line(views: &[ExtensionView], figures: &LoopFigures) -> String {
             .1 += 1;
         restarts += u64::from(v.status.restarts);
     }
+    let degraded = views
+        .iter()
+        .filter(|v| {
+            v.health
+                .as_ref()
+                .is_some_and(|h| h.condition != Condition::Healthy)
+        })
+        .count();
     let states = if by_state.is_empty() {
         "no extensions installed".to_owned()
     } else {
@@ -183,7 +192,7 @@ pub fn status_line(views: &[ExtensionView], figures: &LoopFigures) -> String {
             .join(", ")
     };
     format!(
-        "{states}; {} restart{}; host loop: {} passes, {} fallbacks",
+        "{states}; {degraded} degraded; {} restart{}; host loop: {} passes, {} fallbacks",
         thousands(restarts),
         if restarts == 1 { "" } else { "s" },
         thousands(figures.passes),
@@ -253,6 +262,7 @@ mod tests {
             enabled,
             installed_at_ms: 0,
             description: None,
+            health: None,
         }
     }
 
@@ -284,15 +294,37 @@ mod tests {
         };
         assert_eq!(
             status_line(&v, &f),
-            "2 ready, 1 backing-off, 1 disabled; 4 restarts; host loop: 1,234,567 passes, 2 fallbacks"
+            "2 ready, 1 backing-off, 1 disabled; 0 degraded; 4 restarts; host loop: 1,234,567 passes, 2 fallbacks"
         );
         assert_eq!(
             status_line(&[], &LoopFigures::default()),
-            "no extensions installed; 0 restarts; host loop: 0 passes, 0 fallbacks"
+            "no extensions installed; 0 degraded; 0 restarts; host loop: 0 passes, 0 fallbacks"
         );
         assert_eq!(
             status_line(&[view("a", State::Ready, 1, true)], &LoopFigures::default()),
-            "1 ready; 1 restart; host loop: 0 passes, 0 fallbacks"
+            "1 ready; 0 degraded; 1 restart; host loop: 0 passes, 0 fallbacks"
+        );
+    }
+
+    #[test]
+    fn the_status_line_counts_degraded_and_unresponsive_extensions() {
+        let mut v = vec![
+            view("a", State::Ready, 0, true),
+            view("b", State::Ready, 0, true),
+        ];
+        v[1].health = Some(crate::core::health::HealthView {
+            condition: Condition::Degraded,
+            since_ms: Some(1),
+            reason: Some("missed the deadline".into()),
+            failures: 1,
+            unresponsive_after: 5,
+            next_probe_at_ms: None,
+            unresponsive_restarts: 0,
+        });
+        assert!(
+            status_line(&v, &LoopFigures::default()).starts_with("2 ready; 1 degraded; 0 restarts"),
+            "{}",
+            status_line(&v, &LoopFigures::default())
         );
     }
 
