@@ -255,21 +255,6 @@ fn stopping_leaves_no_process_of_the_group_and_a_killed_daemon_leaves_no_extensi
 }
 
 #[test]
-fn ten_mib_of_stderr_keeps_the_log_within_its_cap_and_the_daemon_unaffected() {
-    let mut f = Fixture::new();
-    f.install(&f.misbehave("noisy", "stderr-flood"));
-    f.start_daemon();
-    f.wait_state("noisy", "ready", Duration::from_secs(10));
-    let log = f.state().join("logs/noisy.log");
-    let size = std::fs::metadata(&log).unwrap().len();
-    assert!(size <= 1024 * 1024, "log is {size} bytes");
-    let run = f.conduit(&["ext", "call", "noisy", "echo", r#"{"still":"here"}"#]);
-    assert_eq!(run.code(), Some(0), "{}", run.context());
-    let logs = f.conduit(&["ext", "logs", "noisy", "-n", "3"]);
-    assert_eq!(logs.stdout().lines().count(), 3, "{}", logs.context());
-}
-
-#[test]
 fn a_package_changed_after_install_is_refused_and_named_in_the_status() {
     let mut f = Fixture::new();
     f.install(&f.misbehave("tampered", "ok"));
