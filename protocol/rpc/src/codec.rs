@@ -14,7 +14,8 @@
 //! reported for it ([`Frame::Oversized`]) carries only its first [`HEAD_BYTES`] bytes (so the
 //! session can try to read its id) and its length. Decoding resumes after its `\n`.
 //! [`FrameReader`] drives the codec with a buffer that never grows past
-//! `max_len + READ_CHUNK + 2` bytes, whatever the peer sends.
+//! `max_len + READ_CHUNK + 2` bytes, whatever the peer sends, and that shrinks back to at most
+//! 1 MiB once an oversized line has ended.
 
 use std::io;
 
@@ -229,7 +230,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 return self.codec.decode_eof(&mut self.buf).transpose();
             }
             match self.codec.decode(&mut self.buf) {
-                Ok(Some(frame)) => return Some(Ok(frame)),
+                Ok(Some(frame)) => {
+                    if matches!(frame, Frame::Oversized { .. }) {
+                        self.release_spare();
+                    }
+                    return Some(Ok(frame));
+                }
                 Ok(None) => {}
                 Err(e) => return Some(Err(e)),
             }
@@ -255,6 +261,17 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Asking for a whole `READ_CHUNK` of free space before every read would allocate a fresh
     /// buffer for nearly every message (each frame split off the front takes some of the
     /// capacity with it); a small minimum keeps one allocation serving many messages.
+    /// Discarding a line over the cap reuses the buffer it grew to (up to the bound); once that
+    /// line has ended, keeping that capacity would cost the session 16 MiB of resident memory
+    /// for the rest of its life, for one bad line. Give it back.
+    fn release_spare(&mut self) {
+        if self.buf.capacity() > RETAINED_AFTER_OVERSIZED {
+            let mut small = BytesMut::with_capacity(self.buf.len().max(READ_CHUNK));
+            small.extend_from_slice(&self.buf);
+            self.buf = small;
+        }
+    }
+
     fn make_room(&mut self) {
         let len = self.buf.len();
         if self.buf.capacity() - len >= MIN_SPARE.min(self.codec.max_len + 2) {
@@ -267,6 +284,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.buf = grown;
     }
 }
+
+/// What [`FrameReader`] keeps of its buffer after a line over the cap (see `release_spare`).
+const RETAINED_AFTER_OVERSIZED: usize = 1024 * 1024;
 
 /// The least free space [`FrameReader`] wants before a read.
 const MIN_SPARE: usize = 4 * 1024;
