@@ -247,7 +247,10 @@ impl<'a> Message<'a> {
         }
         let env: Envelope<'a> = match serde_json::from_str(text) {
             Ok(env) => env,
-            Err(e) if e.is_data() => return Err(invalid_shape(text, e)),
+            // serde calls a number too large for its field a syntax error; it is valid JSON.
+            Err(e) if e.is_data() || check_json(text).is_ok() => {
+                return Err(invalid_shape(text, e));
+            }
             Err(e) => return Err(MessageError::Parse(e.to_string())),
         };
         let is_request_like = env.method.is_some();
@@ -327,6 +330,15 @@ impl<'a> Message<'a> {
     }
 }
 
+/// The two fields that say how to answer a message of the wrong shape.
+#[derive(Deserialize)]
+struct Shape<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
+}
+
 /// Whether `text` is well-formed JSON, and if not why.
 fn check_json(text: &str) -> Result<(), String> {
     serde_json::from_str::<serde::de::IgnoredAny>(text)
@@ -347,11 +359,23 @@ fn invalid_shape(text: &str, e: serde_json::Error) -> MessageError {
     } else {
         format!("wrong shape: {e}")
     };
-    let Ok(serde_json::Value::Object(obj)) = serde_json::from_str::<serde_json::Value>(text) else {
-        return MessageError::Invalid { id: None, reason };
+    let (id, is_request_like) = match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(obj)) => (
+            obj.get("id").and_then(|v| RequestId::deserialize(v).ok()),
+            obj.contains_key("method"),
+        ),
+        // A generic value cannot hold a number out of range either; read the two fields alone.
+        _ => match serde_json::from_str::<Shape<'_>>(text) {
+            Ok(shape) => (
+                shape
+                    .id
+                    .and_then(|raw| serde_json::from_str::<RequestId>(raw.get()).ok()),
+                shape.method.is_some(),
+            ),
+            Err(_) => return MessageError::Invalid { id: None, reason },
+        },
     };
-    let id = obj.get("id").and_then(|v| RequestId::deserialize(v).ok());
-    if obj.contains_key("method") {
+    if is_request_like {
         MessageError::Invalid { id, reason }
     } else {
         MessageError::BadResponse { id, reason }
@@ -512,6 +536,27 @@ mod tests {
         let line = br#"{"jsonrpc":"2.0","id":3,"error":{"code":-32700,"id":1,"message":"x"}}"#;
         let e = Message::parse(line).unwrap_err();
         assert!(matches!(e, MessageError::BadResponse { .. }), "{e:?}");
+    }
+
+    /// Found by the `message_parse` fuzz target: valid JSON with a number too large for the
+    /// field it is in (`error.code`) was answered as a parse error, so a broken response was
+    /// answered at all.
+    #[test]
+    fn a_number_out_of_range_is_a_bad_shape_not_a_parse_error() {
+        let e =
+            Message::parse(br#"{"jsonrpc":"2.0","id":4,"error":{"code":-3e999,"message":"x"}}"#)
+                .unwrap_err();
+        assert!(
+            matches!(&e, MessageError::BadResponse { id: Some(id), .. } if *id == RequestId::num(4)),
+            "{e:?}"
+        );
+        assert!(e.reply().is_none(), "a response is never answered");
+        let e = Message::parse(br#"{"jsonrpc":"2.0","id":5,"method":"m","error":{"code":1e999}}"#)
+            .unwrap_err();
+        assert!(
+            matches!(&e, MessageError::Invalid { id: Some(id), .. } if *id == RequestId::num(5)),
+            "{e:?}"
+        );
     }
 
     #[test]
