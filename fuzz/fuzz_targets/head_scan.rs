@@ -8,7 +8,8 @@
 //!   message's id (so a nested `"id"` or one inside a string is never taken for the top-level
 //!   one), and it reads none from a notification;
 //! - no false kind: a request is never taken for a response, nor a response for a request;
-//! - given the whole of a valid request or response, the scan finds its id and its kind.
+//! - given the whole of a valid request or response without escapes, the scan finds its id and
+//!   its kind (a key spelt with escapes need not be recognised, protocol.md §2).
 #![no_main]
 
 use conduit_protocol::message::Message;
@@ -23,7 +24,9 @@ fuzz_target!(|data: &[u8]| {
     let text = &data[2..];
     let head = &text[..cut.min(text.len())];
     let seen = peek(head);
-    let whole = head.len() == text.len();
+    // protocol.md §2: a key spelt with escapes (`"\u0069d"`) need not be recognised, so the
+    // scan is only held to finding the id when the text has no escape at all.
+    let whole = head.len() == text.len() && !text.contains(&b'\\');
     match Message::parse(text) {
         Ok(Message::Request { id, .. }) => {
             assert!(
