@@ -18,6 +18,10 @@
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
 #   make drill               the drill suite alone (host/tests/drill_*.rs): misbehaving extensions,
 #                            one line per drill with its bound and what it measured
+#   make fuzz                each fuzz target in fuzz/ for FUZZ_SECONDS (default 60) seconds, one
+#                            after the other, with executions, coverage and anything found
+#                            (installs cargo-fuzz when missing; FUZZ_TARGETS picks targets)
+#   make fuzz-short          the same for 10 seconds each (part of `make check`)
 #   make doc                 API docs for the SDK and the protocol crates, warnings denied
 
 CARGO ?= cargo
@@ -25,7 +29,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: drill build test test-bench test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype
+.PHONY: fuzz fuzz-short drill build test test-bench test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype
 
 build:
 	$(CARGO) build --workspace --bins
@@ -55,9 +59,11 @@ clippy:
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p conduit-protocol -p conduit-rpc -p conduit-extension
 
-# The gate runs in the recipe, after every prerequisite, so even `make -j check` runs it alone.
+# The fuzz run and the gate run in the recipe, after every prerequisite, so even `make -j check`
+# runs them alone.
 check: fmt-check clippy test doc
 	$(MAKE) test-bench
+	$(MAKE) fuzz-short
 	$(MAKE) gate
 
 gate:
@@ -84,6 +90,18 @@ bench-history:
 
 bench-roundtrip:
 	$(CARGO) run --release -p conduit-bench --bin roundtrip -- --regime both
+
+# The fuzz targets are their own workspace (fuzz/), built by cargo-fuzz without a sanitizer so the
+# stable toolchain builds them; docs/fuzzing.md says what each checks.
+FUZZ_SECONDS ?= 60
+FUZZ_DIR ?= $(TARGET_DIR)/fuzz
+FUZZ_TARGETS ?=
+
+fuzz:
+	CARGO="$(CARGO)" scripts/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_DIR) $(FUZZ_TARGETS)
+
+fuzz-short:
+	CARGO="$(CARGO)" scripts/fuzz.sh 10 $(FUZZ_DIR) $(FUZZ_TARGETS)
 
 # Drills are ordinary integration tests (host/tests/drill_*.rs); each records a line that
 # scripts/drill-report.sh prints as a table.

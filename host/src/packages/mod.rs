@@ -54,6 +54,26 @@ pub use verify::{FileChange, TamperError, VerifyError, verify};
 
 use crate::state_dir::StateDir;
 
+/// Entry points for the fuzz targets in `fuzz/`, compiled only under `--cfg fuzzing` (which
+/// `cargo fuzz` sets), so the crate's API stays as it is.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::path::{Path, PathBuf};
+
+    /// Unpacks `archive` into `dest` (which must not exist) with the given budget, as an install
+    /// does; the error is returned as text (its variant and fields).
+    pub fn extract(
+        archive: &Path,
+        dest: &Path,
+        max_bytes: u64,
+        max_entries: u64,
+    ) -> Result<PathBuf, String> {
+        let mut budget = super::tree::Budget::new(max_bytes, max_entries);
+        super::archive::extract(archive, dest, &mut budget).map_err(|e| format!("{e:?}"))
+    }
+}
+
 /// The largest total size of a package's files an install accepts by default (1 GiB).
 pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 1 << 30;
 

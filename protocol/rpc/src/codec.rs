@@ -45,6 +45,9 @@ pub enum Frame {
 struct Discard {
     head: Bytes,
     len: usize,
+    /// Whether the last byte dropped was `\r`: if the next read starts with `\n`, that `\r` was
+    /// the terminator's, not the line's.
+    ends_cr: bool,
 }
 
 /// Newline framing with a hard cap on the line length.
@@ -73,11 +76,16 @@ impl FrameCodec {
 
     fn discard_all(&mut self, buf: &mut BytesMut) {
         let len = buf.len();
+        let ends_cr = buf.last() == Some(&b'\r');
         match &mut self.discarding {
-            Some(d) => d.len += len,
+            Some(_) if len == 0 => {}
+            Some(d) => {
+                d.len += len;
+                d.ends_cr = ends_cr;
+            }
             None => {
                 let head = Bytes::copy_from_slice(&buf[..len.min(HEAD_BYTES)]);
-                self.discarding = Some(Discard { head, len });
+                self.discarding = Some(Discard { head, len, ends_cr });
             }
         }
         buf.clear();
@@ -100,9 +108,15 @@ impl Decoder for FrameCodec {
                         } else {
                             i
                         };
-                        // (A `\r` that ended an earlier read was already counted: `len` is
-                        // then one more than the line's body, which only a log shows.)
-                        let (head, len) = (std::mem::take(&mut d.head), d.len + body);
+                        let mut len = d.len + body;
+                        let mut head = std::mem::take(&mut d.head);
+                        if i == 0 && d.ends_cr {
+                            // The `\r` ended an earlier read and was counted (and perhaps kept
+                            // in the head) as part of the line: take it back, so the frame is
+                            // the same however the stream was cut.
+                            len -= 1;
+                            head.truncate(len);
+                        }
                         buf.advance(i + 1);
                         self.discarding = None;
                         self.next_index = 0;

@@ -221,30 +221,36 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
 impl<'a> Message<'a> {
     /// Classify one received line (without its newline).
     pub fn parse(line: &'a [u8]) -> Result<Message<'a>, MessageError> {
+        // JSON text is UTF-8. serde skips the fields a message does not know without checking
+        // their bytes, so the whole line is checked once here; the parses below then take it as
+        // a `str` and do not check again.
+        let text = std::str::from_utf8(line)
+            .map_err(|e| MessageError::Parse(format!("the line is not UTF-8: {e}")))?;
         // Serde reads a struct from a JSON array too (by position); a message is an object.
         match line.iter().find(|b| !b.is_ascii_whitespace()) {
             Some(b'{') => {}
-            Some(b'[') if serde_json::from_slice::<serde::de::IgnoredAny>(line).is_ok() => {
+            Some(b'[') if check_json(text).is_ok() => {
                 return Err(MessageError::Invalid {
                     id: None,
                     reason: "batches are not supported: send one message per line".into(),
                 });
             }
             _ => {
-                return Err(
-                    match serde_json::from_slice::<serde::de::IgnoredAny>(line) {
-                        Ok(_) => MessageError::Invalid {
-                            id: None,
-                            reason: "a message must be a JSON object".into(),
-                        },
-                        Err(e) => MessageError::Parse(e.to_string()),
+                return Err(match check_json(text) {
+                    Ok(()) => MessageError::Invalid {
+                        id: None,
+                        reason: "a message must be a JSON object".into(),
                     },
-                );
+                    Err(e) => MessageError::Parse(e),
+                });
             }
         }
-        let env: Envelope<'a> = match serde_json::from_slice(line) {
+        let env: Envelope<'a> = match serde_json::from_str(text) {
             Ok(env) => env,
-            Err(e) if e.is_data() => return Err(invalid_shape(line, e)),
+            // serde calls a number too large for its field a syntax error; it is valid JSON.
+            Err(e) if e.is_data() || check_json(text).is_ok() => {
+                return Err(invalid_shape(text, e));
+            }
             Err(e) => return Err(MessageError::Parse(e.to_string())),
         };
         let is_request_like = env.method.is_some();
@@ -324,20 +330,52 @@ impl<'a> Message<'a> {
     }
 }
 
-fn invalid_shape(line: &[u8], e: serde_json::Error) -> MessageError {
-    // Valid JSON of the wrong shape. This is the error path, so reading the line again as a
-    // generic value to recover its id (and whether it was a request) costs nothing that matters.
-    let reason = if line.first() == Some(&b'[') {
+/// The two fields that say how to answer a message of the wrong shape.
+#[derive(Deserialize)]
+struct Shape<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
+}
+
+/// Whether `text` is well-formed JSON, and if not why.
+fn check_json(text: &str) -> Result<(), String> {
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+fn invalid_shape(text: &str, e: serde_json::Error) -> MessageError {
+    // serde refused a field as soon as it read it, before it saw the rest of the line, which may
+    // still be broken: that is a parse error, not a bad shape. This is the error path, so reading
+    // the line again (here and as a generic value to recover its id and whether it was a
+    // request) costs nothing that matters.
+    if let Err(p) = check_json(text) {
+        return MessageError::Parse(p);
+    }
+    let reason = if text.starts_with('[') {
         "batches are not supported: send one message per line".to_owned()
     } else {
         format!("wrong shape: {e}")
     };
-    let Ok(serde_json::Value::Object(obj)) = serde_json::from_slice::<serde_json::Value>(line)
-    else {
-        return MessageError::Invalid { id: None, reason };
+    let (id, is_request_like) = match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(obj)) => (
+            obj.get("id").and_then(|v| RequestId::deserialize(v).ok()),
+            obj.contains_key("method"),
+        ),
+        // A generic value cannot hold a number out of range either; read the two fields alone.
+        _ => match serde_json::from_str::<Shape<'_>>(text) {
+            Ok(shape) => (
+                shape
+                    .id
+                    .and_then(|raw| serde_json::from_str::<RequestId>(raw.get()).ok()),
+                shape.method.is_some(),
+            ),
+            Err(_) => return MessageError::Invalid { id: None, reason },
+        },
     };
-    let id = obj.get("id").and_then(|v| RequestId::deserialize(v).ok());
-    if obj.contains_key("method") {
+    if is_request_like {
         MessageError::Invalid { id, reason }
     } else {
         MessageError::BadResponse { id, reason }
@@ -464,6 +502,61 @@ mod tests {
         // Escaped method names still parse (borrowing falls back to owning).
         let m = Message::parse(br#"{"jsonrpc":"2.0","id":3,"method":"a\u002eb"}"#).unwrap();
         assert!(matches!(m, Message::Request { ref method, params: None, .. } if method == "a.b"));
+    }
+
+    /// Found by the `message_parse` fuzz target: a batch or a bare value holding bytes that are
+    /// not UTF-8 was answered as an invalid request, though it is not JSON at all.
+    #[test]
+    fn bytes_that_are_not_utf8_are_a_parse_error_whatever_the_shape() {
+        for line in [
+            &b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\xf7\"}]"[..],
+            b"\"\xff\"",
+            b"  [\"\xc3\x28\"]",
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\"}",
+            // In a field nobody reads.
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\",\"x\":\"\xff\"}",
+        ] {
+            let e = Message::parse(line).unwrap_err();
+            assert!(matches!(e, MessageError::Parse(_)), "{line:?}: {e:?}");
+            assert!(e.reply().unwrap().1.is(ErrorCode::ParseError), "{line:?}");
+        }
+        // Valid UTF-8 of those shapes is still the invalid request it was.
+        let e = Message::parse("[\"é\"]".as_bytes()).unwrap_err();
+        assert!(matches!(e, MessageError::Invalid { .. }), "{e:?}");
+    }
+
+    /// Found by the `message_parse` fuzz target: a line broken after a field serde refuses (here
+    /// an unknown key inside `error`) was answered as valid JSON of the wrong shape.
+    #[test]
+    fn broken_json_is_a_parse_error_even_past_a_refused_field() {
+        let line = br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"id"message":"x"}}"#;
+        let e = Message::parse(line).unwrap_err();
+        assert!(matches!(e, MessageError::Parse(_)), "{e:?}");
+        // The same refusal in valid JSON is still a bad shape.
+        let line = br#"{"jsonrpc":"2.0","id":3,"error":{"code":-32700,"id":1,"message":"x"}}"#;
+        let e = Message::parse(line).unwrap_err();
+        assert!(matches!(e, MessageError::BadResponse { .. }), "{e:?}");
+    }
+
+    /// Found by the `message_parse` fuzz target: valid JSON with a number too large for the
+    /// field it is in (`error.code`) was answered as a parse error, so a broken response was
+    /// answered at all.
+    #[test]
+    fn a_number_out_of_range_is_a_bad_shape_not_a_parse_error() {
+        let e =
+            Message::parse(br#"{"jsonrpc":"2.0","id":4,"error":{"code":-3e999,"message":"x"}}"#)
+                .unwrap_err();
+        assert!(
+            matches!(&e, MessageError::BadResponse { id: Some(id), .. } if *id == RequestId::num(4)),
+            "{e:?}"
+        );
+        assert!(e.reply().is_none(), "a response is never answered");
+        let e = Message::parse(br#"{"jsonrpc":"2.0","id":5,"method":"m","error":{"code":1e999}}"#)
+            .unwrap_err();
+        assert!(
+            matches!(&e, MessageError::Invalid { id: Some(id), .. } if *id == RequestId::num(5)),
+            "{e:?}"
+        );
     }
 
     #[test]

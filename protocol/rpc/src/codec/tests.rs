@@ -115,6 +115,36 @@ fn oversized_head_keeps_the_start_of_the_line() {
     }
 }
 
+/// Found by the `frame_reader` fuzz target: an oversized line whose `\r\n` was split between
+/// two reads was reported one byte longer, its head ending in the `\r`.
+#[test]
+fn an_oversized_line_reads_the_same_when_its_crlf_is_split_across_reads() {
+    let line = b"abcd\r\nnext\n";
+    let whole = decode_all(&mut FrameCodec::new_with_max_len(3), line);
+    for cut in 1..line.len() {
+        let mut c = FrameCodec::new_with_max_len(3);
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        for part in [&line[..cut], &line[cut..]] {
+            buf.extend_from_slice(part);
+            while let Some(f) = c.decode(&mut buf).unwrap() {
+                got.push(f);
+            }
+        }
+        while let Some(f) = c.decode_eof(&mut buf).unwrap() {
+            got.push(f);
+        }
+        match &got[0] {
+            Frame::Oversized { head, len } => {
+                assert_eq!(*len, 4, "cut at {cut}");
+                assert!(b"abcd".starts_with(head), "cut at {cut}: head {head:?}");
+            }
+            other => panic!("cut at {cut}: {other:?}"),
+        }
+        assert_eq!(got[1..], whole[1..], "cut at {cut}");
+    }
+}
+
 #[test]
 fn encoder_refuses_oversized_and_multiline_messages() {
     let mut c = FrameCodec::new_with_max_len(4);
