@@ -338,9 +338,33 @@ impl Extension {
                 state: self.state(),
             });
         };
+        // One span per call, fields not text; `debug`, so with no export configured the call
+        // site is disabled and costs nothing (docs/operations.md, "Telemetry").
+        let span = tracing::debug_span!(
+            "extension.call",
+            extension = %self.inner.name,
+            method,
+            direction = "host_to_extension",
+            in_transaction = conduit_protocol::methods::host::IN_TRANSACTION.contains(&method),
+            duration_us = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            error_code = tracing::field::Empty,
+        );
         let t = Instant::now();
-        let res = peer.call_raw(method, params, deadline).await;
-        self.inner.stats.record(method, t.elapsed(), res.is_ok());
+        let res =
+            tracing::Instrument::instrument(peer.call_raw(method, params, deadline), span.clone())
+                .await;
+        let took = t.elapsed();
+        self.inner.stats.record(method, took, res.is_ok());
+        if !span.is_disabled() {
+            span.record("duration_us", took.as_micros() as u64);
+            match &res {
+                Ok(_) => span.record("outcome", "ok"),
+                Err(e) => span
+                    .record("outcome", "error")
+                    .record("error_code", e.code()),
+            };
+        }
         res.map_err(|source| ExtCallError::Call {
             ext: self.inner.name.clone(),
             source,
