@@ -17,7 +17,7 @@
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
 #   make bench-telemetry     1,000 calls through the API with span export off, against a collector
-#                            that never answers, and against a closed port (3 rounds, medians)
+#                            that never answers, and against a closed port (7 rounds, medians)
 #   make drill               the drill suite alone (host/tests/drill_*.rs): misbehaving extensions,
 #                            one line per drill with its bound and what it measured
 #   make doc                 API docs for the SDK and the protocol crates, warnings denied

@@ -438,12 +438,22 @@ fn bad_export_settings_are_refused_by_name() {
     }
 }
 
+/// The process's user + system CPU time in clock ticks (`/proc/<pid>/stat` fields 14 and 15).
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
 /// What export costs: 1,000 echo calls through the API with export off, against a collector
 /// that never answers, and against a closed port. Prints the figures; asserts only that every
 /// call was answered. `make bench-telemetry`.
 #[test]
 #[ignore = "a benchmark: run with `make bench-telemetry`"]
 fn bench_export_cost() {
+    // Interleaved rounds, so a burst of load elsewhere on the machine hits every setting.
+    const ROUNDS: usize = 7;
     let hung = TcpListener::bind("127.0.0.1:0").unwrap();
     let hung_url = format!("http://{}", hung.local_addr().unwrap());
     std::thread::spawn(move || {
@@ -459,7 +469,7 @@ fn bench_export_cost() {
         .port();
     let closed_url = format!("http://127.0.0.1:{closed}");
     let mut results = Vec::new();
-    for round in 0..3 {
+    for round in 0..ROUNDS {
         for (name, url) in [
             ("off", None),
             ("hung", Some(&hung_url)),
@@ -474,13 +484,19 @@ fn bench_export_cost() {
             let rt = rt();
             let c = client(&f, &rt);
             rt.block_on(echo_calls(&c, 100));
+            let cpu0 = cpu_ticks(f.daemon_pid());
             let t = Instant::now();
             rt.block_on(echo_calls(&c, 1000));
             let took = t.elapsed();
+            let cpu1 = cpu_ticks(f.daemon_pid());
             let h = health(&c, &rt);
             eprintln!(
-                "round {round} export={name}: 1000 calls in {:.1} ms; telemetry {}",
+                "round {round} export={name}: 1000 calls in {:.1} ms, daemon CPU {} ticks, log {} bytes; telemetry {}",
                 took.as_secs_f64() * 1e3,
+                cpu1 - cpu0,
+                std::fs::metadata(f.daemon_log())
+                    .map(|m| m.len())
+                    .unwrap_or(0),
                 h["telemetry"]
             );
             results.push((name, took));
@@ -494,6 +510,11 @@ fn bench_export_cost() {
             .map(|(_, d)| d.as_secs_f64() * 1e3)
             .collect();
         v.sort_by(f64::total_cmp);
-        eprintln!("export={name}: median {:.1} ms of 3 rounds", v[1]);
+        eprintln!(
+            "export={name}: median {:.1} ms of {ROUNDS} rounds (min {:.1}, max {:.1})",
+            v[v.len() / 2],
+            v[0],
+            v[v.len() - 1]
+        );
     }
 }

@@ -13,7 +13,6 @@ pub mod otlp;
 
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
 
 pub use logs::LogFormat;
 
@@ -36,21 +35,38 @@ impl Drop for Guard {
 pub fn install(format: LogFormat, default_filter: &str, export: Option<otlp::Config>) -> Guard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CONDUIT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    // Records of the `log` crate (some dependencies log per poll at `trace`) are bridged only
+    // up to the log filter's own level. Left to `init`, the bridge would take the highest level
+    // any layer wants — `debug`, for the exporting layer's spans — and every one of those
+    // records would be built and filtered again on the hot path.
+    let log_level = filter
+        .max_level_hint()
+        .unwrap_or(tracing_subscriber::filter::LevelFilter::TRACE);
+    let _ = tracing_log::LogTracer::init_with_filter(tracing_log::AsLog::as_log(&log_level));
     let fmt = logs::layer(format).with_filter(filter);
-    match export {
-        None => {
-            tracing_subscriber::registry().with(fmt).init();
-            Guard::default()
-        }
+    let (guard, res) = match export {
+        None => (
+            Guard::default(),
+            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(fmt)),
+        ),
         Some(cfg) => {
             let (pipeline, layer) = otlp::Pipeline::start(cfg);
-            tracing_subscriber::registry()
+            let sub = tracing_subscriber::registry()
                 .with(fmt)
-                .with(layer.with_filter(otlp::span_filter()))
-                .init();
-            Guard {
-                pipeline: Some(pipeline),
-            }
+                .with(layer.with_filter(otlp::span_filter()));
+            (
+                Guard {
+                    pipeline: Some(pipeline),
+                },
+                tracing::subscriber::set_global_default(sub),
+            )
         }
+    };
+    if let Err(e) = res {
+        eprintln!("warning: logging is already set up: {e}");
     }
+    if let Some(p) = &guard.pipeline {
+        tracing::info!(endpoint = %p.endpoint(), "exporting spans over OTLP/HTTP");
+    }
+    guard
 }
