@@ -438,6 +438,25 @@ fn bad_export_settings_are_refused_by_name() {
     }
 }
 
+#[test]
+fn otel_sdk_disabled_turns_export_off_whatever_else_is_set() {
+    let (url, got) = collector();
+    let mut f = with_echo();
+    f.start_daemon_with(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_ref()),
+        ("OTEL_SDK_DISABLED", "true".as_ref()),
+    ]);
+    f.wait_state("echo", "ready", PATIENCE);
+    let rt = rt();
+    let c = client(&f, &rt);
+    rt.block_on(echo_calls(&c, 3));
+    let h = health(&c, &rt);
+    assert_eq!(h["telemetry"]["export"], "off", "{h}");
+    assert_eq!(h["telemetry"]["queued"], 0, "{h}");
+    assert_eq!(f.stop_daemon(), Some(0));
+    assert!(got.lock().unwrap().is_empty(), "spans were exported");
+}
+
 /// The process's user + system CPU time in clock ticks (`/proc/<pid>/stat` fields 14 and 15).
 fn cpu_ticks(pid: i32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
