@@ -140,6 +140,8 @@ fn health(c: &Client, rt: &tokio::runtime::Runtime) -> Value {
 fn spans_of_calls_and_passes_reach_an_otlp_collector() {
     let (url, got) = collector();
     let mut f = with_echo();
+    // An extension that exits at once, for the restart spans.
+    f.install(&f.misbehave("crasher", "exit-at-start"));
     f.start_daemon_with(&[
         ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_ref()),
         (
@@ -156,6 +158,7 @@ fn spans_of_calls_and_passes_reach_an_otlp_collector() {
         let reqs = got.lock().unwrap().clone();
         let mut calls = Vec::new();
         let mut passes = Vec::new();
+        let mut restarts = Vec::new();
         for req in &reqs {
             for rs in &req.resource_spans {
                 let res = &rs.resource.as_ref().unwrap().attributes;
@@ -170,6 +173,7 @@ fn spans_of_calls_and_passes_reach_an_otlp_collector() {
                         match s.name.as_str() {
                             "extension.call" => calls.push(s.clone()),
                             "host_loop.pass" => passes.push(s.clone()),
+                            "extension.restart" => restarts.push(s.clone()),
                             _ => {}
                         }
                     }
@@ -180,7 +184,15 @@ fn spans_of_calls_and_passes_reach_an_otlp_collector() {
             .iter()
             .filter(|s| attr(&s.attributes, "method").as_deref() == Some("echo"))
             .collect();
-        if echo.len() >= 3 && !passes.is_empty() {
+        if echo.len() >= 3 && !passes.is_empty() && !restarts.is_empty() {
+            let a = &restarts[0].attributes;
+            assert_eq!(attr(a, "extension").as_deref(), Some("crasher"));
+            for key in ["cause", "delay_ms", "failures", "state"] {
+                assert!(
+                    attr(a, key).is_some(),
+                    "`{key}` missing from a restart: {a:?}"
+                );
+            }
             for s in &echo {
                 let a = &s.attributes;
                 assert_eq!(attr(a, "extension").as_deref(), Some("echo"));
@@ -199,9 +211,10 @@ fn spans_of_calls_and_passes_reach_an_otlp_collector() {
         }
         assert!(
             start.elapsed() < PATIENCE,
-            "the collector got {} call spans for echo and {} pass spans{}",
+            "the collector got {} call spans for echo, {} pass spans, {} restart spans{}",
             echo.len(),
             passes.len(),
+            restarts.len(),
             f.context()
         );
         std::thread::sleep(Duration::from_millis(50));

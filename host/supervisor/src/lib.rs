@@ -611,7 +611,11 @@ async fn actor(
                 } else {
                     State::BackingOff
                 };
-                tracing::warn!(extension = %spec.name, delay = ?decision.delay, failures = decision.failures, %state, error = ?error, "extension failed; restarting after a delay");
+                let cause = error.as_deref().unwrap_or("exited");
+                let delay_ms = decision.delay.as_millis() as u64;
+                tracing::warn!(extension = %spec.name, delay_ms, failures = decision.failures, %state, error = %cause, "extension failed; restarting after a delay");
+                // A span from the failure to the next start (its duration is the backoff).
+                let restart_span = tracing::debug_span!("extension.restart", extension = %spec.name, cause, delay_ms, failures = decision.failures, state = %state);
                 ext.update(|s| {
                     s.state = state;
                     s.pid = None;
@@ -631,6 +635,7 @@ async fn actor(
                     () = shutdown.cancelled() => break,
                 }
                 ext.update(|s| s.next_start_at_ms = None);
+                drop(restart_span);
             }
         }
     }
