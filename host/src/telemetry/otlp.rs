@@ -195,13 +195,11 @@ impl SpanProcessor for RingProcessor {
             STATS.dropped_queue_full.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if q.spans.len() >= QUEUE_CAPACITY {
-            q.spans.pop_front();
+        if push_dropping_oldest(&mut q.spans, span, QUEUE_CAPACITY) {
             STATS.dropped_queue_full.fetch_add(1, Ordering::Relaxed);
         } else {
             STATS.pending.fetch_add(1, Ordering::Relaxed);
         }
-        q.spans.push_back(span);
         STATS.queued.fetch_add(1, Ordering::Relaxed);
         if q.spans.len() >= BATCH_SIZE {
             cv.notify_one();
@@ -216,6 +214,17 @@ impl SpanProcessor for RingProcessor {
     fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
         Ok(())
     }
+}
+
+/// Queue `item`, first dropping the oldest if `q` already holds `capacity`; true if one was
+/// dropped.
+fn push_dropping_oldest<T>(q: &mut VecDeque<T>, item: T, capacity: usize) -> bool {
+    let full = q.len() >= capacity;
+    if full {
+        q.pop_front();
+    }
+    q.push_back(item);
+    full
 }
 
 /// The running export: the tracer provider and the exporter thread.
@@ -462,5 +471,38 @@ impl HttpClient for HyperHttp {
         let body = Limited::new(body, MAX_RESPONSE_BYTES).collect().await;
         conn.abort();
         Ok(Response::from_parts(parts, body?.to_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_drops_its_oldest() {
+        let mut q = VecDeque::new();
+        for i in 0..QUEUE_CAPACITY {
+            assert!(!push_dropping_oldest(&mut q, i, QUEUE_CAPACITY), "at {i}");
+        }
+        assert_eq!(q.len(), QUEUE_CAPACITY);
+        // One past the limit: the first is gone, the newest kept.
+        assert!(push_dropping_oldest(&mut q, QUEUE_CAPACITY, QUEUE_CAPACITY));
+        assert_eq!(q.len(), QUEUE_CAPACITY);
+        assert_eq!(q.front(), Some(&1));
+        assert_eq!(q.back(), Some(&QUEUE_CAPACITY));
+    }
+
+    #[test]
+    fn endpoints_follow_the_otlp_variables() {
+        assert_eq!(
+            traces_url("http://127.0.0.1:4318/", "x").unwrap(),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert!(
+            check_url("https://c:4318", "x")
+                .unwrap_err()
+                .contains("no TLS")
+        );
+        assert!(check_url("c:4318", "x").is_err());
     }
 }
