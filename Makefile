@@ -16,6 +16,8 @@
 #                            Unix socket, beside this machine's floors (about a minute)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
+#   make bench-telemetry     1,000 calls through the API with span export off, against a collector
+#                            that never answers, and against a closed port (7 rounds, medians)
 #   make drill               the drill suite alone (host/tests/drill_*.rs): misbehaving extensions,
 #                            one line per drill with its bound and what it measured
 #   make fuzz                each fuzz target in fuzz/ for FUZZ_SECONDS (default 60) seconds, one
@@ -29,7 +31,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: fuzz fuzz-short drill build test test-bench test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype
+.PHONY: fuzz fuzz-short drill build test test-bench test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry
 
 build:
 	$(CARGO) build --workspace --bins
@@ -46,6 +48,11 @@ ifeq ($(NEXTEST),yes)
 else
 	$(CARGO) test -p conduit-bench --no-fail-fast
 endif
+
+# What OTLP export costs the daemon (docs/performance.md, "Telemetry export"). A debug build,
+# like the daemon the tests run; it prints, it asserts only that every call was answered.
+bench-telemetry: build
+	$(CARGO) test -p conduit-host --test telemetry -- --ignored --nocapture bench_export_cost
 
 test-python:
 	python3 -m unittest discover -s examples/python-echo -p 'test_*.py'

@@ -51,6 +51,15 @@ run_suite() {
   if [ "$rc" -eq 0 ]; then results+=("passed ($p tests)"); else results+=("FAILED (exit $rc; $p passed, $f failed)"); fi
 }
 
+# The telemetry tests parse /v1/metrics with Prometheus's own text parser (pure Python, from
+# PyPI); install it for this user when it is missing, so `make test` works on a fresh machine.
+if ! python3 -c 'import prometheus_client' 2>/dev/null; then
+  echo "installing the Python package prometheus_client (the tests' Prometheus text parser)"
+  python3 -m pip install --quiet --disable-pip-version-check --user prometheus_client 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages prometheus_client \
+    || echo "could not install prometheus_client: the metrics test will fail; install it with pip" >&2
+fi
+
 rm -rf "$target/tmp/drills" # each drill writes its line afresh
 
 # The benchmarks' own tests (conduit-bench: the budget gate and its negative controls) are

@@ -1,7 +1,8 @@
 //! The management API: JSON over HTTP/1.1 on a Unix socket in the state directory.
 //!
 //! ```text
-//! GET  /v1/health                         daemon health and counts
+//! GET  /v1/health                         daemon health and counts (with span-export drops)
+//! GET  /v1/metrics                        Prometheus text format (docs/operations.md, "Metrics")
 //! GET  /v1/extensions                     every installed package with its status
 //! GET  /v1/extensions/{name}              one, with per-method call counts and latencies
 //! POST /v1/extensions/{name}/restart      restart it now
@@ -94,6 +95,7 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 pub fn router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .route("/v1/health", get(health))
+        .route("/v1/metrics", get(metrics))
         .route("/v1/extensions", get(list))
         .route("/v1/extensions/{name}", get(one))
         .route("/v1/extensions/{name}/restart", post(restart))
@@ -224,8 +226,21 @@ async fn health(State(d): State<Arc<Daemon>>) -> ApiResult {
         "state_dir": d.state_dir().path(),
         "extensions": { "installed": exts.len(), "ready": ready },
         "host_loop": d.core().stats.snapshot(),
+        "telemetry": crate::telemetry::otlp::STATS.snapshot(),
     }))
     .into_response())
+}
+
+async fn metrics(State(d): State<Arc<Daemon>>) -> ApiResult {
+    let text = crate::telemetry::metrics::render(&d.extensions()?, &d.core().stats);
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            crate::telemetry::metrics::CONTENT_TYPE,
+        )],
+        text,
+    )
+        .into_response())
 }
 
 async fn list(State(d): State<Arc<Daemon>>) -> ApiResult {

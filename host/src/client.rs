@@ -55,6 +55,37 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<(StatusCode, Value)> {
+        let (status, body) = self.request_raw(method, path, body).await?;
+        let value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body).context("the daemon's answer is not JSON")?
+        };
+        Ok((status, value))
+    }
+
+    /// GET an endpoint that answers text (`/v1/metrics`); a non-2xx status fails with the
+    /// API's error message.
+    pub async fn get_text(&self, path: &str) -> anyhow::Result<String> {
+        let (status, body) =
+            tokio::time::timeout(REQUEST_TIMEOUT, self.request_raw(Method::GET, path, None))
+                .await
+                .with_context(|| {
+                    format!("the daemon did not answer {path} within {REQUEST_TIMEOUT:?}")
+                })??;
+        if !status.is_success() {
+            let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            ok((status, value))?;
+        }
+        String::from_utf8(body.to_vec()).context("the daemon's answer is not UTF-8")
+    }
+
+    async fn request_raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(StatusCode, Bytes)> {
         let stream = UnixStream::connect(&self.socket).await.with_context(|| {
             format!("cannot connect to the daemon at {}", self.socket.display())
         })?;
@@ -78,12 +109,7 @@ impl Client {
         let status = res.status();
         let body = res.into_body().collect().await?.to_bytes();
         conn.abort();
-        let value = if body.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&body).context("the daemon's answer is not JSON")?
-        };
-        Ok((status, value))
+        Ok((status, body))
     }
 
     /// GET, failing on a non-2xx status with the API's error message.

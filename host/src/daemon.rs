@@ -443,7 +443,7 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
             ReloadReport::default()
         }
     };
-    tracing::info!(pid = lock.pid(), state_dir = %state.path().display(), socket = %socket.display(), started = ?first.started, "conduit daemon running");
+    tracing::info!(pid = lock.pid(), state_dir = %state.path().display(), socket = %socket.display(), started = %first.started.join(" "), "conduit daemon running");
     for e in &first.errors {
         tracing::error!("{e}");
     }
@@ -534,7 +534,7 @@ impl Signals {
                 _ = self.term.recv() => return tracing::info!("SIGTERM received"),
                 _ = self.int.recv() => return tracing::info!("SIGINT received"),
                 _ = self.hup.recv() => match daemon.reload().await {
-                    Ok(r) => tracing::info!(started = ?r.started, stopped = ?r.stopped, restarted = ?r.restarted, "SIGHUP: package registry applied"),
+                    Ok(r) => tracing::info!(started = %r.started.join(" "), stopped = %r.stopped.join(" "), restarted = %r.restarted.join(" "), "SIGHUP: package registry applied"),
                     Err(e) => tracing::error!(error = %e, "SIGHUP: reload failed"),
                 },
                 () = shutdown.cancelled() => return,

@@ -13,3 +13,4 @@ pub mod manifest;
 pub mod packages;
 pub mod service;
 pub mod state_dir;
+pub mod telemetry;

@@ -17,7 +17,12 @@ use super::common::StateArgs;
 /// API on <state>/run/conduit.sock. SIGTERM or SIGINT stops the extensions gracefully.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Logs go to stderr (CONDUIT_LOG sets the filter, default `info`).
+Logs go to stderr (CONDUIT_LOG sets the filter, default `info`; --log-format or
+CONDUIT_LOG_FORMAT `text` or `json`).
+
+Spans are exported over OTLP/HTTP (protobuf) when --otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT
+names a collector (OTEL_SDK_DISABLED=true turns it off); export never blocks the daemon: a slow
+or absent collector costs dropped spans, counted in `GET /v1/health` and `conduit metrics`.
 
 A full disk does not keep the daemon down: it starts, serves reads, refuses writes saying the
 disk is full, and accepts them again by itself once space is freed.
@@ -32,7 +37,12 @@ Exit codes:
   2  could not run until someone changes something (an unusable state directory: no home, owned
      by another user, not a directory, permissions; another daemon holds its lock; a damaged
      store, or one from a newer conduit; an invalid setting): retrying does not help")]
-pub(crate) struct Args {}
+pub(crate) struct Args {
+    /// Export spans to this OTLP/HTTP collector (`http://host:4318`; `/v1/traces` is
+    /// appended). Overrides OTEL_EXPORTER_OTLP_ENDPOINT.
+    #[arg(long, value_name = "URL")]
+    pub(crate) otlp_endpoint: Option<String>,
+}
 
 pub(crate) fn run(_args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
     let state = state.open().map_err(|e| classified(e.error))?;

@@ -16,6 +16,7 @@ mod ext_check;
 mod ext_logs;
 mod ext_manage;
 mod ext_status;
+mod metrics;
 mod service;
 
 use std::process::ExitCode;
@@ -44,6 +45,10 @@ pub(crate) struct Cli {
     command: Command,
     #[command(flatten)]
     state: common::StateArgs,
+    /// How log lines are written: `text` or `json` (one object a line). Default: the
+    /// CONDUIT_LOG_FORMAT variable, else `text`.
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    log_format: Option<conduit_host::telemetry::LogFormat>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -75,6 +80,8 @@ enum Command {
     /// Run the daemon under systemd or launchd: install, uninstall, status.
     #[command(subcommand)]
     Service(ServiceCommand),
+    /// Print the running daemon's metrics (Prometheus text format).
+    Metrics(metrics::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -145,6 +152,24 @@ impl Cli {
             _ => "warn",
         }
     }
+
+    /// The log format: the flag, else CONDUIT_LOG_FORMAT, else text.
+    pub(crate) fn log_format(&self) -> Result<conduit_host::telemetry::LogFormat, String> {
+        match self.log_format {
+            Some(f) => Ok(f),
+            None => Ok(conduit_host::telemetry::LogFormat::from_env()?.unwrap_or_default()),
+        }
+    }
+
+    /// The span export of `conduit daemon run` (none for other commands).
+    pub(crate) fn otlp(&self) -> Result<Option<conduit_host::telemetry::otlp::Config>, String> {
+        match &self.command {
+            Command::Daemon(DaemonCommand::Run(a)) => {
+                conduit_host::telemetry::otlp::config_from_env(a.otlp_endpoint.as_deref())
+            }
+            _ => Ok(None),
+        }
+    }
 }
 
 /// A failed command: the error to print and the exit code.
@@ -197,6 +222,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Service(ServiceCommand::Install(args)) => service::install(args, &state),
         Command::Service(ServiceCommand::Uninstall(args)) => service::uninstall(args, &state),
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
+        Command::Metrics(args) => metrics::run(args, &state),
     }
 }
 

@@ -44,7 +44,20 @@ impl Handler for CallbackHandler {
     fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
         let core = self.core.upgrade();
         let ext = self.ext.clone();
-        Box::pin(async move {
+        // The span of a callback (extension to host); `debug`, free unless exported.
+        let span = tracing::debug_span!(
+            "extension.callback",
+            extension = %self.ext,
+            method = %req.method,
+            request_id = %req.id,
+            direction = "extension_to_host",
+            in_transaction = false,
+            duration_us = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            error_code = tracing::field::Empty,
+        );
+        let t = std::time::Instant::now();
+        let inner = async move {
             let Some(core) = core else {
                 return Err(RpcError::new(
                     ErrorCode::ShuttingDown,
@@ -62,7 +75,22 @@ impl Handler for CallbackHandler {
                 ));
             }
             serve(core, &ext, req).await
-        })
+        };
+        Box::pin(tracing::Instrument::instrument(
+            async move {
+                let res = inner.await;
+                let span = tracing::Span::current();
+                if !span.is_disabled() {
+                    span.record("duration_us", t.elapsed().as_micros() as u64);
+                    match &res {
+                        Ok(_) => span.record("outcome", "ok"),
+                        Err(e) => span.record("outcome", "error").record("error_code", e.code),
+                    };
+                }
+                res
+            },
+            span,
+        ))
     }
 }
 

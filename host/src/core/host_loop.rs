@@ -142,6 +142,17 @@ impl HostLoop {
                 continue;
             }
             let t = Instant::now();
+            // One span per pass (`debug`: free unless exported), its in-transaction calls nested.
+            let span = tracing::debug_span!(
+                "host_loop.pass",
+                duration_us = tracing::field::Empty,
+                routed = tracing::field::Empty,
+                calls = tracing::field::Empty,
+                fallbacks = tracing::field::Empty,
+                errors = tracing::field::Empty,
+            );
+            let calls_before = self.core.stats.in_transaction_calls.load(Ordering::Relaxed);
+            let _entered = span.enter();
             // A bug in one pass must not end the loop for the daemon's life: log it, count it,
             // and pass again.
             let report =
@@ -156,6 +167,16 @@ impl HostLoop {
                     }
                 };
             let took = t.elapsed();
+            if !span.is_disabled() {
+                let calls = self.core.stats.in_transaction_calls.load(Ordering::Relaxed);
+                span.record("duration_us", took.as_micros() as u64)
+                    .record("routed", report.routed as u64)
+                    .record("calls", calls.saturating_sub(calls_before))
+                    .record("fallbacks", report.fallbacks as u64)
+                    .record("errors", report.errors.len() as u64);
+            }
+            drop(_entered);
+            drop(span);
             self.core.stats.passes.fetch_add(1, Ordering::Relaxed);
             self.core
                 .stats

@@ -338,9 +338,33 @@ impl Extension {
                 state: self.state(),
             });
         };
+        // One span per call, fields not text; `debug`, so with no export configured the call
+        // site is disabled and costs nothing (docs/operations.md, "Telemetry").
+        let span = tracing::debug_span!(
+            "extension.call",
+            extension = %self.inner.name,
+            method,
+            direction = "host_to_extension",
+            in_transaction = conduit_protocol::methods::host::IN_TRANSACTION.contains(&method),
+            duration_us = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            error_code = tracing::field::Empty,
+        );
         let t = Instant::now();
-        let res = peer.call_raw(method, params, deadline).await;
-        self.inner.stats.record(method, t.elapsed(), res.is_ok());
+        let res =
+            tracing::Instrument::instrument(peer.call_raw(method, params, deadline), span.clone())
+                .await;
+        let took = t.elapsed();
+        self.inner.stats.record(method, took, res.is_ok());
+        if !span.is_disabled() {
+            span.record("duration_us", took.as_micros() as u64);
+            match &res {
+                Ok(_) => span.record("outcome", "ok"),
+                Err(e) => span
+                    .record("outcome", "error")
+                    .record("error_code", e.code()),
+            };
+        }
         res.map_err(|source| ExtCallError::Call {
             ext: self.inner.name.clone(),
             source,
@@ -587,7 +611,11 @@ async fn actor(
                 } else {
                     State::BackingOff
                 };
-                tracing::warn!(extension = %spec.name, delay = ?decision.delay, failures = decision.failures, %state, error = ?error, "extension failed; restarting after a delay");
+                let cause = error.as_deref().unwrap_or("exited");
+                let delay_ms = decision.delay.as_millis() as u64;
+                tracing::warn!(extension = %spec.name, delay_ms, failures = decision.failures, %state, error = %cause, "extension failed; restarting after a delay");
+                // A span from the failure to the next start (its duration is the backoff).
+                let restart_span = tracing::debug_span!("extension.restart", extension = %spec.name, cause, delay_ms, failures = decision.failures, state = %state);
                 ext.update(|s| {
                     s.state = state;
                     s.pid = None;
@@ -607,6 +635,7 @@ async fn actor(
                     () = shutdown.cancelled() => break,
                 }
                 ext.update(|s| s.next_start_at_ms = None);
+                drop(restart_span);
             }
         }
     }

@@ -1,0 +1,508 @@
+//! OTLP/HTTP (protobuf) span export that never blocks the daemon.
+//!
+//! The SDK's own batch processor drops the *newest* span when its queue is full; conduit's rule
+//! (SPEC §9) is the opposite, so the queue is ours: [`RingProcessor`] keeps at most
+//! [`QUEUE_CAPACITY`] spans and drops the oldest to make room, one exporter thread sends
+//! batches of [`BATCH_SIZE`], each attempt bounded by [`EXPORT_TIMEOUT`], [`ATTEMPTS`] attempts,
+//! then the batch is dropped. A span's end costs a lock and a push; a collector that hangs or
+//! refuses connections costs only dropped spans, counted in [`STATS`]. The HTTP client is the
+//! hyper the daemon already has, on the exporter thread's own single-threaded runtime.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_http::{HttpClient, HttpError, Request, Response};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor};
+
+/// Spans held while the collector is slow or away; the oldest go first.
+pub const QUEUE_CAPACITY: usize = 4096;
+/// Spans per export request.
+pub const BATCH_SIZE: usize = 128;
+/// One export attempt's limit, connection included.
+pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts per batch before it is dropped.
+pub const ATTEMPTS: u32 = 3;
+/// How long a partial batch waits for more spans.
+const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
+/// An OTLP answer bigger than this is refused (a collector answers with a few bytes).
+const MAX_RESPONSE_BYTES: usize = 1 << 20;
+
+/// Where and what to export.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// The traces URL, `http://host:port/v1/traces`.
+    pub traces_url: String,
+}
+
+/// Export counters, for `GET /v1/health` and `GET /v1/metrics`.
+#[derive(Debug, Default)]
+pub struct ExportStats {
+    pub enabled: AtomicBool,
+    /// Spans accepted into the queue.
+    pub queued: AtomicU64,
+    /// Spans the collector acknowledged.
+    pub exported: AtomicU64,
+    /// Spans pushed out of a full queue.
+    pub dropped_queue_full: AtomicU64,
+    /// Spans of batches that failed every attempt.
+    pub dropped_export_failed: AtomicU64,
+    /// Export attempts that failed or timed out.
+    pub failed_attempts: AtomicU64,
+    /// Spans waiting now.
+    pub pending: AtomicU64,
+}
+
+impl ExportStats {
+    pub fn dropped(&self) -> u64 {
+        self.dropped_queue_full.load(Ordering::Relaxed)
+            + self.dropped_export_failed.load(Ordering::Relaxed)
+    }
+
+    pub fn snapshot(&self) -> serde_json::Value {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "export": if self.enabled.load(Ordering::Relaxed) { "otlp-http" } else { "off" },
+            "queued": l(&self.queued),
+            "exported": l(&self.exported),
+            "pending": l(&self.pending),
+            "dropped": self.dropped(),
+            "dropped_queue_full": l(&self.dropped_queue_full),
+            "dropped_export_failed": l(&self.dropped_export_failed),
+            "failed_attempts": l(&self.failed_attempts),
+        })
+    }
+}
+
+/// The process's export counters (one exporter per process).
+pub static STATS: ExportStats = ExportStats {
+    enabled: AtomicBool::new(false),
+    queued: AtomicU64::new(0),
+    exported: AtomicU64::new(0),
+    dropped_queue_full: AtomicU64::new(0),
+    dropped_export_failed: AtomicU64::new(0),
+    failed_attempts: AtomicU64::new(0),
+    pending: AtomicU64::new(0),
+};
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// The export configuration from `--otlp-endpoint` (`flag`) and the standard variables:
+/// `OTEL_SDK_DISABLED=true` turns export off whatever else is set; the endpoint is the flag,
+/// else `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full URL), else `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// with `/v1/traces` appended; the protocol must be `http/protobuf` (the default). `Ok(None)`:
+/// nothing configured, export off.
+pub fn config_from_env(flag: Option<&str>) -> Result<Option<Config>, String> {
+    if env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return Ok(None);
+    }
+    let url = if let Some(f) = flag.filter(|f| !f.trim().is_empty()) {
+        traces_url(f.trim(), "--otlp-endpoint")?
+    } else if let Some(u) = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+        check_url(u.trim(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")?;
+        u.trim().to_owned()
+    } else if let Some(u) = env("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        traces_url(u.trim(), "OTEL_EXPORTER_OTLP_ENDPOINT")?
+    } else {
+        return Ok(None);
+    };
+    for var in [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ] {
+        if let Some(p) = env(var) {
+            if p.trim() != "http/protobuf" {
+                return Err(format!(
+                    "{var} is `{p}`; this build exports `http/protobuf` only: unset it or set it to `http/protobuf`"
+                ));
+            }
+            break;
+        }
+    }
+    Ok(Some(Config { traces_url: url }))
+}
+
+/// A base endpoint (`http://host:4318`) with the traces path appended, as the OTLP
+/// specification says for the non-signal-specific variable.
+fn traces_url(base: &str, from: &str) -> Result<String, String> {
+    check_url(base, from)?;
+    Ok(format!("{}/v1/traces", base.trim_end_matches('/')))
+}
+
+fn check_url(url: &str, from: &str) -> Result<(), String> {
+    let uri: http::Uri = url.parse().map_err(|e| {
+        format!("{from} is `{url}`, which is not a URL ({e}); e.g. `http://127.0.0.1:4318`")
+    })?;
+    match uri.scheme_str() {
+        Some("http") if uri.host().is_some() => Ok(()),
+        Some("https") => Err(format!(
+            "{from} is `{url}`: this build exports over plain `http://` only (no TLS); point it at a local collector, which can forward over TLS"
+        )),
+        _ => Err(format!(
+            "{from} is `{url}`; it must be an `http://host:port` URL, e.g. `http://127.0.0.1:4318`"
+        )),
+    }
+}
+
+/// The layer filter of the exporting layer: conduit's own spans only. Never the HTTP client's
+/// or the SDK's own targets, which would feed the exporter with its own work.
+pub(crate) fn span_filter<S>() -> impl tracing_subscriber::layer::Filter<S> {
+    // The level hint keeps `trace` call sites elsewhere switched off by the level check alone.
+    tracing_subscriber::filter::filter_fn(|m| {
+        m.is_span()
+            && (m.target().starts_with("conduit_host")
+                || m.target().starts_with("conduit_supervisor"))
+    })
+    .with_max_level_hint(tracing::Level::DEBUG)
+}
+
+struct Queue {
+    spans: VecDeque<SpanData>,
+    closing: bool,
+    done: bool,
+}
+
+#[derive(Clone)]
+struct Shared(Arc<(Mutex<Queue>, Condvar)>);
+
+/// The span processor: a bounded queue in front of the exporter thread.
+pub struct RingProcessor {
+    shared: Shared,
+}
+
+impl std::fmt::Debug for RingProcessor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingProcessor").finish_non_exhaustive()
+    }
+}
+
+impl SpanProcessor for RingProcessor {
+    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        let (ref lock, ref cv) = *self.shared.0;
+        let mut q = lock.lock().unwrap_or_else(|p| p.into_inner());
+        if q.closing {
+            STATS.dropped_queue_full.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if push_dropping_oldest(&mut q.spans, span, QUEUE_CAPACITY) {
+            STATS.dropped_queue_full.fetch_add(1, Ordering::Relaxed);
+        } else {
+            STATS.pending.fetch_add(1, Ordering::Relaxed);
+        }
+        STATS.queued.fetch_add(1, Ordering::Relaxed);
+        if q.spans.len() >= BATCH_SIZE {
+            cv.notify_one();
+        }
+    }
+
+    // Never waits: the daemon's own shutdown path drains the queue for a bounded time.
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// Queue `item`, first dropping the oldest if `q` already holds `capacity`; true if one was
+/// dropped.
+fn push_dropping_oldest<T>(q: &mut VecDeque<T>, item: T, capacity: usize) -> bool {
+    let full = q.len() >= capacity;
+    if full {
+        q.pop_front();
+    }
+    q.push_back(item);
+    full
+}
+
+/// The running export: the tracer provider and the exporter thread.
+#[derive(Debug)]
+pub struct Pipeline {
+    endpoint: String,
+    shared: ShareHandle,
+    _provider: SdkTracerProvider,
+}
+
+#[derive(Clone)]
+struct ShareHandle(Shared);
+impl std::fmt::Debug for ShareHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShareHandle")
+    }
+}
+
+/// The resource every span carries: `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` as the
+/// SDK reads them, `service.name` = `conduit` unless one of them names it, and
+/// `service.version`.
+fn resource() -> Resource {
+    let named = env("OTEL_SERVICE_NAME").is_some()
+        || env("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
+            a.split(',').any(|kv| {
+                kv.split('=')
+                    .next()
+                    .is_some_and(|k| k.trim() == "service.name")
+            })
+        });
+    let mut b = Resource::builder().with_attribute(opentelemetry::KeyValue::new(
+        "service.version",
+        env!("CARGO_PKG_VERSION"),
+    ));
+    if !named {
+        b = b.with_service_name("conduit");
+    }
+    b.build()
+}
+
+impl Pipeline {
+    /// Start the exporter thread; the layer is what the subscriber feeds.
+    pub fn start<S>(cfg: Config) -> (Pipeline, impl tracing_subscriber::Layer<S> + Send + Sync)
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+    {
+        let shared = Shared(Arc::new((
+            Mutex::new(Queue {
+                spans: VecDeque::with_capacity(BATCH_SIZE),
+                closing: false,
+                done: false,
+            }),
+            Condvar::new(),
+        )));
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(HyperHttp)
+            .with_endpoint(cfg.traces_url.clone())
+            .with_timeout(EXPORT_TIMEOUT)
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(RingProcessor {
+                shared: shared.clone(),
+            })
+            .with_resource(resource())
+            .build();
+        let tracer = provider.tracer("conduit");
+        match exporter {
+            Ok(mut exporter) => {
+                exporter.set_resource(&resource());
+                let s = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("conduit-otlp".into())
+                    .spawn(move || export_thread(s, exporter));
+                match spawned {
+                    Ok(_) => STATS.enabled.store(true, Ordering::Relaxed),
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start the OTLP exporter thread; spans are dropped")
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the OTLP exporter; spans are dropped")
+            }
+        }
+        // Only the span's own fields: source locations, thread names and busy/idle timers would
+        // cost every call an allocation or a clock read for attributes nobody asked for.
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            // Attaching the OpenTelemetry context on every poll of an instrumented future cost
+            // about 15 µs a poll across the runtime's threads; parents come from tracing's own
+            // span tree, and nothing in the daemon reads the OpenTelemetry context.
+            .with_context_activation(false);
+        (
+            Pipeline {
+                endpoint: cfg.traces_url,
+                shared: ShareHandle(shared),
+                _provider: provider,
+            },
+            layer,
+        )
+    }
+
+    /// The traces URL spans go to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Stop accepting spans and give the exporter thread up to `within` to send what is
+    /// queued; a hung collector costs at most that.
+    pub fn shutdown(self, within: Duration) {
+        let shared = self.shared.0.clone();
+        let (ref lock, ref cv) = *shared.0;
+        let mut q = lock.lock().unwrap_or_else(|p| p.into_inner());
+        q.closing = true;
+        cv.notify_all();
+        let end = Instant::now() + within;
+        while !q.done {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            q = cv
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+fn export_thread(shared: Shared, exporter: opentelemetry_otlp::SpanExporter) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the OTLP exporter's runtime; spans are dropped");
+            return;
+        }
+    };
+    loop {
+        let (batch, closing) = {
+            let (ref lock, ref cv) = *shared.0;
+            let mut q = lock.lock().unwrap_or_else(|p| p.into_inner());
+            let end = Instant::now() + FLUSH_INTERVAL;
+            while q.spans.len() < BATCH_SIZE && !q.closing {
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                q = cv
+                    .wait_timeout(q, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            let n = q.spans.len().min(BATCH_SIZE);
+            let batch: Vec<SpanData> = q.spans.drain(..n).collect();
+            STATS.pending.fetch_sub(n as u64, Ordering::Relaxed);
+            if batch.is_empty() && q.closing {
+                q.done = true;
+                cv.notify_all();
+                return;
+            }
+            (batch, q.closing)
+        };
+        if batch.is_empty() {
+            continue;
+        }
+        let n = batch.len() as u64;
+        // While closing, one short attempt each: the daemon's stop is bounded by the caller.
+        let (attempts, timeout) = if closing {
+            (1, Duration::from_secs(1))
+        } else {
+            (ATTEMPTS, EXPORT_TIMEOUT)
+        };
+        let mut sent = false;
+        for attempt in 0..attempts {
+            let export = exporter.export(batch.clone());
+            // The timer is made inside the runtime, which it needs.
+            let r = rt.block_on(async { tokio::time::timeout(timeout, export).await });
+            if matches!(r, Ok(Ok(()))) {
+                sent = true;
+                break;
+            }
+            STATS.failed_attempts.fetch_add(1, Ordering::Relaxed);
+            if attempt + 1 < attempts {
+                std::thread::sleep(Duration::from_millis(100 << attempt));
+            }
+        }
+        if sent {
+            STATS.exported.fetch_add(n, Ordering::Relaxed);
+        } else {
+            STATS.dropped_export_failed.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// OTLP's HTTP client: one HTTP/1.1 connection per request over the hyper the daemon already
+/// links, no TLS. The caller bounds each request ([`EXPORT_TIMEOUT`]).
+#[derive(Debug)]
+struct HyperHttp;
+
+#[async_trait::async_trait]
+impl HttpClient for HyperHttp {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let (mut parts, body) = request.into_parts();
+        let host = parts
+            .uri
+            .host()
+            .ok_or("the OTLP endpoint has no host")?
+            .to_owned();
+        let port = parts.uri.port_u16().unwrap_or(80);
+        let authority = parts
+            .uri
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .unwrap_or_else(|| host.clone());
+        let path = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_else(|| "/".into());
+        parts.uri = path.parse()?;
+        parts.headers.insert(http::header::HOST, authority.parse()?);
+        let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        let conn = tokio::spawn(conn);
+        let answer = send
+            .send_request(http::Request::from_parts(parts, Full::new(body)))
+            .await;
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                conn.abort();
+                return Err(e.into());
+            }
+        };
+        let (parts, body) = answer.into_parts();
+        let body = Limited::new(body, MAX_RESPONSE_BYTES).collect().await;
+        conn.abort();
+        Ok(Response::from_parts(parts, body?.to_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_drops_its_oldest() {
+        let mut q = VecDeque::new();
+        for i in 0..QUEUE_CAPACITY {
+            assert!(!push_dropping_oldest(&mut q, i, QUEUE_CAPACITY), "at {i}");
+        }
+        assert_eq!(q.len(), QUEUE_CAPACITY);
+        // One past the limit: the first is gone, the newest kept.
+        assert!(push_dropping_oldest(&mut q, QUEUE_CAPACITY, QUEUE_CAPACITY));
+        assert_eq!(q.len(), QUEUE_CAPACITY);
+        assert_eq!(q.front(), Some(&1));
+        assert_eq!(q.back(), Some(&QUEUE_CAPACITY));
+    }
+
+    #[test]
+    fn endpoints_follow_the_otlp_variables() {
+        assert_eq!(
+            traces_url("http://127.0.0.1:4318/", "x").unwrap(),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert!(
+            check_url("https://c:4318", "x")
+                .unwrap_err()
+                .contains("no TLS")
+        );
+        assert!(check_url("c:4318", "x").is_err());
+    }
+}
