@@ -915,18 +915,27 @@ fn track(ext: &Extension, run: &Run) {
         }
         (added || pruned).then(|| rec.clone())
     };
-    if let Some(set) = changed {
-        if let Some(l) = &run.ledger
-            && let Err(e) = l.write(&set)
-        {
-            tracing::warn!(extension = %ext.name(), path = %l.path().display(), error = %e, "cannot record the extension's processes");
-        }
-        let mut desc: Vec<u32> = seen
-            .iter()
-            .map(|s| s.id.pid)
-            .filter(|p| *p != run.pid)
-            .collect();
-        desc.sort_unstable();
+    if let Some(set) = changed
+        && let Some(l) = &run.ledger
+        && let Err(e) = l.write(&set)
+    {
+        tracing::warn!(extension = %ext.name(), path = %l.path().display(), error = %e, "cannot record the extension's processes");
+    }
+    let mut desc: Vec<u32> = seen
+        .iter()
+        .map(|s| s.id.pid)
+        .filter(|p| *p != run.pid)
+        .collect();
+    desc.sort_unstable();
+    let differs = ext
+        .inner
+        .core
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .status
+        .descendants
+        != desc;
+    if differs {
         ext.update(|s| s.descendants = desc);
     }
 }
