@@ -241,9 +241,20 @@ async fn ten_mib_of_stderr_stays_within_the_log_cap_and_the_extension_works() {
         .await
         .unwrap();
     assert_eq!(v, json!("still here"));
+    // The log is rotated (renamed, then opened afresh) as it passes its cap: between the two it
+    // does not exist for a moment, so wait for it rather than read it once.
     let log = env.dir.path().join("noisy.log");
-    let size = std::fs::metadata(&log).unwrap().len();
+    let start = Instant::now();
+    let size = loop {
+        match std::fs::metadata(&log) {
+            Ok(m) => break m.len(),
+            Err(e) if start.elapsed() > Duration::from_secs(10) => panic!("{}: {e}", log.display()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    };
     assert!(size <= 1024 * 1024, "{size}");
+    let rotated = std::fs::metadata(env.dir.path().join("noisy.log.1")).map_or(0, |m| m.len());
+    assert!(rotated <= 1024 * 1024, "{rotated}");
     env.sup.shutdown().await;
 }
 
