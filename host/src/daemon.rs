@@ -157,7 +157,13 @@ impl Daemon {
                 description: rec.manifest.description.clone(),
                 health: Some(self.core.health_view(&rec.name)),
             },
-            _ => ExtensionView::offline(rec, true),
+            _ => {
+                let mut v = ExtensionView::offline(rec, true);
+                if let Some(last) = self.supervisor.last_status(&rec.name) {
+                    v.status.carry_history(&last);
+                }
+                v
+            }
         }
     }
 
@@ -292,12 +298,11 @@ impl Daemon {
         let state = self.state.clone();
         let name = rec.name.clone();
         let resolve_error = resolved.err().map(|e| e.to_string());
-        let pgid_file = pgid_path(&self.state, &rec.name);
-        spec.on_spawn = Some(Arc::new(move |pid| {
-            if let Err(e) = std::fs::write(&pgid_file, pid.to_string()) {
-                tracing::warn!(path = %pgid_file.display(), error = %e, "cannot record the extension's process group");
-            }
-        }));
+        spec.ledger = Some(self.state.run_dir().join(format!(
+            "{}{}",
+            rec.name,
+            conduit_supervisor::tree::LEDGER_SUFFIX
+        )));
         spec.preflight = Some(Arc::new(move || {
             if let Some(e) = &resolve_error {
                 return Err(e.clone());
@@ -308,40 +313,16 @@ impl Daemon {
     }
 }
 
-/// Where the process group of an extension's current child is recorded.
-fn pgid_path(state: &StateDir, name: &str) -> PathBuf {
-    state.run_dir().join(format!("{name}.pgid"))
-}
-
-/// Kill what extensions of an earlier daemon left running. A daemon killed with SIGKILL takes
-/// its extensions with it (their parent-death signal), but not the processes they started.
+/// Kill what extensions of an earlier daemon left running, from their ledgers. A daemon killed
+/// with SIGKILL takes its extensions with it (their parent-death signal), but not the processes
+/// they started.
 fn sweep_leftovers(state: &StateDir) {
-    let Ok(dir) = std::fs::read_dir(state.run_dir()) else {
-        return;
-    };
-    for e in dir.flatten() {
-        let path = e.path();
-        let (Some(name), Some("pgid")) = (
-            path.file_stem().and_then(|s| s.to_str()),
-            path.extension().and_then(|s| s.to_str()),
-        ) else {
-            continue;
-        };
-        if let Some(pgid) = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| t.trim().parse::<u32>().ok())
-        {
-            let n = conduit_supervisor::process::sweep_leftovers(pgid, name);
-            if n > 0 {
-                tracing::warn!(
-                    extension = name,
-                    pgid,
-                    killed = n,
-                    "killed processes an earlier daemon's extension left running"
-                );
-            }
-        }
-        let _ = std::fs::remove_file(&path);
+    for (name, killed) in conduit_supervisor::tree::sweep_ledgers(&state.run_dir()) {
+        tracing::warn!(
+            extension = name,
+            killed,
+            "killed processes an earlier daemon's extension left running"
+        );
     }
 }
 
@@ -357,6 +338,11 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     )
     .map_err(SettingError)?;
     let lock = state.lock_exclusive()?;
+    // Orphans of an extension's processes come to the daemon, not to init (see
+    // `conduit_supervisor::tree`).
+    if !conduit_supervisor::process::become_subreaper() {
+        tracing::debug!("not a child subreaper here: only process groups are stopped");
+    }
     sweep_leftovers(&state);
     let socket = socket_path(&state);
     let listener = crate::api::bind(&socket)?;

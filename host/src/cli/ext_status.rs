@@ -32,7 +32,8 @@ pub(crate) struct StatusArgs {
     /// The package's name; all packages when left out.
     name: Option<String>,
     /// Print as JSON (one object for NAME, else {"daemon_running", "extensions": [...]}), with at
-    /// least name, version, state, pid, restarts, last_exit.
+    /// least name, version, state, pid, restarts, last_exit, recent_exits (newest first: at_ms,
+    /// pid, cause, reason, exit, summary, in_flight [{method, age_ms}]) and descendants.
     #[arg(long)]
     json: bool,
 }
@@ -253,6 +254,31 @@ fn detail(out: &mut String, v: &ExtensionView) {
     if let Some(e) = &s.last_error {
         let _ = writeln!(out, "  last error    {e}");
     }
+    if !s.descendants.is_empty() {
+        let pids: Vec<String> = s.descendants.iter().map(u32::to_string).collect();
+        let _ = writeln!(out, "  descendants   {}", pids.join(" "));
+    }
+    if !s.recent_exits.is_empty() {
+        let _ = writeln!(out, "  recent exits  (newest first)");
+        for r in &s.recent_exits {
+            let ago = (now_ms() - r.at_ms).max(0) as f64 / 1000.0;
+            let _ = writeln!(
+                out,
+                "    {:>9} ago  pid {:<7} {}",
+                secs(ago),
+                r.pid,
+                r.summary
+            );
+            if !r.in_flight.is_empty() {
+                let calls: Vec<String> = r
+                    .in_flight
+                    .iter()
+                    .map(|c| format!("{} ({})", c.method, secs(c.age_ms as f64 / 1000.0)))
+                    .collect();
+                let _ = writeln!(out, "                    in flight: {}", calls.join(", "));
+            }
+        }
+    }
     if !s.calls.is_empty() {
         let _ = writeln!(
             out,
@@ -278,6 +304,16 @@ fn detail(out: &mut String, v: &ExtensionView) {
         for l in &s.stderr_tail {
             let _ = writeln!(out, "    {l}");
         }
+    }
+}
+
+fn secs(v: f64) -> String {
+    if v >= 3600.0 {
+        format!("{:.1} h", v / 3600.0)
+    } else if v >= 60.0 {
+        format!("{:.1} min", v / 60.0)
+    } else {
+        format!("{v:.1} s")
     }
 }
 

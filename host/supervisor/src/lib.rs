@@ -24,8 +24,9 @@ pub mod backoff;
 pub mod log;
 pub mod process;
 mod stats;
+pub mod tree;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -48,6 +49,10 @@ use crate::backoff::{Jitter, RestartPolicy, RestartTracker, RunFacts};
 use crate::log::{LogFile, Tail};
 use crate::process::{ChildCommand, ExitInfo};
 pub use crate::stats::MethodStats;
+use crate::tree::{Ledger, ProcId, TRACK_INTERVAL};
+
+/// How many exits an extension's status keeps, newest first.
+pub const RECENT_EXITS: usize = 5;
 
 /// Everything needed to run one extension.
 #[derive(Clone)]
@@ -64,9 +69,10 @@ pub struct ExtensionSpec {
     pub preflight: Option<Arc<dyn Fn() -> Result<(), String> + Send + Sync>>,
     /// What the package declares (its manifest), shown until its first handshake says.
     pub declared: Option<Capabilities>,
-    /// Told each new child's pid (= its process group), so the daemon can sweep the group
-    /// after a crash of its own.
-    pub on_spawn: Option<Arc<dyn Fn(u32) + Send + Sync>>,
+    /// Where the extension's processes are recorded (pid and start time of the child and of
+    /// every descendant seen), so that the next daemon can kill what is left after a crash of
+    /// this one ([`tree::sweep_ledgers`]). Removed once a stop has killed them all.
+    pub ledger: Option<PathBuf>,
     pub host_version: String,
 }
 
@@ -98,7 +104,7 @@ impl ExtensionSpec {
             policy: RestartPolicy::default(),
             preflight: None,
             declared: None,
-            on_spawn: None,
+            ledger: None,
             host_version: env!("CARGO_PKG_VERSION").into(),
         }
     }
@@ -179,6 +185,86 @@ pub struct Status {
     pub capabilities: Option<Capabilities>,
     pub stderr_tail: Vec<String>,
     pub calls: BTreeMap<String, MethodStats>,
+    /// The live descendants of the current child (pids), as last seen, whatever process group
+    /// or session they moved to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descendants: Vec<u32>,
+    /// The last [`RECENT_EXITS`] ends of a child, newest first, with their causes and the calls
+    /// in flight at that moment. Kept across restarts, upgrades and disable.
+    #[serde(default)]
+    pub recent_exits: Vec<ExitRecord>,
+}
+
+/// Why a child ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExitCause {
+    /// It exited on its own (any code).
+    Exited,
+    /// A signal the host did not send killed it.
+    Signalled,
+    /// It closed its stdout while still running; the host then stopped it.
+    ClosedStdout,
+    /// The host stopped it (see `reason`).
+    StoppedByHost,
+}
+
+/// A call that was in flight when a child ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct InFlightCall {
+    pub method: String,
+    /// How long it had been waiting for its answer.
+    pub age_ms: u64,
+}
+
+/// One end of a child, for `ext status`.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct ExitRecord {
+    pub at_ms: i64,
+    pub pid: u32,
+    pub cause: ExitCause,
+    /// Why the host stopped it, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The exit code or signal, when the child's status was collected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitInfo>,
+    /// One line for people: `exit code 3`, `closed its stdout while running; stopped by the
+    /// host (killed by SIGKILL)`, `stopped by the host after an operator's stop (exit code 0)`.
+    pub summary: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_flight: Vec<InFlightCall>,
+}
+
+impl ExitRecord {
+    fn new(
+        pid: u32,
+        cause: ExitCause,
+        reason: Option<String>,
+        exit: Option<ExitInfo>,
+        in_flight: Vec<InFlightCall>,
+    ) -> Self {
+        let how = exit.map_or("its status was not collected".to_owned(), |e| e.to_string());
+        let summary = match cause {
+            ExitCause::Exited | ExitCause::Signalled => how,
+            ExitCause::ClosedStdout => {
+                format!("closed its stdout while running; stopped by the host ({how})")
+            }
+            ExitCause::StoppedByHost => format!(
+                "stopped by the host after {} ({how})",
+                reason.as_deref().unwrap_or("a request")
+            ),
+        };
+        ExitRecord {
+            at_ms: exit.map_or_else(now_ms, |e| e.at_ms),
+            pid,
+            cause,
+            reason,
+            exit,
+            summary,
+            in_flight,
+        }
+    }
 }
 
 impl Status {
@@ -203,7 +289,31 @@ impl Status {
             capabilities,
             stderr_tail: Vec::new(),
             calls: BTreeMap::new(),
+            descendants: Vec::new(),
+            recent_exits: Vec::new(),
         }
+    }
+
+    /// Take over what an earlier status of the same package knew of its past (its exits and
+    /// last error), for a package that is not running or starts anew (enable, upgrade).
+    pub fn carry_history(&mut self, earlier: &Status) {
+        if self.recent_exits.is_empty() {
+            self.recent_exits = earlier.recent_exits.clone();
+        }
+        if self.last_exit.is_none() {
+            self.last_exit = earlier.last_exit;
+        }
+        if self.last_error.is_none() {
+            self.last_error = earlier.last_error.clone();
+        }
+    }
+
+    fn record_exit(&mut self, rec: ExitRecord) {
+        if let Some(e) = rec.exit {
+            self.last_exit = Some(e);
+        }
+        self.recent_exits.insert(0, rec);
+        self.recent_exits.truncate(RECENT_EXITS);
     }
 }
 
@@ -243,6 +353,11 @@ struct Core {
 struct Inner {
     name: String,
     core: Mutex<Core>,
+    /// Every process seen in the current child's tree (see [`tree`]).
+    recorded: Mutex<BTreeSet<ProcId>>,
+    /// Calls awaiting an answer: id → (method, since when).
+    in_flight: Mutex<HashMap<u64, (Box<str>, Instant)>>,
+    next_call: std::sync::atomic::AtomicU64,
     peer: watch::Sender<Option<Peer>>,
     stats: stats::Stats,
     tail: Mutex<Tail>,
@@ -351,10 +466,36 @@ impl Extension {
             error_code = tracing::field::Empty,
         );
         let t = Instant::now();
+        let id = self
+            .inner
+            .next_call
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, (method.into(), t));
+        // Removed however the call ends, dropped by its caller included.
+        struct Done<'a>(&'a Inner, u64);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0
+                    .in_flight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&self.1);
+            }
+        }
+        let done = Done(&self.inner, id);
         let res =
             tracing::Instrument::instrument(peer.call_raw(method, params, deadline), span.clone())
                 .await;
         let took = t.elapsed();
+        if matches!(res, Err(CallError::Closed { .. })) {
+            // It failed because the child ended: left for the actor, which lists it in the
+            // exit's record and then clears the table.
+            std::mem::forget(done);
+        }
         self.inner.stats.record(method, took, res.is_ok());
         if !span.is_disabled() {
             span.record("duration_us", took.as_micros() as u64);
@@ -406,6 +547,32 @@ impl Extension {
         let _ = self.inner.cmds.send(Cmd::Restart);
     }
 
+    /// The calls awaiting an answer now, oldest first.
+    fn in_flight(&self) -> Vec<InFlightCall> {
+        let map = self
+            .inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<(Instant, &str)> = map.values().map(|(m, t)| (*t, &**m)).collect();
+        v.sort();
+        v.into_iter()
+            .map(|(t, m)| InFlightCall {
+                method: m.to_owned(),
+                age_ms: t.elapsed().as_millis() as u64,
+            })
+            .collect()
+    }
+
+    /// Whether `id` is a process of this extension's current or last child, as recorded.
+    fn owns(&self, id: ProcId) -> bool {
+        self.inner
+            .recorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&id)
+    }
+
     fn update(&self, f: impl FnOnce(&mut Status)) {
         let state = {
             let mut core = self.inner.core.lock().unwrap_or_else(|p| p.into_inner());
@@ -421,11 +588,17 @@ struct Running {
     task: JoinHandle<()>,
 }
 
+type RunningMap = Arc<Mutex<HashMap<String, Running>>>;
+
 /// All supervised extensions.
 pub struct Supervisor {
-    running: Mutex<HashMap<String, Running>>,
+    running: RunningMap,
+    /// The last status of each package that stopped, for its history (exits, last error).
+    retired: Mutex<HashMap<String, Status>>,
     handlers: CallbackHandlers,
     shutdown: CancellationToken,
+    /// Reaps (and kills) adopted orphans while this process is a subreaper.
+    reaper: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -434,17 +607,72 @@ impl std::fmt::Debug for Supervisor {
     }
 }
 
+fn lock_map(map: &RunningMap) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
+    map.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reap adopted orphans, and kill those no running extension claims.
+fn reap_once(map: &RunningMap) {
+    let exts: Vec<Extension> = lock_map(map).values().map(|r| r.ext.clone()).collect();
+    let (_, killed) = process::reap_orphans(|id| exts.iter().any(|e| e.owns(id)));
+    if killed > 0 {
+        tracing::warn!(
+            killed,
+            "killed processes whose extension had stopped (they had left its process tree)"
+        );
+    }
+}
+
 impl Supervisor {
+    /// A supervisor. Must be called inside a tokio runtime. If this process is a child
+    /// subreaper ([`process::become_subreaper`]), it also reaps the orphans that come to it and
+    /// kills those of extensions that no longer run.
     pub fn new(handlers: CallbackHandlers) -> Self {
+        let running: RunningMap = Arc::new(Mutex::new(HashMap::new()));
+        let shutdown = CancellationToken::new();
+        let reaper = process::is_subreaper().then(|| {
+            let (map, stop) = (running.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                use tokio::signal::unix::{SignalKind, signal};
+                let mut sigchld = signal(SignalKind::child()).ok();
+                loop {
+                    tokio::select! {
+                        _ = async { match &mut sigchld { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+                        () = tokio::time::sleep(TRACK_INTERVAL) => {}
+                        () = stop.cancelled() => break,
+                    }
+                    reap_once(&map);
+                }
+            })
+        });
         Supervisor {
-            running: Mutex::new(HashMap::new()),
+            running,
+            retired: Mutex::new(HashMap::new()),
             handlers,
-            shutdown: CancellationToken::new(),
+            shutdown,
+            reaper: Mutex::new(reaper),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
-        self.running.lock().unwrap_or_else(|p| p.into_inner())
+        lock_map(&self.running)
+    }
+
+    fn retire(&self, ext: &Extension) {
+        self.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ext.name().to_owned(), ext.brief());
+    }
+
+    /// The last status of a package this supervisor ran and stopped (disabled, removed), for
+    /// its history; `None` if it runs or never ran.
+    pub fn last_status(&self, name: &str) -> Option<Status> {
+        self.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
     }
 
     /// Start supervising `spec`. An extension of the same name is stopped first.
@@ -454,16 +682,27 @@ impl Supervisor {
     /// start, not a gap.
     pub async fn start(&self, spec: ExtensionSpec) -> Extension {
         let (cmds, cmd_rx) = mpsc::unbounded_channel();
-        let status = Status::new(
+        let mut status = Status::new(
             &spec.name,
             &spec.version,
             State::Starting,
             spec.declared.clone(),
         );
+        let earlier = self
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&spec.name);
+        if let Some(e) = &earlier {
+            status.carry_history(e);
+        }
         let ext = Extension {
             inner: Arc::new(Inner {
                 name: spec.name.clone(),
                 core: Mutex::new(Core { status }),
+                recorded: Mutex::new(BTreeSet::new()),
+                in_flight: Mutex::new(HashMap::new()),
+                next_call: std::sync::atomic::AtomicU64::new(0),
                 peer: watch::Sender::new(None),
                 stats: stats::Stats::default(),
                 tail: Mutex::new(Tail::default()),
@@ -476,10 +715,13 @@ impl Supervisor {
         let previous = running.remove(&spec.name);
         let (actor_ext, shutdown) = (ext.clone(), self.shutdown.child_token());
         let task = tokio::spawn(async move {
-            // The old one stops first (it owns the package's process group and log).
+            // The old one stops first (it owns the package's processes and log); its history
+            // goes on in the new one.
             if let Some(old) = previous {
                 let _ = old.ext.inner.cmds.send(Cmd::Stop);
                 let _ = old.task.await;
+                let old = old.ext.brief();
+                actor_ext.update(|s| s.carry_history(&old));
             }
             actor(actor_ext, spec, handler, cmd_rx, shutdown).await
         });
@@ -494,12 +736,14 @@ impl Supervisor {
         ext
     }
 
-    /// Stop an extension gracefully and forget it. Does nothing if it is not supervised.
+    /// Stop an extension gracefully and forget it (its history is kept). Does nothing if it is
+    /// not supervised.
     pub async fn stop(&self, name: &str) {
         let running = self.lock().remove(name);
         if let Some(r) = running {
             let _ = r.ext.inner.cmds.send(Cmd::Stop);
             let _ = r.task.await;
+            self.retire(&r.ext);
         }
     }
 
@@ -514,22 +758,45 @@ impl Supervisor {
         v
     }
 
-    /// Stop every extension gracefully, all at once, and wait for them.
+    /// Stop every extension gracefully, all at once, and wait for them; then kill whatever
+    /// adopted orphan is left.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
         let all: Vec<Running> = self.lock().drain().map(|(_, r)| r).collect();
         for r in all {
             let _ = r.task.await;
+            self.retire(&r.ext);
         }
+        let reaper = self.reaper.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = reaper {
+            let _ = task.await;
+            // Nothing runs now: every child that is not a leader goes, until none is left.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                let (reaped, killed) = process::reap_orphans(|_| false);
+                if (reaped == 0 && killed == 0) || Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
     }
 }
 
 /// One run of the child: what the actor owns while it is alive.
 struct Run {
     child: Child,
-    pgid: u32,
-    session: Session,
+    pid: u32,
+    /// Taken by the graceful stop, which closes it.
+    session: Option<Session>,
     stderr: JoinHandle<()>,
+    ledger: Option<Ledger>,
 }
 
 enum Outcome {
@@ -556,6 +823,7 @@ async fn actor(
     let mut tracker = RestartTracker::default();
     let mut jitter = Jitter::default();
     let log = LogFile::new(&spec.log_path);
+    let mut runs = 0u32;
     loop {
         // The preflight may hash a whole package: off the runtime's workers.
         let preflight = match spec.preflight.clone() {
@@ -578,6 +846,11 @@ async fn actor(
                 Cmd::Stop => break,
             }
         }
+        // Every start after the first is a restart, whatever asked for it.
+        if runs > 0 {
+            ext.update(|s| s.restarts += 1);
+        }
+        runs += 1;
         let outcome = run_once(&ext, &spec, &handler, &log, &mut cmds, &shutdown).await;
         ext.inner.peer.send_replace(None);
         match outcome {
@@ -619,7 +892,6 @@ async fn actor(
                 ext.update(|s| {
                     s.state = state;
                     s.pid = None;
-                    s.restarts += 1;
                     s.ready_since_ms = None;
                     if error.is_some() {
                         s.last_error = error;
@@ -643,6 +915,7 @@ async fn actor(
         s.state = State::Stopped;
         s.pid = None;
         s.next_start_at_ms = None;
+        s.descendants.clear();
     });
 }
 
@@ -653,6 +926,46 @@ async fn wait_for_operator(
     tokio::select! {
         cmd = cmds.recv() => cmd.unwrap_or(Cmd::Stop),
         () = shutdown.cancelled() => Cmd::Stop,
+    }
+}
+
+/// Read the child's tree and record what is new (in memory, the ledger and the status).
+fn track(ext: &Extension, run: &Run) {
+    let seen = tree::tree(run.pid);
+    let changed = {
+        let mut rec = ext.inner.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        let before = rec.len();
+        // Forget what no longer exists at all, so the record stays the size of the tree.
+        rec.retain(|id| tree::stat(id.pid).is_some_and(|s| s.id.start == id.start));
+        let pruned = rec.len() != before;
+        let mut added = false;
+        for s in &seen {
+            added |= rec.insert(s.id);
+        }
+        (added || pruned).then(|| rec.clone())
+    };
+    if let Some(set) = changed
+        && let Some(l) = &run.ledger
+        && let Err(e) = l.write(&set)
+    {
+        tracing::warn!(extension = %ext.name(), path = %l.path().display(), error = %e, "cannot record the extension's processes");
+    }
+    let mut desc: Vec<u32> = seen
+        .iter()
+        .map(|s| s.id.pid)
+        .filter(|p| *p != run.pid)
+        .collect();
+    desc.sort_unstable();
+    let differs = ext
+        .inner
+        .core
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .status
+        .descendants
+        != desc;
+    if differs {
+        ext.update(|s| s.descendants = desc);
     }
 }
 
@@ -667,6 +980,7 @@ async fn run_once(
     ext.update(|s| {
         s.state = State::Starting;
         s.pid = None;
+        s.descendants.clear();
     });
     let mut child = match process::spawn(&spec.command) {
         Ok(c) => c,
@@ -679,9 +993,6 @@ async fn run_once(
         }
     };
     let pid = child.id().unwrap_or(0);
-    if let Some(hook) = &spec.on_spawn {
-        hook(pid);
-    }
     let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     let (Some(stdin), Some(stdout), Some(stderr)) = (stdin, stdout, stderr) else {
         unreachable!("all three are piped in process::spawn");
@@ -698,14 +1009,21 @@ async fn run_once(
     );
     let mut run = Run {
         child,
-        pgid: pid,
-        session,
+        pid,
+        session: Some(session),
         stderr,
+        ledger: spec.ledger.as_ref().map(Ledger::new),
     };
+    ext.inner
+        .recorded
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    track(ext, &run);
     ext.update(|s| s.pid = Some(pid));
 
     // The handshake, bounded by the start timeout; the child dying meanwhile ends it early.
-    let peer = run.session.peer();
+    let peer = session_peer(&run);
     let init = InitializeParams::current(&spec.host_version);
     let handshake = tokio::select! {
         r = tokio::time::timeout(spec.start_timeout, peer.call::<_, InitializeResult>(methods::host::INITIALIZE, &init, None)) => r,
@@ -713,18 +1031,18 @@ async fn run_once(
             let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
             return finish_failed(ext, run, exit, None, "exited during the handshake".into()).await;
         }
-        () = shutdown.cancelled() => { stop_run(ext, run, spec.stop_grace).await; return Outcome::Stop; }
+        () = shutdown.cancelled() => { stop_run(ext, run, spec.stop_grace, "the daemon stopping").await; return Outcome::Stop; }
         // A stop or restart asked for during the handshake is not kept waiting for it.
         cmd = cmds.recv() => {
-            stop_run(ext, run, spec.stop_grace).await;
-            return match cmd { Some(Cmd::Restart) => Outcome::Restart, Some(Cmd::Stop) | None => Outcome::Stop };
+            let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
+            stop_run(ext, run, spec.stop_grace, why).await;
+            return outcome;
         }
     };
     let result = match handshake {
         Err(_) => {
             let msg = format!("no answer to `initialize` within {:?}", spec.start_timeout);
-            kill_run(&mut run).await;
-            return finish_failed(ext, run, None, None, msg).await;
+            return host_killed(ext, run, None, msg).await;
         }
         Ok(Err(e)) if e.is(ErrorCode::VersionMismatch) => {
             let data = match &e {
@@ -736,13 +1054,27 @@ async fn run_once(
                 e,
                 data.as_deref().unwrap_or("none")
             );
-            stop_run(ext, run, spec.stop_grace).await;
+            stop_run(ext, run, spec.stop_grace, "an incompatible handshake").await;
             return Outcome::Incompatible(msg);
+        }
+        Ok(Err(e)) if e.is(ErrorCode::ExtensionExited) => {
+            // It closed stdout (or exited) during the handshake: which, the exit tells.
+            let exit = tokio::time::timeout(Duration::from_millis(200), run.child.wait())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|st| ExitInfo::from_status(st, now_ms()));
+            return match exit {
+                Some(exit) => {
+                    finish_failed(ext, run, Some(exit), None, format!("handshake failed: {e}"))
+                        .await
+                }
+                None => closed_stdout(ext, run, None).await,
+            };
         }
         Ok(Err(e)) => {
             let msg = format!("handshake failed: {e}");
-            kill_run(&mut run).await;
-            return finish_failed(ext, run, None, None, msg).await;
+            return host_killed(ext, run, None, msg).await;
         }
         Ok(Ok(r)) => r,
     };
@@ -751,7 +1083,7 @@ async fn run_once(
             "the extension chose protocol version {}, which this host does not speak (it speaks {PROTOCOL_VERSIONS:?})",
             result.protocol_version
         );
-        stop_run(ext, run, spec.stop_grace).await;
+        stop_run(ext, run, spec.stop_grace, "an incompatible handshake").await;
         return Outcome::Incompatible(msg);
     }
 
@@ -767,34 +1099,104 @@ async fn run_once(
         s.last_error = None;
     });
 
-    // Crash detection: stdout EOF or child exit, whichever comes first.
-    tokio::select! {
-        status = run.child.wait() => {
-            let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
-            finish_failed(ext, run, exit, Some(ready_at), String::new()).await
-        }
-        reason = run.session.wait() => {
-            ext.inner.peer.send_replace(None);
-            // The child closed stdout (or it broke) but may still be alive: end it.
-            kill_run(&mut run).await;
-            let exit = run.child.try_wait().ok().flatten().map(|st| ExitInfo::from_status(st, now_ms()));
-            let msg = if exit.is_some() { String::new() } else { format!("the session ended ({reason}); the process was killed") };
-            finish_failed(ext, run, exit, Some(ready_at), msg).await
-        }
-        cmd = cmds.recv() => {
-            ext.inner.peer.send_replace(None);
-            stop_run(ext, run, spec.stop_grace).await;
-            match cmd { Some(Cmd::Restart) => Outcome::Restart, Some(Cmd::Stop) | None => Outcome::Stop }
-        }
-        () = shutdown.cancelled() => {
-            ext.inner.peer.send_replace(None);
-            stop_run(ext, run, spec.stop_grace).await;
-            Outcome::Stop
+    // Crash detection: stdout EOF or child exit, whichever comes first; meanwhile the tree is
+    // read and recorded every TRACK_INTERVAL.
+    let watch = session_peer(&run);
+    let mut tick = tokio::time::interval(TRACK_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            status = run.child.wait() => {
+                let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
+                return finish_failed(ext, run, exit, Some(ready_at), String::new()).await;
+            }
+            _ = watch.closed() => {
+                // It closed stdout (or the pipe broke) but may still be alive: end it. If it
+                // had exited, its status is there to collect at once.
+                let exit = tokio::time::timeout(Duration::from_millis(50), run.child.wait())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .map(|st| ExitInfo::from_status(st, now_ms()));
+                return match exit {
+                    Some(exit) => finish_failed(ext, run, Some(exit), Some(ready_at), String::new()).await,
+                    None => closed_stdout(ext, run, Some(ready_at)).await,
+                };
+            }
+            cmd = cmds.recv() => {
+                ext.inner.peer.send_replace(None);
+                let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
+                stop_run(ext, run, spec.stop_grace, why).await;
+                return outcome;
+            }
+            () = shutdown.cancelled() => {
+                ext.inner.peer.send_replace(None);
+                stop_run(ext, run, spec.stop_grace, "the daemon stopping").await;
+                return Outcome::Stop;
+            }
+            _ = tick.tick() => track(ext, &run),
         }
     }
 }
 
-/// Record a failed run. Dropping the session fails every pending call at once.
+fn session_peer(run: &Run) -> Peer {
+    run.session
+        .as_ref()
+        .expect("the session is taken only by the stop, which ends the run")
+        .peer()
+}
+
+/// The child closed its stdout while still running: the host kills it, and says so.
+async fn closed_stdout(ext: &Extension, mut run: Run, ready_at: Option<Instant>) -> Outcome {
+    ext.inner.peer.send_replace(None);
+    let in_flight = ext.in_flight();
+    track(ext, &run);
+    let exit = kill_run(&mut run).await;
+    let rec = ExitRecord::new(run.pid, ExitCause::ClosedStdout, None, exit, in_flight);
+    let error = format!(
+        "the extension closed its stdout while still running; the host stopped it ({})",
+        exit.map_or("its status was not collected".to_owned(), |e| e.to_string())
+    );
+    ext.update(|s| s.record_exit(rec));
+    end_run(ext, run).await;
+    Outcome::Failed {
+        ready_at,
+        error: Some(error),
+    }
+}
+
+/// The host gave up on the child (no handshake in time, a failed handshake): kill it, record
+/// why.
+async fn host_killed(
+    ext: &Extension,
+    mut run: Run,
+    ready_at: Option<Instant>,
+    why: String,
+) -> Outcome {
+    ext.inner.peer.send_replace(None);
+    let in_flight = ext.in_flight();
+    track(ext, &run);
+    let exit = kill_run(&mut run).await;
+    let rec = ExitRecord::new(
+        run.pid,
+        ExitCause::StoppedByHost,
+        Some(why.clone()),
+        exit,
+        in_flight,
+    );
+    ext.update(|s| s.record_exit(rec));
+    end_run(ext, run).await;
+    let error = match exit {
+        Some(e) => format!("{why}; the host stopped it ({e})"),
+        None => why,
+    };
+    Outcome::Failed {
+        ready_at,
+        error: Some(error),
+    }
+}
+
+/// Record a run that ended on its own. Dropping the session fails every pending call at once.
 async fn finish_failed(
     ext: &Extension,
     mut run: Run,
@@ -803,24 +1205,23 @@ async fn finish_failed(
     error: String,
 ) -> Outcome {
     ext.inner.peer.send_replace(None);
+    let in_flight = ext.in_flight();
     let exit = match exit {
         Some(e) => Some(e),
-        None => {
-            kill_run(&mut run).await;
-            run.child
-                .try_wait()
-                .ok()
-                .flatten()
-                .map(|st| ExitInfo::from_status(st, now_ms()))
-        }
+        None => kill_run(&mut run).await,
     };
-    drop(run.session);
-    // Grandchildren may still hold the group; sweep it.
-    process::kill_group_and_wait(run.pgid, Duration::from_secs(1)).await;
-    finish_stderr(run.stderr).await;
-    if let Some(e) = exit {
-        ext.update(|s| s.last_exit = Some(e));
+    let cause = match exit {
+        Some(ExitInfo {
+            signal: Some(_), ..
+        }) => ExitCause::Signalled,
+        _ => ExitCause::Exited,
+    };
+    let mut rec = ExitRecord::new(run.pid, cause, None, exit, in_flight);
+    if !error.is_empty() {
+        rec.summary = format!("{error} ({})", rec.summary);
     }
+    ext.update(|s| s.record_exit(rec));
+    end_run(ext, run).await;
     let error = match (error.is_empty(), exit) {
         (true, Some(e)) => Some(format!("the extension died ({e})")),
         (true, None) => None,
@@ -830,11 +1231,46 @@ async fn finish_failed(
     Outcome::Failed { ready_at, error }
 }
 
-/// SIGKILL the group and reap the child (bounded).
-async fn kill_run(run: &mut Run) {
-    let _ = process::signal_group(run.pgid, nix::sys::signal::Signal::SIGKILL);
+/// After the child is gone (or given up on): fail pending calls, kill every process recorded in
+/// its tree wherever it moved, finish the stderr copy, forget the ledger.
+async fn end_run(ext: &Extension, mut run: Run) {
+    drop(run.session.take());
+    // Every call of this run has failed now; what its exit record listed is done with.
+    ext.inner
+        .in_flight
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    let recorded = ext
+        .inner
+        .recorded
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let killed = tree::kill_all(&recorded, Some(run.pid), Duration::from_secs(1)).await;
+    if killed > 0 {
+        tracing::info!(extension = %ext.name(), killed, "killed the processes the extension left");
+    }
+    finish_stderr(run.stderr).await;
+    if !tree::still_running(&recorded).is_empty() {
+        tracing::warn!(extension = %ext.name(), "some of the extension's processes could not be killed within 1 s");
+    } else if let Some(l) = &run.ledger {
+        l.remove();
+    }
+    ext.update(|s| s.descendants.clear());
+    drop(run.child);
+    process::release_leader(run.pid);
+}
+
+/// SIGKILL the child's group and the child, and collect its status (bounded).
+async fn kill_run(run: &mut Run) -> Option<ExitInfo> {
+    let _ = process::signal_group(run.pid, nix::sys::signal::Signal::SIGKILL);
     let _ = run.child.start_kill();
-    let _ = tokio::time::timeout(Duration::from_secs(2), run.child.wait()).await;
+    tokio::time::timeout(Duration::from_secs(2), run.child.wait())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|st| ExitInfo::from_status(st, now_ms()))
 }
 
 async fn finish_stderr(task: JoinHandle<()>) {
@@ -850,18 +1286,24 @@ async fn finish_stderr(task: JoinHandle<()>) {
 }
 
 /// The graceful stop: `shutdown` request → close stdin → SIGTERM to the group → SIGKILL, each
-/// step bounded; the whole group is swept at the end so that no grandchild outlives it.
-async fn stop_run(ext: &Extension, mut run: Run, grace: Duration) {
+/// step bounded; then every process recorded in its tree is killed, wherever it moved.
+async fn stop_run(ext: &Extension, mut run: Run, grace: Duration, why: &str) {
     use nix::sys::signal::Signal;
     ext.update(|s| s.state = State::Stopping);
+    // What runs now is recorded before the child can exit and orphan it.
+    track(ext, &run);
+    let in_flight = ext.in_flight();
     let deadline = Instant::now() + grace;
-    let peer = run.session.peer();
+    let peer = session_peer(&run);
     if !peer.is_closed() {
         let _ = peer
             .call::<_, Empty>(methods::host::SHUTDOWN, &Empty {}, Some(grace))
             .await;
     }
-    run.session.close(Duration::from_millis(100)).await;
+    track(ext, &run);
+    if let Some(session) = run.session.take() {
+        session.close(Duration::from_millis(100)).await;
+    }
     let left = deadline.saturating_duration_since(Instant::now());
     let mut status = tokio::time::timeout(left, run.child.wait())
         .await
@@ -869,7 +1311,8 @@ async fn stop_run(ext: &Extension, mut run: Run, grace: Duration) {
         .and_then(Result::ok);
     if status.is_none() {
         tracing::warn!(extension = %ext.name(), "did not exit after shutdown; sending SIGTERM");
-        let _ = process::signal_group(run.pgid, Signal::SIGTERM);
+        track(ext, &run);
+        let _ = process::signal_group(run.pid, Signal::SIGTERM);
         status = tokio::time::timeout(Duration::from_secs(2), run.child.wait())
             .await
             .ok()
@@ -877,15 +1320,20 @@ async fn stop_run(ext: &Extension, mut run: Run, grace: Duration) {
     }
     if status.is_none() {
         tracing::warn!(extension = %ext.name(), "did not exit after SIGTERM; sending SIGKILL");
-        let _ = process::signal_group(run.pgid, Signal::SIGKILL);
+        let _ = process::signal_group(run.pid, Signal::SIGKILL);
         status = tokio::time::timeout(Duration::from_secs(2), run.child.wait())
             .await
             .ok()
             .and_then(Result::ok);
     }
-    process::kill_group_and_wait(run.pgid, Duration::from_secs(1)).await;
-    finish_stderr(run.stderr).await;
-    if let Some(st) = status {
-        ext.update(|s| s.last_exit = Some(ExitInfo::from_status(st, now_ms())));
-    }
+    let exit = status.map(|st| ExitInfo::from_status(st, now_ms()));
+    let rec = ExitRecord::new(
+        run.pid,
+        ExitCause::StoppedByHost,
+        Some(why.to_owned()),
+        exit,
+        in_flight,
+    );
+    ext.update(|s| s.record_exit(rec));
+    end_run(ext, run).await;
 }

@@ -4,16 +4,23 @@
 //! folder as working directory, an environment built from an allow-list plus `CONDUIT_*`
 //! variables (nothing else of the daemon's leaks in), no file descriptors beyond stdin, stdout
 //! and stderr, and on Linux a parent-death signal (SIGKILL) so that a daemon killed with
-//! SIGKILL leaves no orphans.
+//! SIGKILL leaves no orphans, and the child-subreaper flag, so that its descendants stay in its
+//! process tree whatever group or session they move to (see [`crate::tree`]).
+//!
+//! Every child the process forks must go through [`spawn`]: it registers the pid as a
+//! *leader* before anyone can reap it, and [`reap_orphans`] reaps every other child — the
+//! orphans a subreaper adopts — and never a leader, whose exit status tokio collects.
 //!
 //! The parent-death signal fires when the *thread* that forked the child exits, not the
 //! process. Children must therefore be spawned from long-lived threads — the runtime's workers
 //! — and never from `spawn_blocking`, whose threads exit when idle.
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::io;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Mutex;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -48,6 +55,85 @@ pub fn child_env(
     env
 }
 
+/// The children [`spawn`] started that tokio has not reaped yet.
+static LEADERS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+fn leaders() -> std::sync::MutexGuard<'static, BTreeSet<u32>> {
+    LEADERS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Forget a child [`spawn`] started, once its exit status has been collected.
+pub fn release_leader(pid: u32) {
+    leaders().remove(&pid);
+}
+
+/// Whether `pid` is a child [`spawn`] started and tokio has not reaped.
+pub fn is_leader(pid: u32) -> bool {
+    leaders().contains(&pid)
+}
+
+/// Make this process a child subreaper (Linux): descendants of its children that lose their
+/// parent are re-parented to it rather than to init, so a stop can still find them. Returns
+/// whether it is one now (never, elsewhere). A process that calls this must fork only through
+/// [`spawn`], and reap adopted orphans ([`reap_orphans`]; the supervisor does, when this is set).
+pub fn become_subreaper() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        nix::sys::prctl::set_child_subreaper(true).is_ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
+/// Whether this process is a child subreaper.
+pub fn is_subreaper() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        nix::sys::prctl::get_child_subreaper().unwrap_or(false)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
+/// Reap this process's zombie children that are not leaders, and SIGKILL its live ones that
+/// are not leaders and that `keep` does not claim (adopted orphans of no running extension,
+/// with their descendants). Returns `(reaped, killed)`.
+pub fn reap_orphans(keep: impl Fn(crate::tree::ProcId) -> bool) -> (usize, usize) {
+    let me = std::process::id();
+    let (mut reaped, mut killed) = (0, 0);
+    for pid in crate::tree::children(me) {
+        let Some(st) = crate::tree::stat(pid) else {
+            continue;
+        };
+        // Held while reaping, so a child spawned meanwhile is a leader before it can be seen.
+        let leaders = leaders();
+        if leaders.contains(&pid) {
+            continue;
+        }
+        if st.is_zombie() {
+            use nix::sys::wait::{WaitPidFlag, waitpid};
+            if waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)).is_ok() {
+                reaped += 1;
+            }
+            continue;
+        }
+        drop(leaders);
+        if keep(st.id) {
+            continue;
+        }
+        for p in crate::tree::tree(pid) {
+            if nix::sys::signal::kill(Pid::from_raw(p.id.pid as i32), Signal::SIGKILL).is_ok() {
+                killed += 1;
+            }
+        }
+    }
+    (reaped, killed)
+}
+
 /// Spawn `cmd` with piped stdio, in its own process group, isolated as the module docs say.
 pub fn spawn(cmd: &ChildCommand) -> io::Result<Child> {
     let mut c = Command::new(&cmd.program);
@@ -68,6 +154,8 @@ pub fn spawn(cmd: &ChildCommand) -> io::Result<Child> {
             #[cfg(target_os = "linux")]
             {
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+                // Kept across exec: what the extension starts stays in its tree.
+                nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)?;
                 // The daemon may have died between fork and prctl: then nobody would kill us.
                 if nix::unistd::getppid() != parent {
                     return Err(io::Error::other(
@@ -81,7 +169,13 @@ pub fn spawn(cmd: &ChildCommand) -> io::Result<Child> {
             Ok(())
         });
     }
-    c.spawn()
+    // Registered before the lock is released: the orphan reaper never takes a leader's status.
+    let mut leaders = leaders();
+    let child = c.spawn()?;
+    if let Some(pid) = child.id() {
+        leaders.insert(pid);
+    }
+    Ok(child)
 }
 
 /// Make every descriptor above stderr close on exec. Closing them here instead would also
@@ -148,55 +242,6 @@ pub fn group_alive(pgid: u32) -> bool {
         nix::sys::signal::killpg(Pid::from_raw(pgid as i32), None),
         Ok(())
     )
-}
-
-/// Kill what is left of an extension's process group from an earlier daemon (one killed with
-/// SIGKILL: the parent-death signal ended the extension itself, but not what it started).
-///
-/// A process group id can be reused, so only members whose environment carries
-/// `CONDUIT_EXTENSION=<name>` — set for every extension and inherited by what it starts — are
-/// killed. Returns how many were. Linux only (it reads `/proc`); elsewhere it kills nothing.
-pub fn sweep_leftovers(pgid: u32, name: &str) -> usize {
-    #[cfg(target_os = "linux")]
-    {
-        let marker = format!("CONDUIT_EXTENSION={name}");
-        let mut killed = 0;
-        let Ok(dir) = std::fs::read_dir("/proc") else {
-            return 0;
-        };
-        for e in dir.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-                continue;
-            };
-            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-                continue;
-            };
-            let pgrp = rest
-                .split_whitespace()
-                .nth(2)
-                .and_then(|f| f.parse::<u32>().ok());
-            if pgrp != Some(pgid) {
-                continue;
-            }
-            let Ok(environ) = std::fs::read(e.path().join("environ")) else {
-                continue;
-            };
-            if environ.split(|&b| b == 0).any(|v| v == marker.as_bytes())
-                && nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok()
-            {
-                killed += 1;
-            }
-        }
-        killed
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (pgid, name);
-        0
-    }
 }
 
 /// SIGKILL the group and wait (at most `within`) until none of it runs.

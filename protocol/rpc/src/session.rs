@@ -13,7 +13,10 @@
 //!   next is answered `overloaded` without starting anything.
 //! - One writer task owns the write half and writes whole frames, batching what is queued.
 //!   The queue is bounded in bytes: a peer that stops reading makes senders wait (within their
-//!   deadlines), never makes this side buffer without bound.
+//!   deadlines), never makes this side buffer without bound. What waits is bounded too: the
+//!   bytes held for the peer — queued, being written, and built by callers still waiting for
+//!   queue room or a call slot — never pass `max_held_bytes`; a call that would pass it fails at
+//!   once with `overloaded` ([`CallError::Overloaded`]).
 //! - Calls in both directions interleave freely: a handler may call the other side while its
 //!   own request is pending, because handlers run in their own tasks and the reader never waits
 //!   on a handler.
@@ -29,7 +32,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,6 +71,11 @@ pub struct SessionConfig {
     /// Outgoing calls awaiting an answer at once; further calls wait for a slot (within their
     /// deadline) instead of drawing `overloaded` from a peer that applies the same limit.
     pub max_outgoing: usize,
+    /// Bytes held for the peer at once: the write queue plus frames whose senders wait for
+    /// room or for a call slot. A call or notification that would pass it fails at once with
+    /// [`CallError::Overloaded`]; an answer that would is replaced by an `overloaded` error.
+    /// At least the frame cap, so one message of the largest size can always be sent.
+    pub max_held_bytes: usize,
 }
 
 impl Default for SessionConfig {
@@ -78,6 +86,7 @@ impl Default for SessionConfig {
             max_concurrent: conduit_protocol::MAX_CONCURRENT_REQUESTS,
             write_queue_bytes: 2 * conduit_protocol::MAX_MESSAGE_BYTES,
             max_outgoing: conduit_protocol::MAX_CONCURRENT_REQUESTS,
+            max_held_bytes: 3 * conduit_protocol::MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -193,6 +202,17 @@ pub enum CallError {
     /// The answer did not have the expected shape.
     #[error("the answer to `{method}` is malformed: {detail}")]
     BadResult { method: String, detail: String },
+    /// Not sent: the bytes already held for the peer (it is not reading fast enough) plus this
+    /// message would pass the session's bound.
+    #[error(
+        "`{method}` was not sent: {held} bytes are already waiting to be written to the peer and this {size}-byte message would pass the {limit}-byte bound; the peer is not reading, retry later"
+    )]
+    Overloaded {
+        method: String,
+        size: usize,
+        held: usize,
+        limit: usize,
+    },
 }
 
 impl CallError {
@@ -204,6 +224,7 @@ impl CallError {
             CallError::Closed { .. } => ErrorCode::ExtensionExited.number(),
             CallError::TooLarge { .. } => ErrorCode::MessageTooLarge.number(),
             CallError::BadResult { .. } => ErrorCode::InternalError.number(),
+            CallError::Overloaded { .. } => ErrorCode::Overloaded.number(),
         }
     }
 
@@ -216,6 +237,10 @@ impl CallError {
     pub fn to_rpc_error(&self) -> RpcError {
         match self {
             CallError::Rpc { error, .. } => error.clone(),
+            CallError::Overloaded { limit, .. } => {
+                RpcError::new(ErrorCode::Overloaded, self.to_string())
+                    .with_data(&serde_json::json!({ "held_bytes_limit": limit }))
+            }
             other => RpcError {
                 code: other.code(),
                 message: other.to_string(),
@@ -238,6 +263,36 @@ struct Queued {
     bytes: Vec<u8>,
     /// Queue permits held by this frame (0 for `$/cancel`, which never waits).
     permits: u32,
+    /// Bytes of the held-bytes bound this frame holds until it is written.
+    held: usize,
+}
+
+/// Why a frame was not queued.
+enum SendError {
+    Closed(CloseReason),
+    /// The held-bytes bound would be passed: (held before, limit).
+    Overloaded(usize, usize),
+}
+
+/// A reservation against the held-bytes bound, released when dropped unless it was handed to
+/// the queue (the writer releases it after writing).
+struct Held<'a> {
+    shared: &'a Shared,
+    bytes: usize,
+}
+
+impl Held<'_> {
+    fn into_queued(self) -> usize {
+        let n = self.bytes;
+        std::mem::forget(self);
+        n
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.shared.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 struct State {
@@ -255,6 +310,9 @@ struct Shared {
     queue_space: Semaphore,
     queue_total: u32,
     outgoing_slots: Semaphore,
+    /// Bytes held for the peer now (see [`SessionConfig::max_held_bytes`]).
+    held: AtomicUsize,
+    max_held: usize,
     /// Cancelled when the session ends, for whatever reason.
     ended: CancellationToken,
 }
@@ -270,8 +328,29 @@ impl Shared {
         self.lock().closed.clone().unwrap_or(CloseReason::Local)
     }
 
-    /// Queue a frame (with its `\n`), waiting for room.
-    async fn send(&self, bytes: Vec<u8>) -> Result<(), CloseReason> {
+    /// Count `bytes` against the held-bytes bound, or refuse them: (held before, limit).
+    fn reserve(&self, bytes: usize) -> Result<Held<'_>, (usize, usize)> {
+        let before = self.held.fetch_add(bytes, Ordering::AcqRel);
+        if before + bytes > self.max_held {
+            self.held.fetch_sub(bytes, Ordering::AcqRel);
+            return Err((before, self.max_held));
+        }
+        Ok(Held {
+            shared: self,
+            bytes,
+        })
+    }
+
+    /// Queue a frame (with its `\n`), waiting for room; refused at once past the held bound.
+    async fn send(&self, bytes: Vec<u8>) -> Result<(), SendError> {
+        let held = self
+            .reserve(bytes.len())
+            .map_err(|(h, l)| SendError::Overloaded(h, l))?;
+        self.send_held(bytes, held).await.map_err(SendError::Closed)
+    }
+
+    /// Queue a frame already counted against the held bound, waiting for room.
+    async fn send_held(&self, bytes: Vec<u8>, held: Held<'_>) -> Result<(), CloseReason> {
         // A frame larger than the whole queue (never, with the defaults) takes all of it.
         let permits = u32::try_from(bytes.len())
             .unwrap_or(u32::MAX)
@@ -281,9 +360,18 @@ impl Shared {
             p = self.queue_space.acquire_many(permits) => p.map_err(|_| self.close_reason())?.forget(),
             () = self.ended.cancelled() => return Err(self.close_reason()),
         }
+        let held = held.into_queued();
         self.queue
-            .send(Queued { bytes, permits })
-            .map_err(|_| self.close_reason())
+            .send(Queued {
+                bytes,
+                permits,
+                held,
+            })
+            .map_err(|e| {
+                // The writer is gone: nobody will release what the frame held.
+                self.held.fetch_sub(e.0.held, Ordering::AcqRel);
+                self.close_reason()
+            })
     }
 
     /// Queue a frame if there is room now; otherwise hand it back. The reader task uses this:
@@ -293,10 +381,20 @@ impl Shared {
         let permits = u32::try_from(bytes.len())
             .unwrap_or(u32::MAX)
             .min(self.queue_total);
+        let Ok(held) = self.reserve(bytes.len()) else {
+            return Err(bytes);
+        };
         match self.queue_space.try_acquire_many(permits) {
             Ok(p) => {
                 p.forget();
-                let _ = self.queue.send(Queued { bytes, permits });
+                let held = held.into_queued();
+                if let Err(e) = self.queue.send(Queued {
+                    bytes,
+                    permits,
+                    held,
+                }) {
+                    self.held.fetch_sub(e.0.held, Ordering::AcqRel);
+                }
                 Ok(())
             }
             Err(_) => Err(bytes),
@@ -306,7 +404,11 @@ impl Shared {
     /// Queue a frame without waiting: only for `$/cancel`, which is tiny and at most one per
     /// call, so it cannot grow the queue without bound.
     fn send_now(&self, bytes: Vec<u8>) {
-        let _ = self.queue.send(Queued { bytes, permits: 0 });
+        let _ = self.queue.send(Queued {
+            bytes,
+            permits: 0,
+            held: 0,
+        });
     }
 
     fn send_cancel(&self, id: i64) {
@@ -466,6 +568,15 @@ impl Peer {
             method: method.into(),
             reason,
         };
+        // Counted from here: a caller waiting for a slot holds its frame too.
+        let held = shared
+            .reserve(frame.len())
+            .map_err(|(held, limit)| CallError::Overloaded {
+                method: method.into(),
+                size: frame.len(),
+                held,
+                limit,
+            })?;
         let _slot = tokio::select! {
             biased;
             p = shared.outgoing_slots.acquire() => p.map_err(|_| closed(shared.close_reason()))?,
@@ -487,7 +598,7 @@ impl Peer {
             id,
             armed: true,
         };
-        shared.send(frame).await.map_err(closed)?;
+        shared.send_held(frame, held).await.map_err(closed)?;
         let mut rx = rx;
         let answer = match cancel {
             None => (&mut rx).await,
@@ -555,13 +666,19 @@ impl Peer {
             });
         }
         frame.push(b'\n');
-        self.shared
-            .send(frame)
-            .await
-            .map_err(|reason| CallError::Closed {
+        let size = frame.len();
+        self.shared.send(frame).await.map_err(|e| match e {
+            SendError::Closed(reason) => CallError::Closed {
                 method: method.into(),
                 reason,
-            })
+            },
+            SendError::Overloaded(held, limit) => CallError::Overloaded {
+                method: method.into(),
+                size,
+                held,
+                limit,
+            },
+        })
     }
 
     /// Whether the session has ended.
@@ -622,6 +739,10 @@ impl Session {
             queue_space: Semaphore::new(queue_bytes),
             queue_total: queue_bytes as u32,
             outgoing_slots: Semaphore::new(config.max_outgoing.max(1)),
+            held: AtomicUsize::new(0),
+            max_held: config
+                .max_held_bytes
+                .max(config.max_message_bytes.saturating_add(1)),
             ended: CancellationToken::new(),
         });
         let peer = Peer {
@@ -716,16 +837,19 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         };
         // Batch whatever else is already queued into one write, up to 1 MiB.
         let mut permits = first.permits;
+        let mut held = first.held;
         let res = if let Ok(next) = queue.try_recv() {
             batch.clear();
             batch.extend_from_slice(&first.bytes);
             batch.extend_from_slice(&next.bytes);
             permits += next.permits;
+            held += next.held;
             while batch.len() < (1 << 20) {
                 match queue.try_recv() {
                     Ok(q) => {
                         batch.extend_from_slice(&q.bytes);
                         permits += q.permits;
+                        held += q.held;
                     }
                     Err(_) => break,
                 }
@@ -735,6 +859,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             write_frame(&mut write, &first.bytes).await
         };
         shared.queue_space.add_permits(permits as usize);
+        shared.held.fetch_sub(held, Ordering::AcqRel);
         if let Err(e) = res {
             tracing::debug!(peer = %shared.name, error = %e, "write failed; ending the session");
             let reason = if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -888,7 +1013,7 @@ async fn on_message(
                 // request's slot (so at most 64 such answers wait) — never the reader.
                 let shared = shared.clone();
                 handlers.spawn(async move {
-                    let _ = shared.send(frame).await;
+                    send_answer(&shared, Some(&id), frame).await;
                     shared.lock().incoming.remove(&id);
                 });
                 return;
@@ -968,7 +1093,31 @@ async fn on_oversized(shared: &Arc<Shared>, head: &[u8], len: usize) {
 /// Answer a request. A result over the cap is replaced by `message_too_large`.
 async fn reply(shared: &Shared, id: Option<&RequestId>, res: HandlerResult) {
     let frame = reply_frame(shared, id, &res);
-    let _ = shared.send(frame).await;
+    send_answer(shared, id, frame).await;
+}
+
+/// Queue an answer, waiting for room. One that would pass the held-bytes bound is replaced by
+/// a small `overloaded` error (held outside the bound, like `$/cancel`: at most one per
+/// request slot), so the peer's caller is still answered.
+async fn send_answer(shared: &Shared, id: Option<&RequestId>, frame: Vec<u8>) {
+    let size = frame.len();
+    match shared.reserve(size) {
+        Ok(held) => {
+            let _ = shared.send_held(frame, held).await;
+        }
+        Err((held, limit)) => {
+            drop(frame);
+            tracing::debug!(peer = %shared.name, size, held, limit, "an answer would pass the held-bytes bound; answering overloaded");
+            let err = RpcError::new(
+                ErrorCode::Overloaded,
+                format!("the {size}-byte answer was not sent: {held} bytes are already waiting to be written to this peer (bound {limit}); read faster or retry"),
+            )
+            .with_data(&serde_json::json!({ "held_bytes_limit": limit }));
+            let small = reply_frame(shared, id, &Err(err));
+            let held = Held { shared, bytes: 0 };
+            let _ = shared.send_held(small, held).await;
+        }
+    }
 }
 
 /// A refusal or error answer the reader makes itself (overloaded, parse error, …): queued if

@@ -406,8 +406,14 @@ async fn two_sessions_flooding_each_other_with_large_calls_do_not_lock_up() {
     let (a, b) = tokio::io::duplex(64 * 1024);
     let (ar, aw) = tokio::io::split(a);
     let (br, bw) = tokio::io::split(b);
-    let left = Session::new(ar, aw, echo, SessionConfig::named("left"));
-    let right = Session::new(br, bw, echo, SessionConfig::named("right"));
+    // 64 MiB of calls per side is past the default held-bytes bound (48 MiB), which would
+    // refuse some with `overloaded`: lifted here, where the point is that nothing locks up.
+    let config = |name: &str| SessionConfig {
+        max_held_bytes: 256 << 20,
+        ..SessionConfig::named(name)
+    };
+    let left = Session::new(ar, aw, echo, config("left"));
+    let right = Session::new(br, bw, echo, config("right"));
     let payload = std::sync::Arc::new(
         serde_json::value::RawValue::from_string(format!("\"{}\"", "x".repeat(1024 * 1024)))
             .unwrap(),
@@ -437,4 +443,89 @@ async fn two_sessions_flooding_each_other_with_large_calls_do_not_lock_up() {
         .await
         .unwrap();
     assert_eq!(v.get(), "1");
+}
+
+/// Params (a JSON string) that make a notification of `method` exactly `frame` bytes long,
+/// with its newline.
+fn notification_params(method: &str, frame: usize) -> Box<serde_json::value::RawValue> {
+    let empty = serde_json::value::RawValue::from_string("\"\"".into()).unwrap();
+    let mut probe = Vec::new();
+    conduit_protocol::message::write_notification(&mut probe, method, &empty);
+    let fill = frame - (probe.len() + 1);
+    serde_json::value::RawValue::from_string(format!("\"{}\"", "x".repeat(fill))).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_held_bytes_bound_a_call_fails_at_once_with_overloaded() {
+    // A peer that never reads: the writer's first write blocks, so every byte sent stays held.
+    let (a, _unread) = tokio::io::duplex(1024);
+    let (ar, aw) = tokio::io::split(a);
+    let config = SessionConfig {
+        write_queue_bytes: 4096,
+        max_held_bytes: 8192,
+        max_message_bytes: 4096,
+        ..SessionConfig::named("held")
+    };
+    let host = Session::new(ar, aw, TestHandler::default(), config);
+    let peer = host.peer();
+    let quick = Duration::from_secs(5);
+    // The whole queue, then exactly the rest of the bound: the second waits for room.
+    tokio::time::timeout(
+        quick,
+        peer.notify("fill", &notification_params("fill", 4096)),
+    )
+    .await
+    .expect("the first notification is queued at once")
+    .unwrap();
+    let waiting = {
+        let peer = peer.clone();
+        tokio::spawn(async move {
+            peer.notify("wait", &notification_params("wait", 4096))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !waiting.is_finished(),
+        "at the bound a sender waits for room"
+    );
+    // One byte past the bound: refused at once, whether a call or a notification.
+    let t = Instant::now();
+    let one = serde_json::value::RawValue::from_string("1".into()).unwrap();
+    let err = peer
+        .call_raw("echo", &one, Some(Duration::from_secs(20)))
+        .await
+        .unwrap_err();
+    assert!(err.is(ErrorCode::Overloaded), "{err}");
+    assert!(
+        matches!(
+            err,
+            CallError::Overloaded {
+                held: 8192,
+                limit: 8192,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("8192-byte bound"),
+        "the error names the bound: {err}"
+    );
+    let err = peer.notify("more", &json!(1)).await.unwrap_err();
+    assert!(err.is(ErrorCode::Overloaded), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // A sender that gives up gives its bytes back: the same frame is accepted again.
+    waiting.abort();
+    let _ = waiting.await;
+    let again = {
+        let peer = peer.clone();
+        tokio::spawn(async move {
+            peer.notify("wait", &notification_params("wait", 4096))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!again.is_finished(), "it waits for room instead of failing");
+    again.abort();
 }

@@ -1,0 +1,339 @@
+//! An extension's processes, wherever they moved: finding them, recording them, killing them.
+//!
+//! A process group is not enough: a grandchild that calls `setsid()` or `setpgid(0, 0)` (any
+//! daemonising library does) leaves it, and one that execs with an empty environment carries no
+//! marker. What cannot be shed is ancestry, so on Linux:
+//!
+//! - each extension is made a *child subreaper* (`PR_SET_CHILD_SUBREAPER`, set between fork and
+//!   exec and kept across exec): while it lives, whatever its descendants do — double fork
+//!   included — they stay in its process tree, which is read from
+//!   `/proc/<pid>/task/<tid>/children`;
+//! - the daemon is a subreaper too ([`crate::process::become_subreaper`]), so when an extension
+//!   dies its orphans come to the daemon instead of init, where the supervisor finds them;
+//! - every process ever seen in an extension's tree is recorded with its start time (so a reused
+//!   pid is never mistaken for it), in memory and in a small file in the state directory (the
+//!   *ledger*), which the next daemon reads after a crash of its own;
+//! - a stop kills the recorded processes that still run, their descendants, and the members of
+//!   every process group or session one of them created — repeating until none runs.
+//!
+//! Elsewhere (macOS): no subreaper and no `/proc`; only the extension's own process group is
+//! signalled, and the ledger is empty.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+/// How often a running extension's tree is read and recorded. A descendant that has lived this
+/// long is in the ledger, so the sweep after a daemon crash finds it.
+pub const TRACK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// One process, told apart from a later one with the same pid by its start time (clock ticks
+/// after boot, `/proc/<pid>/stat` field 22).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ProcId {
+    pub pid: u32,
+    pub start: u64,
+}
+
+/// What `/proc/<pid>/stat` says of a process.
+#[derive(Clone, Copy, Debug)]
+pub struct ProcStat {
+    pub id: ProcId,
+    pub state: char,
+    pub ppid: u32,
+    pub pgrp: u32,
+    pub session: u32,
+}
+
+impl ProcStat {
+    /// A zombie (or dead) process runs nothing and holds nothing open.
+    pub fn is_zombie(&self) -> bool {
+        matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// Read one process's stat; `None` if it is gone (or this is not Linux).
+pub fn stat(pid: u32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(pid, &text)
+}
+
+fn parse_stat(pid: u32, text: &str) -> Option<ProcStat> {
+    // `pid (comm) state ppid pgrp session …`; comm may contain spaces and parentheses.
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(ProcStat {
+        id: ProcId {
+            pid,
+            start: f.get(19)?.parse().ok()?,
+        },
+        state: f.first()?.chars().next()?,
+        ppid: f.get(1)?.parse().ok()?,
+        pgrp: f.get(2)?.parse().ok()?,
+        session: f.get(3)?.parse().ok()?,
+    })
+}
+
+/// Whether `id` still runs (same pid, same start time, not a zombie).
+pub fn alive(id: ProcId) -> bool {
+    stat(id.pid).is_some_and(|s| s.id.start == id.start && !s.is_zombie())
+}
+
+/// The direct children of `pid`, from every thread's `children` file (a child belongs to the
+/// thread that forked it).
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+    }
+    out
+}
+
+/// `root` and every live descendant of it.
+pub fn tree(root: u32) -> Vec<ProcStat> {
+    let mut out = Vec::new();
+    let mut todo = vec![root];
+    let mut seen = BTreeSet::new();
+    while let Some(pid) = todo.pop() {
+        if !seen.insert(pid) {
+            continue;
+        }
+        let Some(s) = stat(pid) else { continue };
+        if !s.is_zombie() {
+            out.push(s);
+        }
+        todo.extend(children(pid));
+    }
+    out
+}
+
+/// Every process on the system (Linux; empty elsewhere).
+fn all_processes() -> Vec<ProcStat> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(stat)
+        .collect()
+}
+
+/// What runs of what `recorded` names: the recorded processes that still run (same start
+/// time), their descendants, and the members of each process group or session whose id is the
+/// pid of a recorded process (one created inside the tree — never the daemon's own, which no
+/// recorded process leads) and which a recorded process still belongs to.
+pub fn still_running(recorded: &BTreeSet<ProcId>) -> Vec<ProcStat> {
+    if recorded.is_empty() {
+        return Vec::new();
+    }
+    let all = all_processes();
+    let pids: BTreeSet<u32> = recorded.iter().map(|r| r.pid).collect();
+    let mut by_parent: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (i, p) in all.iter().enumerate() {
+        by_parent.entry(p.ppid).or_default().push(i);
+    }
+    // A group or session counts only while a recorded process is still in it: then it has
+    // existed since the recorded one ran, and its id cannot have been reused by a stranger.
+    let groups: BTreeSet<u32> = all
+        .iter()
+        .filter(|p| recorded.contains(&p.id))
+        .flat_map(|p| [p.pgrp, p.session])
+        .filter(|g| pids.contains(g))
+        .collect();
+    let mut hit = vec![false; all.len()];
+    let mut todo: Vec<usize> = Vec::new();
+    for (i, p) in all.iter().enumerate() {
+        let survivor = recorded.contains(&p.id);
+        let grouped = groups.contains(&p.pgrp) || groups.contains(&p.session);
+        if survivor || grouped {
+            todo.push(i);
+        }
+    }
+    while let Some(i) = todo.pop() {
+        if std::mem::replace(&mut hit[i], true) {
+            continue;
+        }
+        if let Some(kids) = by_parent.get(&all[i].id.pid) {
+            todo.extend(kids.iter().copied());
+        }
+    }
+    let me = std::process::id();
+    all.into_iter()
+        .zip(hit)
+        .filter(|(p, h)| *h && !p.is_zombie() && p.id.pid != me)
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// SIGKILL everything [`still_running`] finds, again and again until nothing runs or `within`
+/// has passed (a process forking while it is killed leaves children the next round finds).
+/// Also signals `pgid`'s group, which is all there is to go on where `/proc` is missing.
+/// Returns how many processes were killed.
+pub async fn kill_all(recorded: &BTreeSet<ProcId>, pgid: Option<u32>, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    let mut killed = BTreeSet::new();
+    loop {
+        if let Some(g) = pgid {
+            let _ = crate::process::signal_group(g, Signal::SIGKILL);
+        }
+        let left = still_running(recorded);
+        let group_left =
+            pgid.is_some_and(|g| !cfg!(target_os = "linux") && crate::process::group_alive(g));
+        if (left.is_empty() && !group_left) || Instant::now() >= deadline {
+            return killed.len();
+        }
+        for p in &left {
+            if kill(Pid::from_raw(p.id.pid as i32), Signal::SIGKILL).is_ok() {
+                killed.insert(p.id);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The blocking form of [`kill_all`], for the sweep at start (before the runtime serves).
+pub fn kill_all_blocking(recorded: &BTreeSet<ProcId>, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    let mut killed = BTreeSet::new();
+    loop {
+        let left = still_running(recorded);
+        if left.is_empty() || Instant::now() >= deadline {
+            return killed.len();
+        }
+        for p in &left {
+            if kill(Pid::from_raw(p.id.pid as i32), Signal::SIGKILL).is_ok() {
+                killed.insert(p.id);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// This boot's id: a ledger from before a reboot names processes that no longer exist.
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// The file recording one extension's processes: `boot <id>`, then one `<pid> <start>` a line.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    path: PathBuf,
+}
+
+/// A ledger's file name ends with this, after the extension's name.
+pub const LEDGER_SUFFIX: &str = ".pids";
+
+impl Ledger {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Ledger { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Replace the file's content with `set` (written aside, then renamed: a crash mid-write
+    /// leaves the old list, never half of one).
+    pub fn write(&self, set: &BTreeSet<ProcId>) -> io::Result<()> {
+        let mut text = format!("boot {}\n", boot_id());
+        for p in set {
+            text.push_str(&format!("{} {}\n", p.pid, p.start));
+        }
+        let tmp = self.path.with_extension("pids.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &self.path)
+    }
+
+    /// The recorded processes, if the file is from this boot.
+    pub fn read(&self) -> BTreeSet<ProcId> {
+        let Ok(text) = std::fs::read_to_string(&self.path) else {
+            return BTreeSet::new();
+        };
+        let mut lines = text.lines();
+        if lines.next().and_then(|l| l.strip_prefix("boot ")) != Some(boot_id().as_str()) {
+            return BTreeSet::new();
+        }
+        lines
+            .filter_map(|l| {
+                let (pid, start) = l.split_once(' ')?;
+                Some(ProcId {
+                    pid: pid.parse().ok()?,
+                    start: start.parse().ok()?,
+                })
+            })
+            .collect()
+    }
+
+    pub fn remove(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Kill what extensions of an earlier daemon left running, from the ledgers in `dir` (each
+/// `<name>.pids`), and remove them. Returns `(name, killed)` for each ledger that named a
+/// running process. Bounded: at most 2 s per ledger.
+pub fn sweep_ledgers(dir: &Path) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let Some(name) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(LEDGER_SUFFIX))
+            .map(str::to_owned)
+        else {
+            continue;
+        };
+        let ledger = Ledger::new(&path);
+        let killed = kill_all_blocking(&ledger.read(), Duration::from_secs(2));
+        if killed > 0 {
+            out.push((name, killed));
+        }
+        ledger.remove();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_with_odd_command_names_parse() {
+        let line = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1 1";
+        let s = parse_stat(4242, line).unwrap();
+        assert_eq!((s.ppid, s.pgrp, s.session, s.state), (1, 4242, 4242, 'S'));
+        assert_eq!(s.id.start, 987654);
+    }
+
+    #[test]
+    fn a_ledger_round_trips_and_one_from_another_boot_names_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = Ledger::new(dir.path().join("x.pids"));
+        let set: BTreeSet<ProcId> = [ProcId { pid: 7, start: 9 }, ProcId { pid: 8, start: 10 }]
+            .into_iter()
+            .collect();
+        l.write(&set).unwrap();
+        assert_eq!(l.read(), set);
+        std::fs::write(l.path(), "boot not-this-one\n7 9\n").unwrap();
+        assert!(l.read().is_empty());
+    }
+}

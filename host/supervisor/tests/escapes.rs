@@ -1,0 +1,331 @@
+//! No escapes, and what the status keeps of each exit: the supervisor against real processes
+//! whose grandchildren leave the extension's process group and session
+//! (`fixtures/escape.py`), and against `fixtures/misbehave.py`.
+//!
+//! This test process makes itself a child subreaper, as the daemon does, so orphans come to it;
+//! it forks nothing but through the supervisor once a supervisor runs (the Python path is
+//! looked up first).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use conduit_supervisor::backoff::RestartPolicy;
+use conduit_supervisor::process::ChildCommand;
+use conduit_supervisor::tree;
+use conduit_supervisor::{ExitCause, ExtensionSpec, State, Supervisor, no_callbacks};
+use serde_json::{Value, json};
+
+fn python() -> PathBuf {
+    static PY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PY.get_or_init(|| {
+        let out = std::process::Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 runs");
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+    .clone()
+}
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn spec(dir: &tempfile::TempDir, name: &str, script: &str, mode: &str) -> ExtensionSpec {
+    let command = ChildCommand {
+        program: python(),
+        args: vec![fixtures().join(script).into(), mode.into()],
+        cwd: fixtures(),
+        env: vec![("CONDUIT_EXTENSION".into(), name.into())],
+    };
+    let mut s = ExtensionSpec::new(
+        name,
+        "0.0.1",
+        command,
+        dir.path().join(format!("{name}.log")),
+    );
+    s.policy = RestartPolicy {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+        ..RestartPolicy::default()
+    };
+    s.stop_grace = Duration::from_secs(2);
+    s.start_timeout = Duration::from_secs(10);
+    s.ledger = Some(dir.path().join(format!("{name}{}", tree::LEDGER_SUFFIX)));
+    s
+}
+
+fn supervisor() -> Supervisor {
+    python();
+    assert!(
+        conduit_supervisor::process::become_subreaper(),
+        "this test needs Linux's child subreaper"
+    );
+    Supervisor::new(no_callbacks())
+}
+
+fn running(pid: u32) -> bool {
+    tree::stat(pid).is_some_and(|s| !s.is_zombie())
+}
+
+async fn until(what: &str, within: Duration, f: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+const READY: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grandchildren_that_leave_the_group_or_session_are_stopped_with_the_extension() {
+    let dir = tempfile::tempdir().unwrap();
+    let sup = supervisor();
+    let ext = sup
+        .start(spec(&dir, "runaway", "escape.py", "escape"))
+        .await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    let pid = ext.status().pid.unwrap();
+    let escapees: Vec<u32> = ext
+        .call("escapees", &json!({}), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(escapees.len(), 4);
+    for p in &escapees {
+        let s = tree::stat(*p).unwrap();
+        assert!(!s.is_zombie());
+        if s.pgrp == pid {
+            assert_eq!(
+                p, &escapees[3],
+                "only the empty-environment one stays in the group"
+            );
+        }
+    }
+    // Each is seen in the extension's tree (the double-forked one too: the extension is a
+    // subreaper, so it was re-parented to it) and recorded.
+    until(
+        "the status lists every escapee",
+        Duration::from_secs(10),
+        || {
+            let d = ext.status().descendants;
+            escapees.iter().all(|p| d.contains(p))
+        },
+    )
+    .await;
+    let ledger = tree::Ledger::new(dir.path().join("runaway.pids")).read();
+    for p in &escapees {
+        assert!(
+            ledger.iter().any(|r| r.pid == *p),
+            "{p} not in the ledger {ledger:?}"
+        );
+    }
+    sup.stop("runaway").await;
+    let left: Vec<u32> = escapees.iter().copied().filter(|p| running(*p)).collect();
+    assert_eq!(
+        left,
+        Vec::<u32>::new(),
+        "escapees still running after the stop"
+    );
+    assert!(!running(pid));
+    // No zombie is left among this process's children: the orphans were reaped.
+    until("every orphan is reaped", Duration::from_secs(10), || {
+        tree::children(std::process::id())
+            .iter()
+            .all(|c| !escapees.contains(c))
+    })
+    .await;
+    assert!(
+        !dir.path().join("runaway.pids").exists(),
+        "the ledger is removed once everything it named is gone"
+    );
+    let rec = &ext.status().recent_exits[0];
+    assert_eq!(rec.cause, ExitCause::StoppedByHost);
+    assert!(rec.summary.contains("a stop request"), "{}", rec.summary);
+    sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_kills_what_the_extension_left_and_the_ledger_sweep_finds_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let sup = supervisor();
+    let ext = sup.start(spec(&dir, "crashy", "escape.py", "escape")).await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    let pid = ext.status().pid.unwrap();
+    let escapees: Vec<u32> = ext
+        .call("escapees", &json!({}), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    until(
+        "the status lists every escapee",
+        Duration::from_secs(10),
+        || {
+            let d = ext.status().descendants;
+            escapees.iter().all(|p| d.contains(p))
+        },
+    )
+    .await;
+    // A crash of the extension: its orphans come to this process, and are killed.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    until(
+        "the escapees of a crashed extension are killed",
+        Duration::from_secs(5),
+        || escapees.iter().all(|p| !running(*p)),
+    )
+    .await;
+    until("it is restarted", READY, || {
+        let st = ext.status();
+        st.restarts == 1 && st.state == State::Ready
+    })
+    .await;
+    let st = ext.status();
+    assert_eq!(st.recent_exits[0].cause, ExitCause::Signalled, "{st:?}");
+    assert_eq!(st.restarts, 1);
+    sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_sweep_kills_recorded_processes_wherever_they_moved_and_nothing_else() {
+    // Processes this test starts itself stand for what a killed daemon's extension left.
+    python();
+    let dir = tempfile::tempdir().unwrap();
+    let mut kids: Vec<std::process::Child> = (0..2)
+        .map(|_| {
+            use std::os::unix::process::CommandExt;
+            let mut c = std::process::Command::new("sleep");
+            c.arg("1000");
+            c.process_group(0);
+            c.spawn().unwrap()
+        })
+        .collect();
+    let recorded = tree::stat(kids[0].id()).unwrap().id;
+    let stranger = kids[1].id();
+    let ledger = tree::Ledger::new(dir.path().join(format!("gone{}", tree::LEDGER_SUFFIX)));
+    // The second entry has the stranger's pid but another start time: a reused pid.
+    let reused = tree::ProcId {
+        pid: stranger,
+        start: tree::stat(stranger).unwrap().id.start + 1,
+    };
+    ledger
+        .write(&[recorded, reused].into_iter().collect())
+        .unwrap();
+    let swept = tree::sweep_ledgers(dir.path());
+    assert_eq!(swept, vec![("gone".to_owned(), 1)]);
+    let st = kids[0].wait().unwrap();
+    assert!(st.code().is_none(), "killed by a signal");
+    assert!(
+        kids[1].try_wait().unwrap().is_none(),
+        "a reused pid is never killed"
+    );
+    assert!(!ledger.path().exists());
+    let _ = kids[1].kill();
+    let _ = kids[1].wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_stdout_is_recorded_as_such_and_exits_keep_the_calls_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let sup = supervisor();
+    let ext = sup
+        .start(spec(&dir, "mute", "misbehave.py", "close-stdout"))
+        .await;
+    ext.wait_for(Duration::from_secs(10), |s| {
+        matches!(s, State::BackingOff | State::CrashLooping)
+    })
+    .await
+    .unwrap();
+    let st = ext.status();
+    let rec = &st.recent_exits[0];
+    assert_eq!(rec.cause, ExitCause::ClosedStdout, "{st:?}");
+    assert!(rec.summary.contains("closed its stdout"), "{}", rec.summary);
+    let err = st.last_error.unwrap();
+    assert!(
+        err.contains("closed its stdout while still running") && err.contains("SIGKILL"),
+        "{err}"
+    );
+    sup.stop("mute").await;
+
+    // A call in flight when the child dies is listed in the exit's record, with its age.
+    let ext = sup.start(spec(&dir, "holder", "misbehave.py", "ok")).await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    let pid: i32 = ext
+        .call("pid", &json!({}), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let pending = {
+        let ext = ext.clone();
+        tokio::spawn(async move {
+            ext.call::<_, Value>("hold", &json!({}), Some(Duration::from_secs(30)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(pending.await.unwrap().is_err());
+    until("it is restarted", READY, || {
+        let st = ext.status();
+        st.restarts == 1 && st.state == State::Ready
+    })
+    .await;
+    let st = ext.status();
+    let rec = &st.recent_exits[0];
+    assert_eq!(rec.exit.and_then(|e| e.signal), Some(9));
+    assert_eq!(rec.in_flight.len(), 1, "{rec:?}");
+    assert_eq!(rec.in_flight[0].method, "hold");
+    assert!(rec.in_flight[0].age_ms >= 150, "{rec:?}");
+    sup.stop("holder").await;
+    // Kept after the stop, and carried into the next start of the same package.
+    let last = sup.last_status("holder").unwrap();
+    assert_eq!(last.recent_exits.len(), 2, "{:?}", last.recent_exits);
+    assert_eq!(last.recent_exits[0].cause, ExitCause::StoppedByHost);
+    let again = sup.start(spec(&dir, "holder", "misbehave.py", "ok")).await;
+    assert_eq!(again.status().recent_exits.len(), 2);
+    sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_counts_restarts_not_failures_and_keeps_five_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let sup = supervisor();
+    let mut s = spec(&dir, "once", "misbehave.py", "exit-at-start");
+    s.policy = RestartPolicy {
+        initial: Duration::from_secs(60),
+        max: Duration::from_secs(60),
+        ..RestartPolicy::default()
+    };
+    let ext = sup.start(s).await;
+    ext.wait_for(Duration::from_secs(10), |s| s == State::BackingOff)
+        .await
+        .unwrap();
+    let st = ext.status();
+    assert_eq!(
+        st.restarts, 0,
+        "it failed once and has not been restarted yet"
+    );
+    assert_eq!(st.recent_exits.len(), 1);
+    assert_eq!(st.recent_exits[0].cause, ExitCause::Exited);
+    // Restarted by hand six times: counted, and only the last five exits are kept.
+    for n in 1..=6u32 {
+        ext.restart();
+        until("the restart is counted", Duration::from_secs(10), || {
+            let st = ext.status();
+            st.restarts == n
+                && st.state == State::BackingOff
+                && st.recent_exits.len() as u32 == (n + 1).min(5)
+        })
+        .await;
+    }
+    assert_eq!(
+        ext.status().recent_exits.len(),
+        conduit_supervisor::RECENT_EXITS
+    );
+    sup.shutdown().await;
+}
