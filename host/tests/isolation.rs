@@ -278,6 +278,12 @@ fn an_extension_that_answers_nothing_is_shown_unresponsive_and_restarted() {
     let before = f.wait_state("stuck", "ready", CEILING)["pid"].clone();
     let sock = socket(&f);
     http::push(&sock, "s", "d1", "job.x", json!({}));
+    // The second event is pushed once the first call has missed, so it cannot have been in the
+    // batch that got the fallback: it must wait, through the restart.
+    f.wait_for("stuck", CEILING, |s| {
+        s["health"]["failures"].as_u64().unwrap_or(0) >= 1
+            || s["health"]["unresponsive_restarts"].as_u64().unwrap_or(0) >= 1
+    });
     http::push(&sock, "s", "d2", "job.y", json!({}));
     // One miss, then one unanswered probe: unresponsive, restarted, and the new run is on
     // probation (degraded until a probe answers, which this one never does).
