@@ -9,17 +9,6 @@ use serde_json::Value;
 use support::PATIENCE;
 use support::fixture::{Fixture, kill, stage_examples};
 
-fn wait_until<T>(what: &str, timeout: Duration, f: impl Fn() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn routed(f: &Fixture, event_id: i64) -> Option<Value> {
     f.all_events()
         .into_iter()
@@ -54,18 +43,7 @@ fn push_body(delivery: &str, len: usize) -> Vec<u8> {
 }
 
 fn http_get(f: &Fixture, path: &str) -> Value {
-    use std::io::{Read, Write};
-    let mut s =
-        std::os::unix::net::UnixStream::connect(f.state().join("run/conduit.sock")).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {text}"))
+    support::http::get(&f.state().join("run/conduit.sock"), path)
 }
 
 #[test]
@@ -104,7 +82,7 @@ fn each_in_transaction_call_happens_at_its_call_site_and_its_answer_is_applied()
         .map(|v| v["event_id"].as_i64().unwrap())
         .collect();
     for id in &ids {
-        wait_until("routing", PATIENCE, || routed(&f, *id));
+        f.wait_until("routing", || routed(&f, *id));
     }
     let work = f.json(&["work", "list", "--json"]);
     let keys: Vec<(String, Vec<i64>)> = work["work"]
@@ -134,7 +112,7 @@ fn each_in_transaction_call_happens_at_its_call_site_and_its_answer_is_applied()
 
     // recurrence.next: a digest timer is rescheduled 15 minutes after it fired.
     let t = f.json(&["timers", "add", "digest", "every 15m", "--json"]);
-    let timer = wait_until("the timer to fire", PATIENCE, || {
+    let timer = f.wait_until("the timer to fire", || {
         let t = http_get(&f, &format!("/v1/timers/{}", t["timer_id"]));
         t["last_fired_at_ms"].is_i64().then_some(t)
     });
@@ -158,7 +136,7 @@ fn each_in_transaction_call_happens_at_its_call_site_and_its_answer_is_applied()
         "note.posted",
         r#"{"thread":"t-3","text":"thanks @Dora!"}"#,
     );
-    let wait = wait_until("the wait to be satisfied", PATIENCE, || {
+    let wait = f.wait_until("the wait to be satisfied", || {
         let w = http_get(&f, &format!("/v1/waits/{}", w["wait_id"]));
         (w["state"] == "satisfied").then_some(w)
     });
@@ -172,7 +150,7 @@ fn each_in_transaction_call_happens_at_its_call_site_and_its_answer_is_applied()
         r#"{"text":"a short note about the plan"}"#,
         "--json",
     ]);
-    let committed = wait_until("the emission to commit", PATIENCE, || {
+    let committed = f.wait_until("the emission to commit", || {
         let e = http_get(&f, &format!("/v1/emissions/{}", em["emission_id"]));
         (e["state"] == "committed").then_some(e)
     });
@@ -205,7 +183,7 @@ fn a_hung_call_returns_within_bounds_applies_its_fallback_and_frees_the_writer()
     let t0 = Instant::now();
     let ev = f.push("feed", "h1", "job.run", r#"{"group":"g"}"#);
     let id = ev["event_id"].as_i64().unwrap();
-    let e = wait_until("the fallback routing", PATIENCE, || routed(&f, id));
+    let e = f.wait_until("the fallback routing", || routed(&f, id));
     let took = t0.elapsed();
     // The deadline is the feature: never before it; and soon after it, not whenever the
     // extension might answer (never). The upper margin is for a busy machine.
@@ -243,9 +221,7 @@ fn during_an_in_transaction_call_reads_are_served_and_writes_refused_without_dea
     f.start_daemon();
     f.wait_state("reent", "ready", PATIENCE);
     let ev = f.push("feed", "r1", "job.run", "{}");
-    let e = wait_until("routing", PATIENCE, || {
-        routed(&f, ev["event_id"].as_i64().unwrap())
-    });
+    let e = f.wait_until("routing", || routed(&f, ev["event_id"].as_i64().unwrap()));
     let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
     // The trigger recorded what its callbacks got in the group key.
     assert_eq!(
@@ -332,7 +308,7 @@ fn a_daemon_killed_under_a_stream_of_pushes_keeps_every_acknowledged_event() {
     }
     // Work resumes: everything gets routed, and new pushes are accepted and routed.
     let ev = f.push("feed", "after-restart", "job.run", r#"{"group":"g0"}"#);
-    wait_until("routing after the restart", PATIENCE, || {
+    f.wait_until("routing after the restart", || {
         routed(&f, ev["event_id"].as_i64().unwrap())
     });
     assert!(
@@ -459,7 +435,7 @@ fn ingress_sources_are_polled_and_their_events_accepted_once() {
     f.wait_state("poller", "ready", PATIENCE);
     let inbox = f.state().join("data/poller/inbox.jsonl");
     std::fs::write(&inbox, "{\"delivery_id\":\"p1\",\"kind\":\"job.run\",\"payload\":{\"group\":\"a\"}}\n{\"delivery_id\":\"p2\",\"kind\":\"job.run\",\"payload\":{\"group\":\"a\"}}\n").unwrap();
-    let polled = wait_until("the polled events", PATIENCE, || {
+    let polled = f.wait_until("the polled events", || {
         let evs: Vec<Value> = f
             .all_events()
             .into_iter()
@@ -472,7 +448,7 @@ fn ingress_sources_are_polled_and_their_events_accepted_once() {
     let mut text = std::fs::read_to_string(&inbox).unwrap();
     text.push_str("{\"delivery_id\":\"p3\",\"kind\":\"job.run\",\"payload\":{}}\n");
     std::fs::write(&inbox, text).unwrap();
-    wait_until("the third event", PATIENCE, || {
+    f.wait_until("the third event", || {
         let n = f
             .all_events()
             .iter()
@@ -488,9 +464,7 @@ fn ingress_sources_are_polled_and_their_events_accepted_once() {
             .unwrap_or(0)
     };
     let seen = polls(&f);
-    wait_until("two more polls", PATIENCE, || {
-        (polls(&f) >= seen + 2).then_some(())
-    });
+    f.wait_until("two more polls", || (polls(&f) >= seen + 2).then_some(()));
     assert_eq!(
         f.all_events()
             .iter()
@@ -515,9 +489,7 @@ fn events_pushed_while_their_extension_first_starts_wait_for_it() {
     let a = f.push("feed", "early-1", "job.run", r#"{"group":"early"}"#);
     let b = f.push("feed", "early-2", "job.run", r#"{"group":"early"}"#);
     assert_eq!(f.status("slow")["state"], "starting");
-    let e = wait_until("routing", PATIENCE, || {
-        routed(&f, b["event_id"].as_i64().unwrap())
-    });
+    let e = f.wait_until("routing", || routed(&f, b["event_id"].as_i64().unwrap()));
     let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
     assert_eq!(
         work["key"], "early",
@@ -537,7 +509,7 @@ fn a_malformed_answer_gets_the_fallback_and_counts_as_an_error() {
     f.wait_state("bad", "ready", PATIENCE);
     let ev = f.push("feed", "m1", "job.run", "{}");
     let id = ev["event_id"].as_i64().unwrap();
-    let e = wait_until("routing", PATIENCE, || routed(&f, id));
+    let e = f.wait_until("routing", || routed(&f, id));
     assert_eq!(
         http_get(&f, &format!("/v1/work/{}", e["work_id"]))["key"],
         format!("event:{id}")
@@ -553,7 +525,7 @@ fn sighup_applies_the_registry_and_keeps_the_daemon_running() {
     f.start_daemon();
     f.wait_state("one", "ready", PATIENCE);
     kill(f.daemon_pid(), nix::sys::signal::Signal::SIGHUP);
-    wait_until("the reload to be logged", PATIENCE, || {
+    f.wait_until("the reload to be logged", || {
         std::fs::read_to_string(f.daemon_log())
             .ok()
             .filter(|l| l.contains("SIGHUP: package registry applied"))
@@ -585,7 +557,7 @@ fn an_extension_may_have_16_artifact_streams_open_and_no_more() {
     f.wait_for("streams", PATIENCE, |s| {
         s["restarts"] == 1 && s["state"] == "ready"
     });
-    wait_until("the streams' files to go", PATIENCE, || {
+    f.wait_until("the streams' files to go", || {
         let left = std::fs::read_dir(f.state().join("tmp")).unwrap().count();
         (left == 0).then_some(())
     });

@@ -20,10 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use support::PATIENCE;
 use support::fixture::{Fixture, kill};
 use support::{drill, http, stage_rust_example, workspace_root};
-
-const CEILING: Duration = Duration::from_secs(60);
 
 fn socket(f: &Fixture) -> PathBuf {
     f.state().join("run/conduit.sock")
@@ -63,21 +62,6 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i]
 }
 
-fn wait_until<T>(f: &Fixture, what: &str, probe: impl Fn() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < CEILING,
-            "timed out waiting for {what}{}",
-            f.context()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 #[test]
 fn hung_neighbours() {
     let mut f = Fixture::new();
@@ -86,9 +70,9 @@ fn hung_neighbours() {
         f.install(&hung_pkg(&f, name));
     }
     f.install(&notes_pkg(&f));
-    start_daemon_with(&mut f, &[("CONDUIT_UNRESPONSIVE_AFTER", "2")]);
+    f.start_daemon_with(&[("CONDUIT_UNRESPONSIVE_AFTER", "2".as_ref())]);
     for name in hung.iter().chain(std::iter::once(&"notes".to_owned())) {
-        f.wait_state(name, "ready", CEILING);
+        f.wait_state(name, "ready", PATIENCE);
     }
     let sock = socket(&f);
     // An event for each of the 400 hung kinds, then more of them all through the drill.
@@ -126,7 +110,7 @@ fn hung_neighbours() {
             "note.posted",
             json!({"thread": format!("t-{}", i % 7), "author": "ops", "text": format!("note {i}")}),
         );
-        let ev = wait_until(&f, "a notes event to be routed", || {
+        let ev = f.wait_until("a notes event to be routed", || {
             http::event(&sock, id).filter(|e| e.get("routed_at_ms").is_some())
         });
         lat.push(t.elapsed());
@@ -180,30 +164,6 @@ fn hung_neighbours() {
 }
 
 /// Start the daemon with extra environment variables; wait for its socket to answer.
-fn start_daemon_with(f: &mut Fixture, env: &[(&str, &str)]) {
-    let log = std::fs::File::create(f.daemon_log()).unwrap();
-    let mut cmd = f.command(&["daemon", "run"]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let child = cmd
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start the daemon");
-    f.daemon = Some(child);
-    let start = Instant::now();
-    while std::os::unix::net::UnixStream::connect(socket(f)).is_err() {
-        assert!(
-            start.elapsed() < CEILING,
-            "the daemon never answered{}",
-            f.context()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A push that may fail (the daemon is being killed): the event id if it was accepted.
 fn try_push(sock: &Path, source: &str, delivery: &str, kind: &str, payload: Value) -> Option<i64> {
     use std::io::{Read, Write};
@@ -242,7 +202,7 @@ fn restart_flood() {
     let rounds = rounds();
     for round in 0..rounds {
         f.start_daemon();
-        f.wait_state("notes", "ready", CEILING);
+        f.wait_state("notes", "ready", PATIENCE);
         let sock = socket(&f);
         let stop = Arc::new(AtomicBool::new(false));
         let pushers: Vec<_> = (0..8)
@@ -283,8 +243,8 @@ fn restart_flood() {
     }
     // The last start: everything accepted is routed once notes has handshaken.
     f.start_daemon();
-    f.wait_state("notes", "ready", CEILING);
-    let events = wait_until(&f, "every event to be routed", || {
+    f.wait_state("notes", "ready", PATIENCE);
+    let events = f.wait_until("every event to be routed", || {
         let all = f.all_events();
         all.iter()
             .all(|e| e.get("routed_at_ms").is_some())

@@ -17,25 +17,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use support::PATIENCE;
 use support::fixture::Fixture;
 use support::{http, workspace_root};
-
-const CEILING: Duration = Duration::from_secs(30);
-
-fn wait_until<T>(f: &Fixture, what: &str, timeout: Duration, probe: impl Fn() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "timed out waiting for {what}{}",
-            f.context()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// A package running `core_ext.py MODE KINDS`, declaring the work kinds `kinds` (each with a
 /// trigger) and the other capabilities the fixture serves.
@@ -74,40 +58,6 @@ fn socket(f: &Fixture) -> PathBuf {
 }
 
 /// Start the daemon with extra environment variables.
-fn start_daemon_with(f: &mut Fixture, env: &[(&str, &str)]) {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(f.daemon_log())
-        .unwrap();
-    let mut cmd = f.command(&["daemon", "run"]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start the daemon");
-    f.daemon = Some(child);
-    let start = Instant::now();
-    while http_ready(&socket(f)).is_none() {
-        assert!(
-            start.elapsed() < CEILING,
-            "the daemon never answered on its socket{}",
-            f.context()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn http_ready(sock: &Path) -> Option<()> {
-    std::os::unix::net::UnixStream::connect(sock)
-        .ok()
-        .map(|_| ())
-}
-
 fn routed(sock: &Path, id: i64) -> Option<Value> {
     http::event(sock, id).filter(|e| e.get("routed_at_ms").is_some())
 }
@@ -118,8 +68,8 @@ fn a_hung_extension_is_degraded_its_events_wait_and_another_extensions_are_route
     f.install(&core_pkg(&f, "hung", "hang", &kinds(40)));
     f.install(&core_pkg(&f, "good", "ok", &["job".into()]));
     f.start_daemon();
-    f.wait_state("hung", "ready", CEILING);
-    f.wait_state("good", "ready", CEILING);
+    f.wait_state("hung", "ready", PATIENCE);
+    f.wait_state("good", "ready", PATIENCE);
     let sock = socket(&f);
     // One event for each of the hung extension's 40 kinds, pushed from 8 clients at once, so
     // that passes meet many of them together (today a pass then makes 40 calls of 250 ms).
@@ -142,7 +92,7 @@ fn a_hung_extension_is_degraded_its_events_wait_and_another_extensions_are_route
             .flat_map(|h| h.join().unwrap())
             .collect()
     });
-    let h = f.wait_for("hung", CEILING, |s| s["health"]["condition"] == "degraded");
+    let h = f.wait_for("hung", PATIENCE, |s| s["health"]["condition"] == "degraded");
     assert!(h["health"]["since_ms"].as_i64().is_some(), "{h:#}");
     let reason = h["health"]["reason"].as_str().unwrap_or("");
     assert!(
@@ -155,9 +105,7 @@ fn a_hung_extension_is_degraded_its_events_wait_and_another_extensions_are_route
     for i in 0..5 {
         let t = Instant::now();
         let id = http::push(&sock, "s", &format!("g{i}"), "job.x", json!({"group": "g"}));
-        let ev = wait_until(&f, "the healthy event to be routed", CEILING, || {
-            routed(&sock, id)
-        });
+        let ev = f.wait_until("the healthy event to be routed", || routed(&sock, id));
         worst = worst.max(t.elapsed());
         assert!(ev["work_id"].as_i64().is_some(), "{ev}");
     }
@@ -215,10 +163,10 @@ fn a_degraded_extension_is_probed_off_the_writer_and_restored_when_it_answers() 
     let mut f = Fixture::new();
     f.install(&core_pkg(&f, "late", "hang-until-file", &["job".into()]));
     f.start_daemon();
-    f.wait_state("late", "ready", CEILING);
+    f.wait_state("late", "ready", PATIENCE);
     let sock = socket(&f);
     let first = http::push(&sock, "s", "d1", "job.x", json!({"group": "g1"}));
-    f.wait_for("late", CEILING, |s| s["health"]["condition"] == "degraded");
+    f.wait_for("late", PATIENCE, |s| s["health"]["condition"] == "degraded");
     let later: Vec<i64> = (2..5)
         .map(|i| {
             http::push(
@@ -232,11 +180,9 @@ fn a_degraded_extension_is_probed_off_the_writer_and_restored_when_it_answers() 
         .collect();
     // The first event's call missed: it got the fallback. The later ones wait, through
     // several passes and at least one failed probe.
-    let fallback = wait_until(&f, "the first event's fallback", CEILING, || {
-        routed(&sock, first)
-    });
+    let fallback = f.wait_until("the first event's fallback", || routed(&sock, first));
     assert!(fallback["work_id"].as_i64().is_some(), "{fallback}");
-    f.wait_for("late", CEILING, |s| {
+    f.wait_for("late", PATIENCE, |s| {
         s["health"]["failures"].as_u64().unwrap_or(0) >= 2
     });
     for id in &later {
@@ -245,13 +191,11 @@ fn a_degraded_extension_is_probed_off_the_writer_and_restored_when_it_answers() 
     }
     // It answers again: the next probe restores it and its events are grouped by its trigger.
     std::fs::write(f.state().join("data/late/answer"), "").unwrap();
-    f.wait_for("late", CEILING, |s| s["health"]["condition"] == "healthy");
+    f.wait_for("late", PATIENCE, |s| s["health"]["condition"] == "healthy");
     let works: Vec<i64> = later
         .iter()
         .map(|id| {
-            wait_until(&f, "the waiting events to be routed", CEILING, || {
-                routed(&sock, *id)
-            })["work_id"]
+            f.wait_until("the waiting events to be routed", || routed(&sock, *id))["work_id"]
                 .as_i64()
                 .unwrap()
         })
@@ -274,20 +218,20 @@ fn a_degraded_extension_is_probed_off_the_writer_and_restored_when_it_answers() 
 fn an_extension_that_answers_nothing_is_shown_unresponsive_and_restarted() {
     let mut f = Fixture::new();
     f.install(&core_pkg(&f, "stuck", "hang", &["job".into()]));
-    start_daemon_with(&mut f, &[("CONDUIT_UNRESPONSIVE_AFTER", "2")]);
-    let before = f.wait_state("stuck", "ready", CEILING)["pid"].clone();
+    f.start_daemon_with(&[("CONDUIT_UNRESPONSIVE_AFTER", "2".as_ref())]);
+    let before = f.wait_state("stuck", "ready", PATIENCE)["pid"].clone();
     let sock = socket(&f);
     http::push(&sock, "s", "d1", "job.x", json!({}));
     // The second event is pushed once the first call has missed, so it cannot have been in the
     // batch that got the fallback: it must wait, through the restart.
-    f.wait_for("stuck", CEILING, |s| {
+    f.wait_for("stuck", PATIENCE, |s| {
         s["health"]["failures"].as_u64().unwrap_or(0) >= 1
             || s["health"]["unresponsive_restarts"].as_u64().unwrap_or(0) >= 1
     });
     http::push(&sock, "s", "d2", "job.y", json!({}));
     // One miss, then one unanswered probe: unresponsive, restarted, and the new run is on
     // probation (degraded until a probe answers, which this one never does).
-    let s = f.wait_for("stuck", CEILING, |s| {
+    let s = f.wait_for("stuck", PATIENCE, |s| {
         s["health"]["unresponsive_restarts"].as_u64().unwrap_or(0) >= 1
             && s["pid"] != before
             && s["state"] == "ready"
@@ -352,7 +296,7 @@ fn events_accepted_before_a_restart_wait_for_their_owner_and_each_ends_in_a_work
     // first pass, running before packages are registered, routes their events to no Work.
     f.install(&core_pkg(&f, "jobs", "slow-start", &["job".into()]));
     f.start_daemon();
-    f.wait_state("jobs", "ready", CEILING);
+    f.wait_state("jobs", "ready", PATIENCE);
     assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
     let mut events: Vec<(String, String)> = (0..50)
         .map(|i| (format!("j{i}"), format!("job.{i}")))
@@ -360,7 +304,7 @@ fn events_accepted_before_a_restart_wait_for_their_owner_and_each_ends_in_a_work
     events.push(("n1".into(), "nobody.x".into()));
     accept_offline(&f, &events);
     f.start_daemon();
-    let all = wait_until(&f, "every event to be routed", CEILING, || {
+    let all = f.wait_until("every event to be routed", || {
         let all = f.all_events();
         all.iter()
             .all(|e| e.get("routed_at_ms").is_some())
@@ -384,7 +328,7 @@ fn an_event_kind_routes_to_the_longest_declared_work_kind_at_a_dot_boundary() {
     let mut f = Fixture::new();
     f.install(&core_pkg(&f, "dots", "ok", &["a".into(), "a.b".into()]));
     f.start_daemon();
-    f.wait_state("dots", "ready", CEILING);
+    f.wait_state("dots", "ready", PATIENCE);
     let sock = socket(&f);
     let cases = [
         ("a", "a"),
@@ -395,7 +339,7 @@ fn an_event_kind_routes_to_the_longest_declared_work_kind_at_a_dot_boundary() {
     ];
     for (i, (kind, want)) in cases.iter().enumerate() {
         let id = http::push(&sock, "s", &format!("d{i}"), kind, json!({}));
-        let ev = wait_until(&f, "the event to be routed", CEILING, || routed(&sock, id));
+        let ev = f.wait_until("the event to be routed", || routed(&sock, id));
         let work = ev["work_id"]
             .as_i64()
             .unwrap_or_else(|| panic!("{kind}: {ev}"));
@@ -409,10 +353,10 @@ fn a_degraded_extensions_timers_waits_and_emissions_wait_and_resume_when_it_answ
     let mut f = Fixture::new();
     f.install(&core_pkg(&f, "late", "hang-until-file", &["job".into()]));
     f.start_daemon();
-    f.wait_state("late", "ready", CEILING);
+    f.wait_state("late", "ready", PATIENCE);
     let sock = socket(&f);
     http::push(&sock, "s", "d0", "job.x", json!({}));
-    f.wait_for("late", CEILING, |s| s["health"]["condition"] == "degraded");
+    f.wait_for("late", PATIENCE, |s| s["health"]["condition"] == "degraded");
     let timer = f.json(&["timers", "add", "tick", "every 60000", "--json"]);
     let wait = f.json(&["waits", "add", "match", "hello", "--json"]);
     let hit = http::push(&sock, "s", "d1", "other.x", json!({"text": "hello there"}));
@@ -420,7 +364,7 @@ fn a_degraded_extensions_timers_waits_and_emissions_wait_and_resume_when_it_answ
     let get =
         |what: &str, id: &Value| http::request(&sock, "GET", &format!("/v1/{what}/{id}"), None).1;
     // Through several passes and a failed probe, none of them is given its fallback.
-    f.wait_for("late", CEILING, |s| {
+    f.wait_for("late", PATIENCE, |s| {
         s["health"]["failures"].as_u64().unwrap_or(0) >= 2
     });
     let t = get("timers", &timer["timer_id"]);
@@ -435,18 +379,18 @@ fn a_degraded_extensions_timers_waits_and_emissions_wait_and_resume_when_it_answ
 
     // It answers: everything resumes with the extension's own answers.
     std::fs::write(f.state().join("data/late/answer"), "").unwrap();
-    let t = wait_until(&f, "the timer to fire", CEILING, || {
+    let t = f.wait_until("the timer to fire", || {
         let t = get("timers", &timer["timer_id"]);
         t["last_fired_at_ms"].is_i64().then_some(t)
     });
     let fired = t["last_fired_at_ms"].as_i64().unwrap();
     assert_eq!(t["next_at_ms"].as_i64().unwrap() - fired, 60_000, "{t:#}");
-    let w = wait_until(&f, "the wait to be satisfied", CEILING, || {
+    let w = f.wait_until("the wait to be satisfied", || {
         let w = get("waits", &wait["wait_id"]);
         (w["state"] == "satisfied").then_some(w)
     });
     assert_eq!(w["satisfied_by_event_id"], hit, "{w:#}");
-    let e = wait_until(&f, "the emission to commit", CEILING, || {
+    let e = f.wait_until("the emission to commit", || {
         let e = get("emissions", &em["emission_id"]);
         (e["state"] == "committed").then_some(e)
     });

@@ -3,42 +3,13 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use conduit_protocol::MAX_PAYLOAD_DEPTH;
 use conduit_protocol::depth::nested;
 use serde_json::{Value, json};
 use support::fixture::Fixture;
-use support::{stage_rust_example, workspace_root};
-
-fn wait_until<T>(what: &str, timeout: Duration, f: impl Fn() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// One HTTP request over the daemon's socket: the status code and the body as JSON.
-fn http(f: &Fixture, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
-    use std::io::{Read, Write};
-    let mut s =
-        std::os::unix::net::UnixStream::connect(f.state().join("run/conduit.sock")).unwrap();
-    let body = body.unwrap_or("");
-    write!(s, "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let code = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
-    (code, serde_json::from_str(body).unwrap_or(Value::Null))
-}
+use support::{http, stage_rust_example, workspace_root};
 
 fn push_body(delivery: &str, kind: &str, payload: &str) -> String {
     format!(
@@ -58,7 +29,7 @@ fn deep_note(thread: &str, depth: usize) -> String {
 fn the_api_refuses_a_payload_past_the_depth_limit_naming_it() {
     let mut f = Fixture::new();
     f.start_daemon();
-    let (code, v) = http(
+    let (code, v) = api(
         &f,
         "POST",
         "/v1/events",
@@ -67,7 +38,7 @@ fn the_api_refuses_a_payload_past_the_depth_limit_naming_it() {
     assert_eq!(code, 201, "{v}{}", f.context());
     // One past the limit, the depth of the original finding, and far past serde's own limit.
     for depth in [MAX_PAYLOAD_DEPTH + 1, 125, 10_000] {
-        let (code, v) = http(
+        let (code, v) = api(
             &f,
             "POST",
             "/v1/events",
@@ -80,7 +51,7 @@ fn the_api_refuses_a_payload_past_the_depth_limit_naming_it() {
         assert!(msg.contains("64"), "{msg}");
     }
     // Emissions are wrapped the same way and refused the same way.
-    let (code, v) = http(
+    let (code, v) = api(
         &f,
         "POST",
         "/v1/emissions",
@@ -217,7 +188,7 @@ fn a_burst_with_an_event_at_the_depth_limit_is_grouped_by_the_extension() {
                 s.spawn(move || {
                     let mut out = Vec::new();
                     for (d, payload, thread) in bodies.iter().skip(c).step_by(8) {
-                        let (code, v) = http(
+                        let (code, v) = api(
                             f,
                             "POST",
                             "/v1/events",
@@ -248,7 +219,7 @@ fn a_burst_with_an_event_at_the_depth_limit_is_grouped_by_the_extension() {
         }
     }
     assert_eq!(accepted.len(), 40);
-    let events = wait_until("every note routed", Duration::from_secs(20), || {
+    let events = f.wait_until("every note routed", || {
         let evs = f.all_events();
         evs.iter()
             .all(|e| e.get("routed_at_ms").is_some())
@@ -257,7 +228,7 @@ fn a_burst_with_an_event_at_the_depth_limit_is_grouped_by_the_extension() {
     assert_eq!(events.len(), 40, "only accepted notes are stored");
     for (id, thread) in &accepted {
         let e = events.iter().find(|e| e["id"] == *id).unwrap();
-        let (_, w) = http(&f, "GET", &format!("/v1/work/{}", e["work_id"]), None);
+        let (_, w) = api(&f, "GET", &format!("/v1/work/{}", e["work_id"]), None);
         assert_eq!(
             w["key"],
             format!("thread:{thread}"),
@@ -265,7 +236,7 @@ fn a_burst_with_an_event_at_the_depth_limit_is_grouped_by_the_extension() {
             f.context()
         );
     }
-    let (_, health) = http(&f, "GET", "/v1/health", None);
+    let (_, health) = api(&f, "GET", "/v1/health", None);
     assert_eq!(health["host_loop"]["fallbacks"], 0, "{health:#}");
     let s = f.status("notes");
     assert_eq!(s["calls"]["work_kind.trigger"]["errors"], 0, "{s:#}");
@@ -287,7 +258,7 @@ fn a_polled_event_past_the_depth_limit_is_skipped_and_the_others_accepted() {
     ]
     .concat();
     std::fs::write(f.state().join("data/poller/inbox.jsonl"), inbox).unwrap();
-    let got = wait_until("the polled events", Duration::from_secs(20), || {
+    let got = f.wait_until("the polled events", || {
         let evs: Vec<String> = f
             .all_events()
             .iter()
@@ -306,20 +277,6 @@ fn a_polled_event_past_the_depth_limit_is_skipped_and_the_others_accepted() {
 // ---- a full disk --------------------------------------------------------------------------
 
 /// Start the daemon with `env` added, waiting for its socket like `Fixture::start_daemon`.
-fn start_daemon_with(f: &mut Fixture, env: &[(&str, &str)]) {
-    let log = std::fs::File::create(f.daemon_log()).unwrap();
-    let mut cmd = f.command(&["daemon", "run"]);
-    cmd.envs(env.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log);
-    f.daemon = Some(cmd.spawn().expect("start the daemon"));
-    let socket = f.state().join("run/conduit.sock");
-    wait_until("the daemon's socket", Duration::from_secs(20), || {
-        socket.exists().then_some(())
-    });
-}
-
 fn daemon_log(f: &Fixture) -> String {
     std::fs::read_to_string(f.daemon_log()).unwrap_or_default()
 }
@@ -337,9 +294,9 @@ fn a_store_that_cannot_grow_refuses_writes_saying_the_disk_is_full_and_serves_re
     f.start_daemon();
     f.push("s", "before", "k", r#"{"n":1}"#);
     assert_eq!(f.stop_daemon(), Some(0));
-    start_daemon_with(&mut f, &[(conduit_store::TEST_MAX_PAGE_COUNT_ENV, "1")]);
+    f.start_daemon_with(&[(conduit_store::TEST_MAX_PAGE_COUNT_ENV, "1".as_ref())]);
     f.wait_state("deep-push", "ready", Duration::from_secs(10));
-    let (code, v) = http(
+    let (code, v) = api(
         &f,
         "POST",
         "/v1/events",
@@ -560,7 +517,7 @@ fn full_disk_scenario() {
         .map(|e| e["delivery_id"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(kept, ["before"], "{}", f.context());
-    let (code, v) = http(
+    let (code, v) = api(
         &f,
         "POST",
         "/v1/events",
@@ -588,14 +545,14 @@ fn full_disk_scenario() {
 
     // Space freed: the same write is accepted, with no restart.
     std::fs::remove_file(&filler).unwrap();
-    let (code, v) = http(
+    let (code, v) = api(
         &f,
         "POST",
         "/v1/events",
         Some(&push_body("full", "k", &big_payload())),
     );
     assert_eq!(code, 201, "{v}{}", f.context());
-    wait_until("the recovery in the log", Duration::from_secs(20), || {
+    f.wait_until("the recovery in the log", || {
         daemon_log(&f)
             .contains("writes succeed again")
             .then_some(())
@@ -606,4 +563,14 @@ fn full_disk_scenario() {
     let list = f.json(&["events", "list", "--json"]);
     assert_eq!(list["events"].as_array().unwrap().len(), 2, "{list:#}");
     println!("FULL DISK SCENARIO DONE");
+}
+
+/// One request over the daemon's socket, the body sent as text; the status and the JSON body.
+fn api(f: &Fixture, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    http::request_text(
+        &f.state().join("run/conduit.sock"),
+        method,
+        path,
+        body.unwrap_or(""),
+    )
 }

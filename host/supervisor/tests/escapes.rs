@@ -6,51 +6,18 @@
 //! it forks nothing but through the supervisor once a supervisor runs (the Python path is
 //! looked up first).
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use conduit_supervisor::backoff::RestartPolicy;
-use conduit_supervisor::process::ChildCommand;
 use conduit_supervisor::tree;
 use conduit_supervisor::{ExitCause, ExtensionSpec, State, Supervisor, no_callbacks};
 use serde_json::{Value, json};
 
-fn python() -> PathBuf {
-    static PY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PY.get_or_init(|| {
-        let out = std::process::Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .output()
-            .expect("python3 runs");
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
-    .clone()
-}
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
+mod common;
+use common::{PATIENCE, fixture_spec, python, until};
 
 fn spec(dir: &tempfile::TempDir, name: &str, script: &str, mode: &str) -> ExtensionSpec {
-    let command = ChildCommand {
-        program: python(),
-        args: vec![fixtures().join(script).into(), mode.into()],
-        cwd: fixtures(),
-        env: vec![("CONDUIT_EXTENSION".into(), name.into())],
-    };
-    let mut s = ExtensionSpec::new(
-        name,
-        "0.0.1",
-        command,
-        dir.path().join(format!("{name}.log")),
-    );
-    s.policy = RestartPolicy {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        ..RestartPolicy::default()
-    };
-    s.stop_grace = Duration::from_secs(2);
-    s.start_timeout = Duration::from_secs(10);
+    let mut s = fixture_spec(dir.path(), name, script, mode);
     s.ledger = Some(dir.path().join(format!("{name}{}", tree::LEDGER_SUFFIX)));
     s
 }
@@ -68,15 +35,7 @@ fn running(pid: u32) -> bool {
     tree::stat(pid).is_some_and(|s| !s.is_zombie())
 }
 
-async fn until(what: &str, within: Duration, f: impl Fn() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-const READY: Duration = Duration::from_secs(20);
+const READY: Duration = PATIENCE;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grandchildren_that_leave_the_group_or_session_are_stopped_with_the_extension() {
@@ -104,14 +63,10 @@ async fn grandchildren_that_leave_the_group_or_session_are_stopped_with_the_exte
     }
     // Each is seen in the extension's tree (the double-forked one too: the extension is a
     // subreaper, so it was re-parented to it) and recorded.
-    until(
-        "the status lists every escapee",
-        Duration::from_secs(10),
-        || {
-            let d = ext.status().descendants;
-            escapees.iter().all(|p| d.contains(p))
-        },
-    )
+    until("the status lists every escapee", || {
+        let d = ext.status().descendants;
+        escapees.iter().all(|p| d.contains(p))
+    })
     .await;
     let ledger = tree::Ledger::new(dir.path().join("runaway.pids")).read();
     for p in &escapees {
@@ -129,7 +84,7 @@ async fn grandchildren_that_leave_the_group_or_session_are_stopped_with_the_exte
     );
     assert!(!running(pid));
     // No zombie is left among this process's children: the orphans were reaped.
-    until("every orphan is reaped", Duration::from_secs(10), || {
+    until("every orphan is reaped", || {
         tree::children(std::process::id())
             .iter()
             .all(|c| !escapees.contains(c))
@@ -156,14 +111,10 @@ async fn a_crash_kills_what_the_extension_left_and_the_ledger_sweep_finds_the_re
         .call("escapees", &json!({}), Some(Duration::from_secs(5)))
         .await
         .unwrap();
-    until(
-        "the status lists every escapee",
-        Duration::from_secs(10),
-        || {
-            let d = ext.status().descendants;
-            escapees.iter().all(|p| d.contains(p))
-        },
-    )
+    until("the status lists every escapee", || {
+        let d = ext.status().descendants;
+        escapees.iter().all(|p| d.contains(p))
+    })
     .await;
     // A crash of the extension: its orphans come to this process, and are killed.
     nix::sys::signal::kill(
@@ -171,13 +122,11 @@ async fn a_crash_kills_what_the_extension_left_and_the_ledger_sweep_finds_the_re
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    until(
-        "the escapees of a crashed extension are killed",
-        Duration::from_secs(5),
-        || escapees.iter().all(|p| !running(*p)),
-    )
+    until("the escapees of a crashed extension are killed", || {
+        escapees.iter().all(|p| !running(*p))
+    })
     .await;
-    until("it is restarted", READY, || {
+    until("it is restarted", || {
         let st = ext.status();
         st.restarts == 1 && st.state == State::Ready
     })
@@ -270,7 +219,7 @@ async fn closed_stdout_is_recorded_as_such_and_exits_keep_the_calls_in_flight() 
     )
     .unwrap();
     assert!(pending.await.unwrap().is_err());
-    until("it is restarted", READY, || {
+    until("it is restarted", || {
         let st = ext.status();
         st.restarts == 1 && st.state == State::Ready
     })
@@ -315,7 +264,7 @@ async fn restarts_counts_restarts_not_failures_and_keeps_five_exits() {
     // Restarted by hand six times: counted, and only the last five exits are kept.
     for n in 1..=6u32 {
         ext.restart();
-        until("the restart is counted", Duration::from_secs(10), || {
+        until("the restart is counted", || {
             let st = ext.status();
             st.restarts == n
                 && st.state == State::BackingOff

@@ -1,33 +1,16 @@
 //! The supervisor against real processes: a Python test extension that misbehaves on command
 //! (`fixtures/misbehave.py`).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conduit_protocol::ErrorCode;
-use conduit_supervisor::backoff::RestartPolicy;
-use conduit_supervisor::process::{ChildCommand, group_alive};
+use conduit_supervisor::process::group_alive;
 use conduit_supervisor::{ExtensionSpec, State, Supervisor, no_callbacks};
 use serde_json::{Value, json};
 
-/// The Python interpreter itself: `python3` on PATH may be a shim script that adds variables of
-/// its own to the environment, which would blur what the supervisor passes.
-fn python() -> PathBuf {
-    static PY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PY.get_or_init(|| {
-        let out = std::process::Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .output()
-            .expect("python3 runs");
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
-    .clone()
-}
-
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
+mod common;
+use common::fixture_spec;
 
 struct Env {
     sup: Supervisor,
@@ -42,30 +25,10 @@ fn env() -> Env {
 }
 
 fn spec(env: &Env, name: &str, mode: &str) -> ExtensionSpec {
-    let command = ChildCommand {
-        program: python(),
-        args: vec![fixture().join("misbehave.py").into(), mode.into()],
-        cwd: fixture(),
-        env: vec![("CONDUIT_EXTENSION".into(), name.into())],
-    };
-    let mut s = ExtensionSpec::new(
-        name,
-        "0.0.1",
-        command,
-        env.dir.path().join(format!("{name}.log")),
-    );
-    // Fast restarts so the tests see several; the policy itself is tested with a fake clock.
-    s.policy = RestartPolicy {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        ..RestartPolicy::default()
-    };
-    s.stop_grace = Duration::from_secs(2);
-    s.start_timeout = Duration::from_secs(10);
-    s
+    fixture_spec(env.dir.path(), name, "misbehave.py", mode)
 }
 
-const READY: Duration = Duration::from_secs(30);
+const READY: Duration = common::PATIENCE;
 
 /// How many bytes process `pid` has read so far (`rchar` of `/proc/PID/io`).
 fn bytes_read(pid: i32) -> u64 {
@@ -411,7 +374,7 @@ async fn an_extension_sees_only_the_environment_descriptors_and_folder_it_is_giv
         .unwrap();
     assert_eq!(
         std::path::Path::new(&cwd),
-        fixture().canonicalize().unwrap()
+        common::fixtures().canonicalize().unwrap()
     );
     env.sup.shutdown().await;
 }

@@ -157,9 +157,15 @@ impl Fixture {
         self.start_daemon_with(&[]);
     }
 
-    /// Start the daemon with extra environment variables.
+    /// Start the daemon with extra environment variables, and wait until its management
+    /// socket accepts a connection (a socket file left by a killed daemon does not count). The
+    /// daemon's log is appended to, so one fixture's log holds every daemon run it started.
     pub fn start_daemon_with(&mut self, env: &[(&str, &std::ffi::OsStr)]) {
-        let log = std::fs::File::create(self.daemon_log()).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.daemon_log())
+            .unwrap();
         let mut cmd = self.command(&["daemon", "run"]);
         for (k, v) in env {
             cmd.env(k, v);
@@ -172,15 +178,11 @@ impl Fixture {
             .expect("start the daemon");
         self.daemon = Some(child);
         let socket = self.state().join("run/conduit.sock");
-        let start = Instant::now();
-        while !socket.exists() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "the daemon never opened its socket{}",
-                self.context()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.wait_until("the daemon to answer on its socket", || {
+            std::os::unix::net::UnixStream::connect(&socket)
+                .ok()
+                .map(|_| ())
+        });
     }
 
     pub fn daemon_pid(&self) -> i32 {
@@ -204,6 +206,23 @@ impl Fixture {
             assert!(
                 start.elapsed() < timeout,
                 "`{name}` never reached the expected state; last status: {s:#}{}",
+                self.context()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Poll `probe` until it gives a value; panics after [`super::PATIENCE`] with `what`, the
+    /// daemon's log and the state directory.
+    pub fn wait_until<T>(&self, what: &str, probe: impl Fn() -> Option<T>) -> T {
+        let start = Instant::now();
+        loop {
+            if let Some(v) = probe() {
+                return v;
+            }
+            assert!(
+                start.elapsed() < super::PATIENCE,
+                "timed out waiting for {what}{}",
                 self.context()
             );
             std::thread::sleep(Duration::from_millis(10));

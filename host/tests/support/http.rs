@@ -10,10 +10,16 @@ use serde_json::Value;
 
 /// One request; the status code and the body parsed as JSON (`Value::Null` if it is not).
 pub fn request(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    request_text(socket, method, path, &body)
+}
+
+/// [`request`] with the body as text, sent as it is: for bodies a `Value` cannot hold (nested
+/// past serde_json's recursion limit, or not JSON at all).
+pub fn request_text(socket: &Path, method: &str, path: &str, body: &str) -> (u16, Value) {
     let mut s = UnixStream::connect(socket)
         .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", socket.display()));
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nhost: conduit\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -54,4 +60,14 @@ pub fn event(socket: &Path, id: i64) -> Option<Value> {
         .as_array()
         .and_then(|a| a.first().cloned())
         .filter(|e| e["id"] == id)
+}
+
+/// `GET path`; the body as JSON, whatever the status (panics if it is not JSON).
+pub fn get(socket: &Path, path: &str) -> Value {
+    let (code, v) = request(socket, "GET", path, None);
+    assert!(
+        !v.is_null(),
+        "GET {path} answered {code} without a JSON body"
+    );
+    v
 }
