@@ -15,7 +15,7 @@ pub mod testing;
 
 pub use session::{
     BoxFuture, CallError, CloseReason, Handler, HandlerResult, NoRequests, Peer, Request, Session,
-    SessionConfig, to_raw,
+    SessionConfig, SessionCounters, to_raw,
 };
 
 /// Entry points for the fuzz targets in `fuzz/`, compiled only under `--cfg fuzzing` (which

@@ -32,7 +32,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -76,6 +76,22 @@ pub struct SessionConfig {
     /// [`CallError::Overloaded`]; an answer that would is replaced by an `overloaded` error.
     /// At least the frame cap, so one message of the largest size can always be sent.
     pub max_held_bytes: usize,
+    /// Where the session counts its traffic. Shared, so one set of counters can outlive a
+    /// session (the host keeps one per extension across its restarts).
+    pub counters: Arc<SessionCounters>,
+}
+
+/// Bytes and refusals of a session, for metrics. Relaxed atomics: one add per frame.
+#[derive(Debug, Default)]
+pub struct SessionCounters {
+    /// Bytes of the messages read from the peer, one newline each (a `\r` or an empty line
+    /// is not counted), discarded oversized and truncated messages included.
+    pub bytes_in: AtomicU64,
+    /// Bytes written to the peer.
+    pub bytes_out: AtomicU64,
+    /// The peer's requests refused with `overloaded`: over the concurrent-request limit, or
+    /// an answer that would pass the held-bytes bound.
+    pub refused_overloaded: AtomicU64,
 }
 
 impl Default for SessionConfig {
@@ -87,6 +103,7 @@ impl Default for SessionConfig {
             write_queue_bytes: 2 * conduit_protocol::MAX_MESSAGE_BYTES,
             max_outgoing: conduit_protocol::MAX_CONCURRENT_REQUESTS,
             max_held_bytes: 3 * conduit_protocol::MAX_MESSAGE_BYTES,
+            counters: Arc::default(),
         }
     }
 }
@@ -313,6 +330,7 @@ struct Shared {
     /// Bytes held for the peer now (see [`SessionConfig::max_held_bytes`]).
     held: AtomicUsize,
     max_held: usize,
+    counters: Arc<SessionCounters>,
     /// Cancelled when the session ends, for whatever reason.
     ended: CancellationToken,
 }
@@ -550,6 +568,11 @@ impl Peer {
     ) -> Result<Box<RawValue>, CallError> {
         let shared = &*self.shared;
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        // The id on the caller's span (the host's `extension.call` declares `request_id`); a
+        // static level check first, so with spans off this costs nothing.
+        if tracing::level_enabled!(tracing::Level::DEBUG) {
+            tracing::Span::current().record("request_id", id);
+        }
         let mut frame = Vec::with_capacity(48 + method.len() + params.len());
         message::write_request_json(&mut frame, &RequestId::num(id), method, params);
         if frame.len() > shared.max_message_bytes {
@@ -743,6 +766,7 @@ impl Session {
             max_held: config
                 .max_held_bytes
                 .max(config.max_message_bytes.saturating_add(1)),
+            counters: config.counters.clone(),
             ended: CancellationToken::new(),
         });
         let peer = Peer {
@@ -838,6 +862,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         // Batch whatever else is already queued into one write, up to 1 MiB.
         let mut permits = first.permits;
         let mut held = first.held;
+        let mut written = first.bytes.len();
         let res = if let Ok(next) = queue.try_recv() {
             batch.clear();
             batch.extend_from_slice(&first.bytes);
@@ -854,12 +879,19 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                     Err(_) => break,
                 }
             }
+            written = batch.len();
             write_frame(&mut write, &batch).await
         } else {
             write_frame(&mut write, &first.bytes).await
         };
         shared.queue_space.add_permits(permits as usize);
         shared.held.fetch_sub(held, Ordering::AcqRel);
+        if res.is_ok() {
+            shared
+                .counters
+                .bytes_out
+                .fetch_add(written as u64, Ordering::Relaxed);
+        }
         if let Err(e) = res {
             tracing::debug!(peer = %shared.name, error = %e, "write failed; ending the session");
             let reason = if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -912,10 +944,24 @@ async fn read_loop<R: AsyncRead + Unpin>(
             None => break CloseReason::PeerClosed,
             Some(Err(e)) => break CloseReason::Broken(e.to_string()),
             Some(Ok(Frame::Message(line))) => {
+                shared
+                    .counters
+                    .bytes_in
+                    .fetch_add(line.len() as u64 + 1, Ordering::Relaxed);
                 on_message(&shared, &peer, &line, &handler, &handlers, max_concurrent).await;
             }
-            Some(Ok(Frame::Oversized { head, len })) => on_oversized(&shared, &head, len).await,
+            Some(Ok(Frame::Oversized { head, len })) => {
+                shared
+                    .counters
+                    .bytes_in
+                    .fetch_add(len as u64, Ordering::Relaxed);
+                on_oversized(&shared, &head, len).await
+            }
             Some(Ok(Frame::Truncated { len })) => {
+                shared
+                    .counters
+                    .bytes_in
+                    .fetch_add(len as u64, Ordering::Relaxed);
                 tracing::warn!(peer = %shared.name, bytes = len, "the stream ended in the middle of a message; dropped it");
             }
         }
@@ -960,6 +1006,10 @@ async fn on_message(
                         format!("id {id} is already in use by a running request"),
                     ))
                 } else if st.incoming.len() >= max_concurrent {
+                    shared
+                        .counters
+                        .refused_overloaded
+                        .fetch_add(1, Ordering::Relaxed);
                     Some(RpcError::overloaded(max_concurrent))
                 } else if handlers.is_closed() {
                     Some(RpcError::new(
@@ -1071,7 +1121,7 @@ async fn on_message(
 
 async fn on_oversized(shared: &Arc<Shared>, head: &[u8], len: usize) {
     let peek = head::peek(head);
-    tracing::warn!(peer = %shared.name, bytes = len, id = ?peek.id, "discarded a message over the size cap");
+    tracing::warn!(peer = %shared.name, bytes = len, id = peek.id.as_ref().map(tracing::field::display), "discarded a message over the size cap");
     let Some(id) = peek.id.clone() else { return };
     if peek.is_request() {
         let err = RpcError::new(
@@ -1107,6 +1157,10 @@ async fn send_answer(shared: &Shared, id: Option<&RequestId>, frame: Vec<u8>) {
         }
         Err((held, limit)) => {
             drop(frame);
+            shared
+                .counters
+                .refused_overloaded
+                .fetch_add(1, Ordering::Relaxed);
             tracing::debug!(peer = %shared.name, size, held, limit, "an answer would pass the held-bytes bound; answering overloaded");
             let err = RpcError::new(
                 ErrorCode::Overloaded,

@@ -162,3 +162,73 @@ async fn a_peer_that_stops_reading_makes_senders_wait_within_the_queue_bound() {
         "sent {sent} frames of 1 KiB into an 8 KiB queue"
     );
 }
+
+#[tokio::test]
+async fn the_counters_count_every_byte_and_each_overloaded_refusal() {
+    let counters = std::sync::Arc::new(conduit_rpc::SessionCounters::default());
+    let (s, mut w, mut r) = raw_peer(SessionConfig {
+        max_concurrent: 1,
+        counters: counters.clone(),
+        ..SessionConfig::default()
+    });
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    // One request held (the limit), then one past it: refused with `overloaded`.
+    let hold = "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"hold\"}\n";
+    let over = "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"echo\",\"params\":{}}\n";
+    w.write_all(hold.as_bytes()).await.unwrap();
+    w.write_all(over.as_bytes()).await.unwrap();
+    let mut refusal = String::new();
+    tokio::time::timeout(Duration::from_secs(5), r.read_line(&mut refusal))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let v: Value = serde_json::from_str(&refusal).unwrap();
+    assert_eq!(v["id"], 2, "{v}");
+    assert_eq!(
+        v["error"]["code"],
+        conduit_protocol::ErrorCode::Overloaded.number(),
+        "{v}"
+    );
+    assert_eq!(load(&counters.refused_overloaded), 1);
+    assert_eq!(load(&counters.bytes_in), (hold.len() + over.len()) as u64);
+    // The writer counts after its write returns, which the reader here may beat.
+    settles(|| load(&counters.bytes_out), refusal.len() as u64).await;
+    // A call the other way: its request out, its answer in, counted exactly.
+    let peer = s.peer();
+    let call = tokio::spawn(async move {
+        peer.call::<_, Value>("ping", &json!({"n": 1}), Some(Duration::from_secs(5)))
+            .await
+    });
+    let mut req = String::new();
+    tokio::time::timeout(Duration::from_secs(5), r.read_line(&mut req))
+        .await
+        .expect("the request")
+        .unwrap();
+    let id = serde_json::from_str::<Value>(&req).unwrap()["id"].clone();
+    let answer = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"pong\":1}}}}\n");
+    w.write_all(answer.as_bytes()).await.unwrap();
+    assert_eq!(call.await.unwrap().unwrap(), json!({"pong": 1}));
+    settles(
+        || load(&counters.bytes_out),
+        (refusal.len() + req.len()) as u64,
+    )
+    .await;
+    assert_eq!(
+        load(&counters.bytes_in),
+        (hold.len() + over.len() + answer.len()) as u64
+    );
+    assert_eq!(load(&counters.refused_overloaded), 1);
+}
+
+/// Wait (at most 5 s) until `get` returns `want`.
+async fn settles(get: impl Fn() -> u64, want: u64) {
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while get() != want {
+        assert!(
+            std::time::Instant::now() < end,
+            "{} never became {want}",
+            get()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
