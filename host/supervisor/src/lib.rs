@@ -36,6 +36,7 @@ use conduit_protocol::handshake::{InitializeParams, InitializeResult};
 use conduit_protocol::{Capabilities, ErrorCode, PROTOCOL_VERSIONS, methods};
 use conduit_rpc::{
     BoxFuture, CallError, Handler, HandlerResult, Peer, Request, Session, SessionConfig,
+    SessionCounters,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -48,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::{Jitter, RestartPolicy, RestartTracker, RunFacts};
 use crate::log::{LogFile, Tail};
 use crate::process::{ChildCommand, ExitInfo};
-pub use crate::stats::MethodStats;
+pub use crate::stats::{LatencyHistogram, MethodStats, Traffic};
 use crate::tree::{Ledger, ProcId, TRACK_INTERVAL};
 
 /// How many exits an extension's status keeps, newest first.
@@ -360,6 +361,10 @@ struct Inner {
     next_call: std::sync::atomic::AtomicU64,
     peer: watch::Sender<Option<Peer>>,
     stats: stats::Stats,
+    /// Every session's bytes and refusals, across the extension's restarts.
+    traffic: Arc<SessionCounters>,
+    /// Host calls that failed with `overloaded` (not sent, or refused by the extension).
+    overloaded_calls: std::sync::atomic::AtomicU64,
     tail: Mutex<Tail>,
     cmds: mpsc::UnboundedSender<Cmd>,
     /// Sends every state change, for waiters (tests, the CLI's "wait until ready").
@@ -461,6 +466,8 @@ impl Extension {
             method,
             direction = "host_to_extension",
             in_transaction = conduit_protocol::methods::host::IN_TRANSACTION.contains(&method),
+            // Filled in by the session once it numbers the request.
+            request_id = tracing::field::Empty,
             duration_us = tracing::field::Empty,
             outcome = tracing::field::Empty,
             error_code = tracing::field::Empty,
@@ -497,6 +504,13 @@ impl Extension {
             std::mem::forget(done);
         }
         self.inner.stats.record(method, took, res.is_ok());
+        if let Err(e) = &res
+            && e.is(ErrorCode::Overloaded)
+        {
+            self.inner
+                .overloaded_calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         if !span.is_disabled() {
             span.record("duration_us", took.as_micros() as u64);
             match &res {
@@ -534,6 +548,31 @@ impl Extension {
             self.record_bad_answer(method);
             bad(e.to_string())
         })
+    }
+
+    /// What is in flight and what has crossed the pipes, for metrics.
+    pub fn traffic(&self) -> Traffic {
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let t = &self.inner.traffic;
+        Traffic {
+            calls_in_flight: self
+                .inner
+                .in_flight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .len() as u64,
+            callbacks_in_flight: self.peer().map_or(0, |p| p.incoming_in_flight() as u64),
+            bytes_in: load(&t.bytes_in),
+            bytes_out: load(&t.bytes_out),
+            overloaded_calls: load(&self.inner.overloaded_calls),
+            overloaded_callbacks: load(&t.refused_overloaded),
+        }
+    }
+
+    /// The latency histogram of each method: cumulative counts at `bounds_us` (ascending), the
+    /// total count and the sum of the latencies in microseconds.
+    pub fn latency_histograms(&self, bounds_us: &[u64]) -> BTreeMap<String, LatencyHistogram> {
+        self.inner.stats.histograms(bounds_us)
     }
 
     /// Count an answer that arrived but broke the method's rules, in the method's errors.
@@ -705,6 +744,8 @@ impl Supervisor {
                 next_call: std::sync::atomic::AtomicU64::new(0),
                 peer: watch::Sender::new(None),
                 stats: stats::Stats::default(),
+                traffic: Arc::default(),
+                overloaded_calls: std::sync::atomic::AtomicU64::new(0),
                 tail: Mutex::new(Tail::default()),
                 cmds,
                 changes: watch::Sender::new(State::Starting),
@@ -1005,7 +1046,10 @@ async fn run_once(
         stdout,
         stdin,
         SharedHandler(handler.clone()),
-        SessionConfig::named(&spec.name),
+        SessionConfig {
+            counters: ext.inner.traffic.clone(),
+            ..SessionConfig::named(&spec.name)
+        },
     );
     let mut run = Run {
         child,
