@@ -81,6 +81,23 @@ pub struct HealthView {
     pub next_probe_at_ms: Option<i64>,
     /// Restarts the host made because the extension was unresponsive.
     pub unresponsive_restarts: u32,
+    /// Since when (Unix ms) it has been degraded (unresponsive included); absent when healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded_since_ms: Option<i64>,
+    /// Time it was degraded in earlier, ended spells (the current one counts from
+    /// `degraded_since_ms`), since the daemon started.
+    #[serde(default)]
+    pub degraded_ms_total: i64,
+}
+
+impl HealthView {
+    /// All the time it has been degraded, the current spell up to `now` included.
+    pub fn degraded_ms(&self, now: i64) -> i64 {
+        self.degraded_ms_total
+            + self
+                .degraded_since_ms
+                .map_or(0, |since| now.saturating_sub(since).max(0))
+    }
 }
 
 /// The call a probe makes again: the one that failed.
@@ -114,6 +131,8 @@ pub struct Health {
     restart_asked: bool,
     unresponsive_restarts: u32,
     probe_call: Option<ProbeCall>,
+    /// The length of the degraded spells that have ended.
+    degraded_ms_total: i64,
 }
 
 /// The probe interval after `failures` consecutive failures.
@@ -138,6 +157,13 @@ impl Health {
         }
     }
 
+    /// End a degraded spell at `now`, adding it to the total.
+    fn end_degraded(&mut self, now: i64) {
+        if let Some(since) = self.degraded_since_ms.take() {
+            self.degraded_ms_total += now.saturating_sub(since).max(0);
+        }
+    }
+
     /// The call a probe makes.
     pub fn probe_call(&self) -> Option<&ProbeCall> {
         self.probe_call.as_ref()
@@ -153,6 +179,7 @@ impl Health {
         self.failures = 0;
         self.probing = false;
         self.unresponsive_since_ms = None;
+        self.end_degraded(now);
         if std::mem::take(&mut self.restart_asked) && self.probe_call.is_some() {
             self.degraded_since_ms = Some(now);
             self.reason = Some(
@@ -161,16 +188,15 @@ impl Health {
             );
             self.next_probe_at_ms = Some(now);
         } else {
-            self.degraded_since_ms = None;
             self.reason = None;
             self.next_probe_at_ms = None;
         }
     }
 
-    /// An in-transaction call was answered (a malformed answer is an answer too).
-    pub fn answered(&mut self) {
+    /// An in-transaction call was answered at `now` (a malformed answer is an answer too).
+    pub fn answered(&mut self, now: i64) {
         self.failures = 0;
-        self.degraded_since_ms = None;
+        self.end_degraded(now);
         self.reason = None;
         self.next_probe_at_ms = None;
         self.unresponsive_since_ms = None;
@@ -206,7 +232,7 @@ impl Health {
             (Some(_), Some(at)) if !self.probing && at <= now => {
                 if self.probe_call.is_none() {
                     // Nothing to probe with: let the next in-transaction call decide.
-                    self.answered();
+                    self.answered(now);
                     return Action::Nothing;
                 }
                 self.probing = true;
@@ -235,7 +261,7 @@ impl Health {
             // answered: an extension that answers probes yet misses every real call still
             // becomes unresponsive, and its probes keep backing off.
             Ok(()) => {
-                self.degraded_since_ms = None;
+                self.end_degraded(now);
                 self.reason = None;
                 self.next_probe_at_ms = None;
                 true
@@ -260,6 +286,8 @@ impl Health {
                 self.degraded_since_ms.and(self.next_probe_at_ms)
             },
             unresponsive_restarts: self.unresponsive_restarts,
+            degraded_since_ms: self.degraded_since_ms,
+            degraded_ms_total: self.degraded_ms_total,
         }
     }
 }
@@ -303,8 +331,31 @@ mod tests {
         assert_eq!(h.condition(), Condition::Healthy);
         // The failures stay counted until a real call is answered.
         assert_eq!(h.view(5).failures, 2);
-        h.answered();
+        h.answered(4_400);
         assert_eq!(h.view(5).failures, 0);
+    }
+
+    #[test]
+    fn degraded_time_adds_up_its_spells() {
+        let mut h = running(7);
+        assert_eq!(h.view(5).degraded_ms(10_000), 0);
+        h.missed(5, 1_000, "late".into(), call());
+        // The current spell counts up to now.
+        assert_eq!(h.view(5).degraded_since_ms, Some(1_000));
+        assert_eq!(h.view(5).degraded_ms(1_500), 500);
+        // A second miss does not start a second spell.
+        h.missed(5, 1_200, "late".into(), call());
+        assert_eq!(h.next_action(3_200), Action::Probe);
+        h.probed(5, Some(7), 4_000, Ok(()));
+        assert_eq!(h.view(5).degraded_since_ms, None);
+        assert_eq!(h.view(5).degraded_ms(9_000), 3_000);
+        h.missed(5, 10_000, "late".into(), call());
+        h.answered(10_250);
+        assert_eq!(h.view(5).degraded_ms(20_000), 3_250);
+        // A new run ends a spell too.
+        h.missed(5, 30_000, "late".into(), call());
+        h.observe_run(Some(8), 30_100);
+        assert_eq!(h.view(5).degraded_ms(40_000), 3_350);
     }
 
     #[test]
@@ -368,7 +419,7 @@ mod tests {
         let mut h = running(7);
         h.missed(5, 0, "late".into(), call());
         h.missed(5, 0, "late".into(), call());
-        h.answered();
+        h.answered(10);
         assert!(h.callable());
         assert_eq!(h.view(5).failures, 0);
         assert_eq!(h.view(5).next_probe_at_ms, None);

@@ -320,6 +320,8 @@ mod tests {
             unresponsive_after: 5,
             next_probe_at_ms: None,
             unresponsive_restarts: 0,
+            degraded_since_ms: Some(1),
+            degraded_ms_total: 0,
         });
         assert!(
             status_line(&v, &LoopFigures::default()).starts_with("2 ready; 1 degraded; 0 restarts"),

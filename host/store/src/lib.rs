@@ -24,6 +24,7 @@
 //! - Every page is 1 to [`MAX_PAGE`] rows; anything else is [`StoreError::InvalidLimit`].
 
 mod artifacts;
+mod counts;
 mod emissions;
 mod error;
 mod events;
@@ -48,6 +49,7 @@ use rusqlite::types::FromSql;
 use rusqlite::{Connection, Params, Row, Statement, TransactionBehavior};
 
 pub use artifacts::Artifact;
+pub use counts::Counts;
 pub use emissions::{Emission, EmissionState, Planned};
 pub use error::StoreError;
 pub use events::{Accepted, EventRecord};

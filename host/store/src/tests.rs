@@ -268,3 +268,32 @@ fn cached_live_reads_are_not_reprepared() {
             .unwrap()
     );
 }
+
+#[test]
+fn counts_follow_events_and_work_exactly() {
+    let (_dir, store) = temp_store();
+    let empty = store.read(|r| r.counts()).unwrap();
+    assert_eq!((empty.events, empty.events_unrouted), (0, 0));
+    assert!(empty.work.iter().all(|(_, n)| *n == 0));
+    store
+        .write(|tx| {
+            let a = tx.accept_event("s", "d1", "k", &json!({}), 1)?.event_id;
+            let b = tx.accept_event("s", "d2", "k", &json!({}), 1)?.event_id;
+            // A repeated delivery is not a new Event.
+            tx.accept_event("s", "d2", "k", &json!({}), 1)?;
+            tx.accept_event("s", "d3", "k", &json!({}), 1)?;
+            let open = tx.open_or_feed_work("k", "one", &[a], true, 1)?;
+            let done = tx.open_or_feed_work("k", "two", &[b], true, 1)?;
+            tx.mark_routed(a, Some(open), 1)?;
+            tx.mark_routed(b, Some(done), 1)?;
+            tx.set_work_state(done, WorkState::Done, 2)?;
+            Ok(())
+        })
+        .unwrap();
+    let c = store.read(|r| r.counts()).unwrap();
+    assert_eq!(c.events, 3);
+    assert_eq!(c.events_unrouted, 1);
+    let work = |s: WorkState| c.work.iter().find(|(w, _)| *w == s).unwrap().1;
+    assert_eq!(work(WorkState::Done), 1);
+    assert_eq!(work(WorkState::Open) + work(WorkState::Ready), 1);
+}
