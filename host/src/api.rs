@@ -150,7 +150,11 @@ async fn check_peer(own_uid: u32, req: Request, next: Next) -> Response {
     match peer.and_then(|p| p.uid) {
         Some(uid) if uid == own_uid => next.run(req).await,
         other => {
-            tracing::warn!(peer = ?peer, "refused a management connection from another user");
+            tracing::warn!(
+                uid = other,
+                pid = peer.and_then(|p| p.pid),
+                "refused a management connection from another user"
+            );
             let who = other.map_or("an unknown user".to_owned(), |u| format!("uid {u}"));
             ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -232,7 +236,11 @@ async fn health(State(d): State<Arc<Daemon>>) -> ApiResult {
 }
 
 async fn metrics(State(d): State<Arc<Daemon>>) -> ApiResult {
-    let text = crate::telemetry::metrics::render(&d.extensions()?, &d.core().stats);
+    // Gathering reads the store: off the runtime's threads.
+    let snap = tokio::task::spawn_blocking(move || crate::telemetry::metrics::gather(&d))
+        .await
+        .map_err(|e| anyhow::anyhow!("gathering the metrics panicked: {e}"))??;
+    let text = crate::telemetry::metrics::prometheus(&snap);
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,

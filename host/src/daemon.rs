@@ -393,6 +393,8 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
         reloads,
         started_at_ms: now_ms(),
     });
+    // The metrics export (when configured) gathers from this daemon from now on.
+    crate::telemetry::otlp_metrics::serve_from(&daemon);
     let host_loop = HostLoop::new(
         core.clone(),
         tokio::runtime::Handle::current(),
@@ -425,7 +427,7 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     let first = match daemon.reload().await {
         Ok(r) => r,
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "the first reload failed; extensions start at the next reload");
+            tracing::error!(error = %crate::error_chain::chain(&e), "the first reload failed; extensions start at the next reload");
             ReloadReport::default()
         }
     };
@@ -521,7 +523,7 @@ impl Signals {
                 _ = self.int.recv() => return tracing::info!("SIGINT received"),
                 _ = self.hup.recv() => match daemon.reload().await {
                     Ok(r) => tracing::info!(started = %r.started.join(" "), stopped = %r.stopped.join(" "), restarted = %r.restarted.join(" "), "SIGHUP: package registry applied"),
-                    Err(e) => tracing::error!(error = %e, "SIGHUP: reload failed"),
+                    Err(e) => tracing::error!(error = %crate::error_chain::chain(&e), "SIGHUP: reload failed"),
                 },
                 () = shutdown.cancelled() => return,
             }

@@ -44,6 +44,10 @@ impl Handler for CallbackHandler {
     fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
         let core = self.core.upgrade();
         let ext = self.ext.clone();
+        // A callback made while an in-transaction call to this extension is pending; looked up
+        // only when the span can be recorded (a static level check).
+        let in_transaction = tracing::level_enabled!(tracing::Level::DEBUG)
+            && core.as_ref().is_some_and(|c| c.in_transaction(&ext));
         // The span of a callback (extension to host); `debug`, free unless exported.
         let span = tracing::debug_span!(
             "extension.callback",
@@ -51,7 +55,7 @@ impl Handler for CallbackHandler {
             method = %req.method,
             request_id = %req.id,
             direction = "extension_to_host",
-            in_transaction = false,
+            in_transaction,
             duration_us = tracing::field::Empty,
             outcome = tracing::field::Empty,
             error_code = tracing::field::Empty,

@@ -145,6 +145,7 @@ impl HostLoop {
             // One span per pass (`debug`: free unless exported), its in-transaction calls nested.
             let span = tracing::debug_span!(
                 "host_loop.pass",
+                pass = self.core.stats.passes.load(Ordering::Relaxed) + 1,
                 duration_us = tracing::field::Empty,
                 routed = tracing::field::Empty,
                 calls = tracing::field::Empty,
@@ -182,11 +183,26 @@ impl HostLoop {
                 .stats
                 .last_pass_us
                 .store(took.as_micros() as u64, Ordering::Relaxed);
+            self.core
+                .stats
+                .pass_us_total
+                .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
             for e in &report.errors {
                 tracing::error!(error = %e, "host loop");
             }
             if report != PassReport::default() {
-                tracing::debug!(?report, ?took, "host loop pass");
+                tracing::debug!(
+                    routed = report.routed,
+                    timers_fired = report.timers_fired,
+                    waits_checked = report.waits_checked,
+                    waits_satisfied = report.waits_satisfied,
+                    emissions_committed = report.emissions_committed,
+                    emissions_failed = report.emissions_failed,
+                    fallbacks = report.fallbacks,
+                    errors = report.errors.len(),
+                    took_us = took.as_micros() as u64,
+                    "host loop pass"
+                );
             }
             self.idle();
         }
@@ -380,7 +396,7 @@ impl HostLoop {
 
     fn record_answer(&self, ext: &Extension) {
         if let Some(h) = self.core.lock_health().get_mut(ext.name()) {
-            h.answered();
+            h.answered(now_ms());
         }
     }
 

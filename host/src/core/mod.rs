@@ -44,6 +44,8 @@ pub use conduit_supervisor::now_ms;
 pub struct LoopStats {
     pub passes: AtomicU64,
     pub last_pass_us: AtomicU64,
+    /// The passes' durations added up, for the mean pass.
+    pub pass_us_total: AtomicU64,
     pub in_transaction_calls: AtomicU64,
     pub fallbacks: AtomicU64,
     /// Passes that panicked (a bug; the loop goes on).

@@ -31,6 +31,12 @@ impl LogFormat {
     }
 }
 
+/// Whether text logs are coloured: only on a terminal, and never when `NO_COLOR` is set to
+/// anything but the empty string (no-color.org).
+fn colours(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// The stderr layer for `format`.
 pub(crate) fn layer<S>(format: LogFormat) -> Box<dyn Layer<S> + Send + Sync>
 where
@@ -41,9 +47,10 @@ where
     let journal = std::env::var_os("JOURNAL_STREAM").is_some();
     match format {
         LogFormat::Text => {
-            // Colours only on a terminal, and never with NO_COLOR (no-color.org).
-            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+            let ansi = colours(
+                std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                std::env::var_os("NO_COLOR").as_deref(),
+            );
             let l = tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
                 .with_ansi(ansi)
@@ -62,5 +69,23 @@ where
             .with_current_span(true)
             .with_span_list(true)
             .boxed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_color_turns_colours_off_even_on_a_terminal() {
+        use std::ffi::OsStr;
+        assert!(colours(true, None));
+        assert!(!colours(true, Some(OsStr::new("1"))));
+        assert!(!colours(true, Some(OsStr::new("0"))), "any value counts");
+        assert!(
+            colours(true, Some(OsStr::new(""))),
+            "an empty value does not"
+        );
+        assert!(!colours(false, None), "never into a file or a pipe");
     }
 }

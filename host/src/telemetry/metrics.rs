@@ -1,13 +1,19 @@
-//! `GET /v1/metrics`: the daemon's state in the Prometheus text exposition format (0.0.4),
-//! written by hand from what the status and the counters already keep — no second registry
-//! to keep in step. Every family is listed in docs/operations.md ("Metrics").
+//! The daemon's metrics: one [`Snapshot`] gathered from what the status, the session counters,
+//! the health records, the store and the export counters already keep — no second registry to
+//! keep in step — written as the Prometheus text exposition format (0.0.4) for
+//! `GET /v1/metrics`, and mapped to OTLP by `otlp_metrics` for export. Both read the same
+//! families, so the two cannot disagree. Every family is listed in docs/operations.md
+//! ("Metrics").
+//!
+//! Gathering reads the store (on a reader connection; never the writer), so it is a blocking
+//! call: from async code, run it with `spawn_blocking`.
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use conduit_supervisor::State;
 
-use crate::daemon::ExtensionView;
+use crate::daemon::{Daemon, ExtensionView};
 
 /// The content type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -24,99 +30,234 @@ const STATES: [State; 9] = [
     State::Disabled,
 ];
 
-/// A label value escaped as the format requires (backslash, quote, newline).
-fn esc(v: &str) -> String {
-    v.replace('\\', r"\\")
-        .replace('"', "\\\"")
-        .replace('\n', r"\n")
+/// The upper bounds (seconds) of the call latency histogram's buckets; `+Inf` follows.
+pub const LATENCY_BOUNDS_S: [f64; 17] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 10.0, 30.0,
+];
+
+/// What a family measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up (it restarts from zero with the daemon unless its help says otherwise).
+    Counter,
+    Gauge,
+    Histogram,
 }
 
-struct Out(String);
+/// A histogram sample: cumulative counts at [`LATENCY_BOUNDS_S`], then the total and the sum.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hist {
+    pub cumulative: Vec<u64>,
+    pub count: u64,
+    pub sum: f64,
+}
 
-impl Out {
-    fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    Num(f64),
+    Hist(Hist),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub labels: Vec<(&'static str, String)>,
+    pub value: Value,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Family {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+    pub samples: Vec<Sample>,
+}
+
+/// Every family at one moment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub families: Vec<Family>,
+    /// When the daemon started (Unix ms): counters count from here.
+    pub started_at_ms: i64,
+    /// When the snapshot was taken (Unix ms).
+    pub at_ms: i64,
+}
+
+impl Snapshot {
+    fn family(&mut self, name: &'static str, kind: Kind, help: &'static str) -> &mut Family {
+        self.families.push(Family {
+            name,
+            kind,
+            help,
+            samples: Vec::new(),
+        });
+        self.families.last_mut().expect("pushed above")
     }
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
-        self.0.push_str(name);
-        if !labels.is_empty() {
-            self.0.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.0.push(',');
-                }
-                let _ = write!(self.0, "{k}=\"{}\"", esc(v));
-            }
-            self.0.push('}');
+}
+
+impl Family {
+    fn num(&mut self, labels: &[(&'static str, &str)], v: impl Into<f64>) -> &mut Self {
+        self.samples.push(Sample {
+            labels: labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
+            value: Value::Num(v.into()),
+        });
+        self
+    }
+}
+
+fn u(v: u64) -> f64 {
+    v as f64
+}
+
+/// Gather every family from the daemon. Blocking (it reads the store); a store that cannot be
+/// read leaves out the Event and Work families and says so in the log, never the rest.
+pub fn gather(d: &Daemon) -> anyhow::Result<Snapshot> {
+    let exts = d.extensions()?;
+    let counts = match d.core().store.read(|r| r.counts()) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(error = %crate::error_chain::chain(&anyhow::Error::new(e)), "metrics: cannot count events and work");
+            None
         }
-        let _ = writeln!(self.0, " {value}");
-    }
+    };
+    let live: Vec<_> = exts
+        .iter()
+        .map(|e| {
+            let handle = d.supervisor().get(&e.status.name);
+            let traffic = handle.as_ref().map(|h| h.traffic()).unwrap_or_default();
+            let bounds: Vec<u64> = LATENCY_BOUNDS_S
+                .iter()
+                .map(|s| (s * 1e6).round() as u64)
+                .collect();
+            let hists = handle
+                .as_ref()
+                .map(|h| h.latency_histograms(&bounds))
+                .unwrap_or_default();
+            (traffic, hists)
+        })
+        .collect();
+    let now = conduit_supervisor::now_ms();
+    Ok(build(
+        &exts,
+        &live,
+        &d.core().stats,
+        counts.as_ref(),
+        d.started_at_ms(),
+        now,
+    ))
 }
 
-/// The exposition for these extensions and the process's counters.
-pub fn render(exts: &[ExtensionView], stats: &crate::core::LoopStats) -> String {
-    let mut o = Out(String::with_capacity(4096));
-    o.family(
+type Live = (
+    conduit_supervisor::Traffic,
+    std::collections::BTreeMap<String, conduit_supervisor::LatencyHistogram>,
+);
+
+fn build(
+    exts: &[ExtensionView],
+    live: &[Live],
+    stats: &crate::core::LoopStats,
+    counts: Option<&conduit_store::Counts>,
+    started_at_ms: i64,
+    now: i64,
+) -> Snapshot {
+    let mut s = Snapshot {
+        families: Vec::with_capacity(40),
+        started_at_ms,
+        at_ms: now,
+    };
+    let name = |e: &ExtensionView| e.status.name.clone();
+
+    let f = s.family(
         "conduit_extension_up",
-        "gauge",
+        Kind::Gauge,
         "1 when the extension is ready to serve calls.",
     );
     for e in exts {
-        let up = u8::from(e.status.state == State::Ready);
-        o.sample("conduit_extension_up", &[("extension", &e.status.name)], up);
+        f.num(
+            &[("extension", &name(e))],
+            u8::from(e.status.state == State::Ready),
+        );
     }
-    o.family(
+    let f = s.family(
         "conduit_extension_state",
-        "gauge",
+        Kind::Gauge,
         "1 for the state the extension is in, 0 for the others.",
     );
     for e in exts {
-        for s in STATES {
-            let v = u8::from(e.status.state == s);
-            o.sample(
-                "conduit_extension_state",
-                &[("extension", &e.status.name), ("state", s.as_str())],
-                v,
+        for st in STATES {
+            f.num(
+                &[("extension", &name(e)), ("state", st.as_str())],
+                u8::from(e.status.state == st),
             );
         }
     }
-    o.family(
+    let f = s.family(
         "conduit_extension_restarts_total",
-        "counter",
+        Kind::Counter,
         "Restarts of the extension since the daemon started.",
     );
     for e in exts {
-        o.sample(
-            "conduit_extension_restarts_total",
-            &[("extension", &e.status.name)],
-            e.status.restarts,
-        );
+        f.num(&[("extension", &name(e))], e.status.restarts);
     }
-    o.family(
+    let f = s.family(
+        "conduit_extension_degraded",
+        Kind::Gauge,
+        "1 while the host loop does not make the extension's in-transaction calls (degraded or unresponsive).",
+    );
+    for e in exts {
+        let degraded = e
+            .health
+            .as_ref()
+            .is_some_and(|h| h.degraded_since_ms.is_some());
+        f.num(&[("extension", &name(e))], u8::from(degraded));
+    }
+    let f = s.family(
+        "conduit_extension_degraded_seconds_total",
+        Kind::Counter,
+        "Time the extension has been degraded or unresponsive since the daemon started.",
+    );
+    for e in exts {
+        let ms = e.health.as_ref().map_or(0, |h| h.degraded_ms(now));
+        f.num(&[("extension", &name(e))], ms as f64 / 1e3);
+    }
+    let f = s.family(
         "conduit_extension_calls_total",
-        "counter",
+        Kind::Counter,
         "Host calls to the extension by method and outcome (ok or error).",
     );
     for e in exts {
         for (m, c) in &e.status.calls {
-            let labels = |outcome| {
-                [
-                    ("extension", e.status.name.as_str()),
-                    ("method", m),
-                    ("outcome", outcome),
-                ]
-            };
-            o.sample(
-                "conduit_extension_calls_total",
-                &labels("ok"),
-                c.count - c.errors.min(c.count),
+            let n = name(e);
+            f.num(
+                &[("extension", &n), ("method", m), ("outcome", "ok")],
+                u(c.count - c.errors.min(c.count)),
             );
-            o.sample("conduit_extension_calls_total", &labels("error"), c.errors);
+            f.num(
+                &[("extension", &n), ("method", m), ("outcome", "error")],
+                u(c.errors),
+            );
         }
     }
-    o.family(
+    let f = s.family(
+        "conduit_extension_call_duration_seconds",
+        Kind::Histogram,
+        "Latency of host calls to the extension, by method, since the daemon started (from the status's HDR histograms).",
+    );
+    for ((_, hists), e) in live.iter().zip(exts) {
+        for (m, h) in hists {
+            f.samples.push(Sample {
+                labels: vec![("extension", name(e)), ("method", m.clone())],
+                value: Value::Hist(Hist {
+                    cumulative: h.cumulative.clone(),
+                    count: h.count,
+                    sum: h.sum_us as f64 / 1e6,
+                }),
+            });
+        }
+    }
+    let f = s.family(
         "conduit_extension_call_latency_seconds",
-        "gauge",
+        Kind::Gauge,
         "Latency quantiles of host calls since the daemon started (HDR histogram; quantile=1 is the maximum).",
     );
     for e in exts {
@@ -127,115 +268,286 @@ pub fn render(exts: &[ExtensionView], stats: &crate::core::LoopStats) -> String 
                 ("0.99", c.p99_us),
                 ("1", c.max_us),
             ] {
-                o.sample(
-                    "conduit_extension_call_latency_seconds",
-                    &[
-                        ("extension", &e.status.name),
-                        ("method", m),
-                        ("quantile", q),
-                    ],
+                f.num(
+                    &[("extension", &name(e)), ("method", m), ("quantile", q)],
                     us as f64 / 1e6,
                 );
             }
         }
     }
+    let f = s.family(
+        "conduit_extension_in_flight",
+        Kind::Gauge,
+        "Requests awaiting an answer now: host calls to the extension (host_to_extension) and its calls to the host (extension_to_host).",
+    );
+    for ((t, _), e) in live.iter().zip(exts) {
+        let n = name(e);
+        f.num(
+            &[("extension", &n), ("direction", "host_to_extension")],
+            u(t.calls_in_flight),
+        );
+        f.num(
+            &[("extension", &n), ("direction", "extension_to_host")],
+            u(t.callbacks_in_flight),
+        );
+    }
+    let f = s.family(
+        "conduit_extension_overloaded_total",
+        Kind::Counter,
+        "Requests refused with `overloaded`: host calls not sent or refused by the extension (host_to_extension), the extension's calls the host refused (extension_to_host).",
+    );
+    for ((t, _), e) in live.iter().zip(exts) {
+        let n = name(e);
+        f.num(
+            &[("extension", &n), ("direction", "host_to_extension")],
+            u(t.overloaded_calls),
+        );
+        f.num(
+            &[("extension", &n), ("direction", "extension_to_host")],
+            u(t.overloaded_callbacks),
+        );
+    }
+    let f = s.family(
+        "conduit_extension_bytes_total",
+        Kind::Counter,
+        "Message bytes over the extension's pipes: read from its stdout (in), written to its stdin (out).",
+    );
+    for ((t, _), e) in live.iter().zip(exts) {
+        let n = name(e);
+        f.num(&[("extension", &n), ("direction", "in")], u(t.bytes_in));
+        f.num(&[("extension", &n), ("direction", "out")], u(t.bytes_out));
+    }
+
     let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    for (name, kind, help, v) in [
+    for (fam, kind, help, v) in [
         (
             "conduit_host_loop_passes_total",
-            "counter",
+            Kind::Counter,
             "Host-loop passes.",
-            l(&stats.passes) as f64,
+            u(l(&stats.passes)),
+        ),
+        (
+            "conduit_host_loop_pass_seconds_total",
+            Kind::Counter,
+            "Time spent in host-loop passes (divide its rate by the passes' for the mean pass).",
+            l(&stats.pass_us_total) as f64 / 1e6,
         ),
         (
             "conduit_host_loop_last_pass_seconds",
-            "gauge",
+            Kind::Gauge,
             "Duration of the last host-loop pass.",
             l(&stats.last_pass_us) as f64 / 1e6,
         ),
         (
             "conduit_host_loop_in_transaction_calls_total",
-            "counter",
+            Kind::Counter,
             "In-transaction calls the host loop made.",
-            l(&stats.in_transaction_calls) as f64,
+            u(l(&stats.in_transaction_calls)),
         ),
         (
             "conduit_host_loop_fallbacks_total",
-            "counter",
+            Kind::Counter,
             "In-transaction calls that failed or missed the deadline and took their fallback.",
-            l(&stats.fallbacks) as f64,
+            u(l(&stats.fallbacks)),
         ),
         (
             "conduit_host_loop_panics_total",
-            "counter",
+            Kind::Counter,
             "Host-loop passes that panicked (a bug; the loop goes on).",
-            l(&stats.panics) as f64,
+            u(l(&stats.panics)),
         ),
     ] {
-        o.family(name, kind, help);
-        o.sample(name, &[], v);
+        s.family(fam, kind, help).num(&[], v);
     }
+
+    if let Some(c) = counts {
+        s.family(
+            "conduit_events_total",
+            Kind::Counter,
+            "Events the store holds: every Event accepted, ever (they are never deleted; not reset by a restart).",
+        )
+        .num(&[], u(c.events));
+        s.family(
+            "conduit_events_unrouted",
+            Kind::Gauge,
+            "Events the routing pass has not decided yet.",
+        )
+        .num(&[], u(c.events_unrouted));
+        let f = s.family("conduit_work", Kind::Gauge, "Work in the store by state.");
+        for (st, n) in c.work {
+            f.num(&[("state", st.as_str())], u(n));
+        }
+    }
+
     let x = &super::otlp::STATS;
-    o.family(
+    let m = &super::otlp_metrics::STATS;
+    s.family(
         "conduit_telemetry_export_enabled",
-        "gauge",
-        "1 when spans are exported over OTLP.",
-    );
-    o.sample(
-        "conduit_telemetry_export_enabled",
-        &[],
+        Kind::Gauge,
+        "1 when the signal (traces, metrics) is exported over OTLP.",
+    )
+    .num(
+        &[("signal", "traces")],
         u8::from(x.enabled.load(Ordering::Relaxed)),
+    )
+    .num(
+        &[("signal", "metrics")],
+        u8::from(m.enabled.load(Ordering::Relaxed)),
     );
-    o.family(
+    s.family(
         "conduit_telemetry_spans_exported_total",
-        "counter",
+        Kind::Counter,
         "Spans the collector acknowledged.",
-    );
-    o.sample(
-        "conduit_telemetry_spans_exported_total",
-        &[],
-        l(&x.exported),
-    );
-    o.family(
+    )
+    .num(&[], u(l(&x.exported)));
+    s.family(
         "conduit_telemetry_spans_dropped_total",
-        "counter",
+        Kind::Counter,
         "Spans dropped: pushed out of the full queue, or in a batch that failed every attempt.",
-    );
-    o.sample(
-        "conduit_telemetry_spans_dropped_total",
-        &[("reason", "queue_full")],
-        l(&x.dropped_queue_full),
-    );
-    o.sample(
-        "conduit_telemetry_spans_dropped_total",
+    )
+    .num(&[("reason", "queue_full")], u(l(&x.dropped_queue_full)))
+    .num(
         &[("reason", "export_failed")],
-        l(&x.dropped_export_failed),
+        u(l(&x.dropped_export_failed)),
     );
-    o.family(
-        "conduit_telemetry_export_failures_total",
-        "counter",
-        "Export attempts that failed or timed out.",
-    );
-    o.sample(
-        "conduit_telemetry_export_failures_total",
-        &[],
-        l(&x.failed_attempts),
-    );
-    o.family(
+    s.family(
         "conduit_telemetry_queue_spans",
-        "gauge",
+        Kind::Gauge,
         "Spans waiting in the export queue.",
+    )
+    .num(&[], u(l(&x.pending)));
+    s.family(
+        "conduit_telemetry_metric_exports_total",
+        Kind::Counter,
+        "Metric snapshots the collector acknowledged.",
+    )
+    .num(&[], u(l(&m.exported)));
+    s.family(
+        "conduit_telemetry_metric_exports_dropped_total",
+        Kind::Counter,
+        "Metric snapshots not delivered: due while the previous one was still being sent (busy), or failed every attempt (export_failed).",
+    )
+    .num(&[("reason", "busy")], u(l(&m.dropped_busy)))
+    .num(
+        &[("reason", "export_failed")],
+        u(l(&m.dropped_export_failed)),
     );
-    o.sample("conduit_telemetry_queue_spans", &[], l(&x.pending));
-    o.0
+    s.family(
+        "conduit_telemetry_export_failures_total",
+        Kind::Counter,
+        "Export attempts that failed or timed out, by signal.",
+    )
+    .num(&[("signal", "traces")], u(l(&x.failed_attempts)))
+    .num(&[("signal", "metrics")], u(l(&m.failed_attempts)));
+    s
+}
+
+/// A label value escaped as the format requires (backslash, quote, newline).
+fn esc(v: &str) -> String {
+    v.replace('\\', r"\\")
+        .replace('"', "\\\"")
+        .replace('\n', r"\n")
+}
+
+fn labels(out: &mut String, labels: &[(&'static str, String)], extra: Option<(&str, &str)>) {
+    if labels.is_empty() && extra.is_none() {
+        return;
+    }
+    out.push('{');
+    let mut first = true;
+    for (k, v) in labels
+        .iter()
+        .map(|(k, v)| (*k, v.as_str()))
+        .chain(extra.into_iter())
+    {
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        let _ = write!(out, "{k}=\"{}\"", esc(v));
+    }
+    out.push('}');
+}
+
+/// A sample value as the format writes it (`+Inf` for infinity).
+fn num(v: f64) -> String {
+    if v == f64::INFINITY {
+        "+Inf".into()
+    } else {
+        v.to_string()
+    }
+}
+
+/// The Prometheus text exposition of a snapshot.
+pub fn prometheus(s: &Snapshot) -> String {
+    let mut o = String::with_capacity(8192);
+    for f in &s.families {
+        let kind = match f.kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        };
+        let _ = writeln!(o, "# HELP {} {}\n# TYPE {} {kind}", f.name, f.help, f.name);
+        for sample in &f.samples {
+            match &sample.value {
+                Value::Num(v) => {
+                    o.push_str(f.name);
+                    labels(&mut o, &sample.labels, None);
+                    let _ = writeln!(o, " {}", num(*v));
+                }
+                Value::Hist(h) => {
+                    let bucket = format!("{}_bucket", f.name);
+                    for (le, n) in LATENCY_BOUNDS_S.iter().zip(&h.cumulative) {
+                        o.push_str(&bucket);
+                        labels(&mut o, &sample.labels, Some(("le", &num(*le))));
+                        let _ = writeln!(o, " {n}");
+                    }
+                    o.push_str(&bucket);
+                    labels(&mut o, &sample.labels, Some(("le", "+Inf")));
+                    let _ = writeln!(o, " {}", h.count);
+                    let _ = write!(o, "{}_sum", f.name);
+                    labels(&mut o, &sample.labels, None);
+                    let _ = writeln!(o, " {}", num(h.sum));
+                    let _ = write!(o, "{}_count", f.name);
+                    labels(&mut o, &sample.labels, None);
+                    let _ = writeln!(o, " {}", h.count);
+                }
+            }
+        }
+    }
+    o
 }
 
 #[cfg(test)]
 mod tests {
-    use super::esc;
+    use super::*;
 
     #[test]
     fn label_values_are_escaped() {
         assert_eq!(esc("a\"b\\c\nd"), r#"a\"b\\c\nd"#);
+    }
+
+    #[test]
+    fn a_histogram_is_written_with_its_buckets_sum_and_count() {
+        let mut s = Snapshot::default();
+        let mut cumulative = vec![0; LATENCY_BOUNDS_S.len()];
+        cumulative[4..].iter_mut().for_each(|n| *n = 2);
+        s.family("x_seconds", Kind::Histogram, "h.")
+            .samples
+            .push(Sample {
+                labels: vec![("method", "m".into())],
+                value: Value::Hist(Hist {
+                    cumulative,
+                    count: 3,
+                    sum: 40.5,
+                }),
+            });
+        let text = prometheus(&s);
+        assert!(text.contains("# TYPE x_seconds histogram\n"), "{text}");
+        assert!(text.contains("x_seconds_bucket{method=\"m\",le=\"0.0005\"} 0\n"));
+        assert!(text.contains("x_seconds_bucket{method=\"m\",le=\"0.001\"} 2\n"));
+        assert!(text.contains("x_seconds_bucket{method=\"m\",le=\"+Inf\"} 3\n"));
+        assert!(text.contains("x_seconds_sum{method=\"m\"} 40.5\n"));
+        assert!(text.contains("x_seconds_count{method=\"m\"} 3\n"));
     }
 }

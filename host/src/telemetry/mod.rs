@@ -1,15 +1,19 @@
-//! Telemetry: the subscriber every `conduit` command logs through, the optional OTLP span export
-//! of `conduit daemon run`, and the counters the health and metrics endpoints show.
+//! Telemetry: the subscriber every `conduit` command logs through, the optional OTLP export
+//! (spans and metrics) of `conduit daemon run`, and the metrics the health and metrics
+//! endpoints show.
 //!
 //! Spans (extension calls, host-loop passes) are `debug`-level with fields, not formatted
 //! strings. With nothing configured they are disabled at their call sites, so a daemon without
 //! export pays nothing for them: no exporter, no thread, no layer. With an endpoint configured
 //! (`OTEL_EXPORTER_OTLP_ENDPOINT` or `--otlp-endpoint`), a second layer hands them to the
 //! OpenTelemetry SDK, whose spans go through [`otlp`]'s bounded queue and never block a caller.
+//! Metrics export ([`otlp_metrics`]) is one thread that sends a snapshot of [`metrics`] every
+//! interval; without it, nothing runs.
 
 pub mod logs;
 pub mod metrics;
 pub mod otlp;
+pub mod otlp_metrics;
 
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
@@ -20,10 +24,14 @@ pub use logs::LogFormat;
 #[derive(Debug, Default)]
 pub struct Guard {
     pipeline: Option<otlp::Pipeline>,
+    metrics: Option<otlp_metrics::MetricsPipeline>,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        if let Some(p) = self.metrics.take() {
+            p.shutdown(std::time::Duration::from_millis(500));
+        }
         if let Some(p) = self.pipeline.take() {
             p.shutdown(std::time::Duration::from_secs(2));
         }
@@ -31,7 +39,7 @@ impl Drop for Guard {
 }
 
 /// Install the process's subscriber: logs to stderr in `format` at `default_filter` unless
-/// `CONDUIT_LOG` says otherwise, and the span export when `export` is given.
+/// `CONDUIT_LOG` says otherwise, and the export of each signal `export` names.
 pub fn install(format: LogFormat, default_filter: &str, export: Option<otlp::Config>) -> Guard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CONDUIT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
@@ -44,19 +52,24 @@ pub fn install(format: LogFormat, default_filter: &str, export: Option<otlp::Con
         .unwrap_or(tracing_subscriber::filter::LevelFilter::TRACE);
     let _ = tracing_log::LogTracer::init_with_filter(tracing_log::AsLog::as_log(&log_level));
     let fmt = logs::layer(format).with_filter(filter);
-    let (guard, res) = match export {
+    let (traces, metrics) = match export {
+        Some(c) => (c.traces_url, c.metrics),
+        None => (None, None),
+    };
+    let (mut guard, res) = match traces {
         None => (
             Guard::default(),
             tracing::subscriber::set_global_default(tracing_subscriber::registry().with(fmt)),
         ),
-        Some(cfg) => {
-            let (pipeline, layer) = otlp::Pipeline::start(cfg);
+        Some(url) => {
+            let (pipeline, layer) = otlp::Pipeline::start(url);
             let sub = tracing_subscriber::registry()
                 .with(fmt)
                 .with(layer.with_filter(otlp::span_filter()));
             (
                 Guard {
                     pipeline: Some(pipeline),
+                    metrics: None,
                 },
                 tracing::subscriber::set_global_default(sub),
             )
@@ -67,6 +80,12 @@ pub fn install(format: LogFormat, default_filter: &str, export: Option<otlp::Con
     }
     if let Some(p) = &guard.pipeline {
         tracing::info!(endpoint = %p.endpoint(), "exporting spans over OTLP/HTTP");
+    }
+    if let Some(target) = metrics {
+        let interval_ms = target.interval.as_millis() as u64;
+        let p = otlp_metrics::MetricsPipeline::start(target);
+        tracing::info!(endpoint = %p.endpoint(), interval_ms, "exporting metrics over OTLP/HTTP");
+        guard.metrics = Some(p);
     }
     guard
 }

@@ -1,7 +1,7 @@
 //! OTLP/HTTP (protobuf) span export that never blocks the daemon.
 //!
 //! The SDK's own batch processor drops the *newest* span when its queue is full; conduit's rule
-//! (SPEC §9) is the opposite, so the queue is ours: [`RingProcessor`] keeps at most
+//! (docs/operations.md, "Telemetry") is the opposite, so the queue is ours: [`RingProcessor`] keeps at most
 //! [`QUEUE_CAPACITY`] spans and drops the oldest to make room, one exporter thread sends
 //! batches of [`BATCH_SIZE`], each attempt bounded by [`EXPORT_TIMEOUT`], [`ATTEMPTS`] attempts,
 //! then the batch is dropped. A span's end costs a lock and a push; a collector that hangs or
@@ -38,8 +38,10 @@ const MAX_RESPONSE_BYTES: usize = 1 << 20;
 /// Where and what to export.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// The traces URL, `http://host:port/v1/traces`.
-    pub traces_url: String,
+    /// The traces URL, `http://host:port/v1/traces`; `None`: spans are not exported.
+    pub traces_url: Option<String>,
+    /// Where metrics go; `None`: they are not exported.
+    pub metrics: Option<super::otlp_metrics::Target>,
 }
 
 /// Export counters, for `GET /v1/health` and `GET /v1/metrics`.
@@ -77,6 +79,7 @@ impl ExportStats {
             "dropped_queue_full": l(&self.dropped_queue_full),
             "dropped_export_failed": l(&self.dropped_export_failed),
             "failed_attempts": l(&self.failed_attempts),
+            "metrics": super::otlp_metrics::STATS.snapshot(),
         })
     }
 }
@@ -92,53 +95,84 @@ pub static STATS: ExportStats = ExportStats {
     pending: AtomicU64::new(0),
 };
 
-fn env(name: &str) -> Option<String> {
+pub(crate) fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// The export configuration from `--otlp-endpoint` (`flag`) and the standard variables:
-/// `OTEL_SDK_DISABLED=true` turns export off whatever else is set; the endpoint is the flag,
-/// else `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full URL), else `OTEL_EXPORTER_OTLP_ENDPOINT`
-/// with `/v1/traces` appended; the protocol must be `http/protobuf` (the default). `Ok(None)`:
-/// nothing configured, export off.
+/// `OTEL_SDK_DISABLED=true` turns export off whatever else is set; per signal (traces,
+/// metrics) the endpoint is the flag with `/v1/<signal>` appended, else
+/// `OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT` (the full URL), else `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// with `/v1/<signal>` appended; `OTEL_TRACES_EXPORTER` / `OTEL_METRICS_EXPORTER` = `none`
+/// turns one signal off; the protocol must be `http/protobuf` (the default);
+/// `OTEL_METRIC_EXPORT_INTERVAL` sets the metrics interval. `Ok(None)`: nothing configured,
+/// export off.
 pub fn config_from_env(flag: Option<&str>) -> Result<Option<Config>, String> {
     if env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
         return Ok(None);
     }
-    let url = if let Some(f) = flag.filter(|f| !f.trim().is_empty()) {
-        traces_url(f.trim(), "--otlp-endpoint")?
-    } else if let Some(u) = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
-        check_url(u.trim(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")?;
+    let flag = flag.map(str::trim).filter(|f| !f.is_empty());
+    let traces_url = signal_url(flag, "TRACES", "traces")?;
+    let metrics_url = signal_url(flag, "METRICS", "metrics")?;
+    let metrics = match metrics_url {
+        None => None,
+        Some(url) => Some(super::otlp_metrics::Target {
+            url,
+            interval: super::otlp_metrics::interval_from_env()?,
+        }),
+    };
+    if traces_url.is_none() && metrics.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(Config {
+        traces_url,
+        metrics,
+    }))
+}
+
+/// The URL one signal goes to, or `None` if it is not exported.
+fn signal_url(flag: Option<&str>, upper: &str, path: &str) -> Result<Option<String>, String> {
+    let selector = format!("OTEL_{upper}_EXPORTER");
+    match env(&selector).map(|v| v.trim().to_ascii_lowercase()) {
+        None => {}
+        Some(v) if v == "otlp" => {}
+        Some(v) if v == "none" => return Ok(None),
+        Some(v) => {
+            return Err(format!(
+                "{selector} is `{v}`; this build exports `otlp` only: unset it, or set it to `otlp` or `none`"
+            ));
+        }
+    }
+    let specific = format!("OTEL_EXPORTER_OTLP_{upper}_ENDPOINT");
+    let url = if let Some(f) = flag {
+        check_url(f, "--otlp-endpoint")?;
+        format!("{}/v1/{path}", f.trim_end_matches('/'))
+    } else if let Some(u) = env(&specific) {
+        check_url(u.trim(), &specific)?;
         u.trim().to_owned()
     } else if let Some(u) = env("OTEL_EXPORTER_OTLP_ENDPOINT") {
-        traces_url(u.trim(), "OTEL_EXPORTER_OTLP_ENDPOINT")?
+        check_url(u.trim(), "OTEL_EXPORTER_OTLP_ENDPOINT")?;
+        format!("{}/v1/{path}", u.trim().trim_end_matches('/'))
     } else {
         return Ok(None);
     };
     for var in [
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        format!("OTEL_EXPORTER_OTLP_{upper}_PROTOCOL"),
+        "OTEL_EXPORTER_OTLP_PROTOCOL".to_owned(),
     ] {
-        if let Some(p) = env(var) {
+        if let Some(p) = env(&var) {
             if p.trim() != "http/protobuf" {
                 return Err(format!(
-                    "{var} is `{p}`; this build exports `http/protobuf` only: unset it or set it to `http/protobuf`"
+                    "{var} is `{p}`; this build exports `http/protobuf` only (no gRPC): unset it or set it to `http/protobuf`, and point the endpoint at the collector's OTLP/HTTP port (4318)"
                 ));
             }
             break;
         }
     }
-    Ok(Some(Config { traces_url: url }))
+    Ok(Some(url))
 }
 
-/// A base endpoint (`http://host:4318`) with the traces path appended, as the OTLP
-/// specification says for the non-signal-specific variable.
-fn traces_url(base: &str, from: &str) -> Result<String, String> {
-    check_url(base, from)?;
-    Ok(format!("{}/v1/traces", base.trim_end_matches('/')))
-}
-
-fn check_url(url: &str, from: &str) -> Result<(), String> {
+pub(crate) fn check_url(url: &str, from: &str) -> Result<(), String> {
     let uri: http::Uri = url.parse().map_err(|e| {
         format!("{from} is `{url}`, which is not a URL ({e}); e.g. `http://127.0.0.1:4318`")
     })?;
@@ -246,7 +280,7 @@ impl std::fmt::Debug for ShareHandle {
 /// The resource every span carries: `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` as the
 /// SDK reads them, `service.name` = `conduit` unless one of them names it, and
 /// `service.version`.
-fn resource() -> Resource {
+pub(crate) fn resource() -> Resource {
     let named = env("OTEL_SERVICE_NAME").is_some()
         || env("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
             a.split(',').any(|kv| {
@@ -267,7 +301,9 @@ fn resource() -> Resource {
 
 impl Pipeline {
     /// Start the exporter thread; the layer is what the subscriber feeds.
-    pub fn start<S>(cfg: Config) -> (Pipeline, impl tracing_subscriber::Layer<S> + Send + Sync)
+    pub fn start<S>(
+        traces_url: String,
+    ) -> (Pipeline, impl tracing_subscriber::Layer<S> + Send + Sync)
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
     {
@@ -282,7 +318,7 @@ impl Pipeline {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_http_client(HyperHttp)
-            .with_endpoint(cfg.traces_url.clone())
+            .with_endpoint(traces_url.clone())
             .with_timeout(EXPORT_TIMEOUT)
             .build();
         let provider = SdkTracerProvider::builder()
@@ -323,7 +359,7 @@ impl Pipeline {
             .with_context_activation(false);
         (
             Pipeline {
-                endpoint: cfg.traces_url,
+                endpoint: traces_url,
                 shared: ShareHandle(shared),
                 _provider: provider,
             },
@@ -429,7 +465,7 @@ fn export_thread(shared: Shared, exporter: opentelemetry_otlp::SpanExporter) {
 /// OTLP's HTTP client: one HTTP/1.1 connection per request over the hyper the daemon already
 /// links, no TLS. The caller bounds each request ([`EXPORT_TIMEOUT`]).
 #[derive(Debug)]
-struct HyperHttp;
+pub(crate) struct HyperHttp;
 
 #[async_trait::async_trait]
 impl HttpClient for HyperHttp {
@@ -495,8 +531,8 @@ mod tests {
     #[test]
     fn endpoints_follow_the_otlp_variables() {
         assert_eq!(
-            traces_url("http://127.0.0.1:4318/", "x").unwrap(),
-            "http://127.0.0.1:4318/v1/traces"
+            signal_url(Some("http://127.0.0.1:4318/"), "TRACES", "traces").unwrap(),
+            Some("http://127.0.0.1:4318/v1/traces".to_owned())
         );
         assert!(
             check_url("https://c:4318", "x")
