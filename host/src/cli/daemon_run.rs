@@ -20,9 +20,12 @@ use super::common::StateArgs;
 Logs go to stderr (CONDUIT_LOG sets the filter, default `info`; --log-format or
 CONDUIT_LOG_FORMAT `text` or `json`).
 
-Spans are exported over OTLP/HTTP (protobuf) when --otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT
-names a collector (OTEL_SDK_DISABLED=true turns it off); export never blocks the daemon: a slow
-or absent collector costs dropped spans, counted in `GET /v1/health` and `conduit metrics`.
+Spans and metrics are exported over OTLP/HTTP (protobuf) when --otlp-endpoint or
+OTEL_EXPORTER_OTLP_ENDPOINT names a collector (OTEL_TRACES_EXPORTER=none or
+OTEL_METRICS_EXPORTER=none turns one off, OTEL_SDK_DISABLED=true both; metrics every
+OTEL_METRIC_EXPORT_INTERVAL ms, default 60000; gRPC is not supported). Export never blocks the
+daemon: a slow or absent collector costs dropped spans and snapshots, counted in
+`GET /v1/health` and `conduit metrics`.
 
 A full disk does not keep the daemon down: it starts, serves reads, refuses writes saying the
 disk is full, and accepts them again by itself once space is freed.
@@ -38,8 +41,8 @@ Exit codes:
      by another user, not a directory, permissions; another daemon holds its lock; a damaged
      store, or one from a newer conduit; an invalid setting): retrying does not help")]
 pub(crate) struct Args {
-    /// Export spans to this OTLP/HTTP collector (`http://host:4318`; `/v1/traces` is
-    /// appended). Overrides OTEL_EXPORTER_OTLP_ENDPOINT.
+    /// Export spans and metrics to this OTLP/HTTP collector (`http://host:4318`; `/v1/traces`
+    /// and `/v1/metrics` are appended). Overrides OTEL_EXPORTER_OTLP_ENDPOINT.
     #[arg(long, value_name = "URL")]
     pub(crate) otlp_endpoint: Option<String>,
 }

@@ -455,11 +455,7 @@ fn labels(out: &mut String, labels: &[(&'static str, String)], extra: Option<(&s
     }
     out.push('{');
     let mut first = true;
-    for (k, v) in labels
-        .iter()
-        .map(|(k, v)| (*k, v.as_str()))
-        .chain(extra.into_iter())
-    {
+    for (k, v) in labels.iter().map(|(k, v)| (*k, v.as_str())).chain(extra) {
         if !first {
             out.push(',');
         }
