@@ -16,7 +16,7 @@
 #                            Unix socket, beside this machine's floors (about a minute)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
-#   make bench-telemetry     1,000 calls through the API with span export off, against a collector
+#   make bench-telemetry     1,000 calls through the API with export (spans, metrics) off, against a collector
 #                            that never answers, and against a closed port (7 rounds, medians)
 #   make drill               the drill suite alone (host/tests/drill_*.rs): misbehaving extensions,
 #                            one line per drill with its bound and what it measured
