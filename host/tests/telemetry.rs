@@ -761,7 +761,7 @@ fn metrics_parse_as_prometheus_text_and_count_exactly_the_calls_made() {
 }
 
 #[test]
-fn degraded_time_shows_in_the_metrics() {
+fn in_flight_calls_and_degraded_time_show_in_the_metrics() {
     let mut f = Fixture::new();
     f.install(&f.core_ext("hung", "hang"));
     f.start_daemon();
@@ -769,9 +769,52 @@ fn degraded_time_shows_in_the_metrics() {
     let rt = rt();
     let c = client(&f, &rt);
     let hung = [("extension", "hung")];
+    let out = [("extension", "hung"), ("direction", "host_to_extension")];
     let before = scrape(&c, &rt);
     assert_eq!(
         sample(&before, "conduit_extension_degraded", &hung),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&before, "conduit_extension_in_flight", &out),
+        Some(0.0)
+    );
+    // With no event yet the host loop calls nothing: one call through the API, which the
+    // extension never answers, is the one request in flight until its deadline.
+    let socket = socket(&f);
+    let pending = std::thread::spawn(move || {
+        let rt = crate::rt();
+        let c = rt.block_on(Client::connect(&socket)).unwrap();
+        rt.block_on(c.post(
+            "/v1/extensions/hung/call",
+            Some(&json!({"method": "work_kind.trigger", "params": {}, "timeout_ms": 2000})),
+        ))
+        .unwrap()
+    });
+    f.wait_until("the pending call in the metrics", || {
+        (sample(&scrape(&c, &rt), "conduit_extension_in_flight", &out) == Some(1.0)).then_some(())
+    });
+    let answer = pending.join().unwrap();
+    assert_eq!(answer["error"]["name"], "deadline_exceeded", "{answer}");
+    let after_call = scrape(&c, &rt);
+    assert_eq!(
+        sample(&after_call, "conduit_extension_in_flight", &out),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &after_call,
+            "conduit_extension_calls_total",
+            &[
+                ("extension", "hung"),
+                ("method", "work_kind.trigger"),
+                ("outcome", "error")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&after_call, "conduit_extension_degraded", &hung),
         Some(0.0)
     );
     // Its trigger never answers: the call misses its deadline and the extension is degraded.
