@@ -941,6 +941,78 @@ fn json_logs_are_one_object_a_line_with_plain_values_and_span_fields() {
     assert!(err.contains("CONDUIT_LOG_FORMAT is `yaml`"), "{err}");
 }
 
+/// The daemon's text log as a terminal gets it: run `conduit daemon run` with its stderr on a
+/// pseudo-terminal (made by Python's `pty`, which the tests already need), read until it says
+/// it is running, stop it with SIGTERM, and return what it wrote.
+fn daemon_log_on_a_terminal(f: &Fixture, no_color: Option<&str>) -> String {
+    let script = r#"
+import os, pty, select, signal, subprocess, sys, time
+master, slave = pty.openpty()
+p = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+os.close(slave)
+out, end = b"", time.time() + 60
+while b"conduit daemon running" not in out and time.time() < end:
+    r, _, _ = select.select([master], [], [], 0.2)
+    if r:
+        try:
+            out += os.read(master, 65536)
+        except OSError:
+            break
+    if p.poll() is not None:
+        break
+p.send_signal(signal.SIGTERM)
+try:
+    p.wait(30)
+except subprocess.TimeoutExpired:
+    p.kill()
+    p.wait()
+sys.stdout.write(out.decode("utf-8", "replace"))
+"#;
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg("-c")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_conduit"))
+        .args(["daemon", "run"])
+        .env("CONDUIT_STATE_DIR", f.state())
+        .env_remove("CONDUIT_LOG")
+        .env_remove("CONDUIT_LOG_FORMAT")
+        .env_remove("JOURNAL_STREAM")
+        .env_remove("NO_COLOR");
+    if let Some(v) = no_color {
+        cmd.env("NO_COLOR", v);
+    }
+    let out = cmd.output().expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("conduit daemon running"),
+        "no start line: {text}"
+    );
+    text
+}
+
+#[test]
+fn text_logs_are_coloured_on_a_terminal_unless_no_color_is_set() {
+    let f = with_echo();
+    // On a terminal, levels are coloured.
+    let coloured = daemon_log_on_a_terminal(&f, None);
+    assert!(
+        coloured.contains("\x1b["),
+        "no colour on a terminal: {coloured:?}"
+    );
+    // NO_COLOR (any non-empty value) turns every escape off.
+    let plain = daemon_log_on_a_terminal(&f, Some("1"));
+    assert!(
+        !plain.contains('\x1b'),
+        "colour despite NO_COLOR: {plain:?}"
+    );
+    assert!(plain.contains("INFO"), "{plain}");
+}
+
 #[test]
 fn bad_export_settings_are_refused_by_name() {
     let f = Fixture::new();
