@@ -93,9 +93,11 @@ pub(crate) fn reload(
         .context("the package registry changed, but the running daemon could not apply it; run `conduit ext list` to see its state")
         .map_err(CliError::failure)?;
     if !quiet {
+        // `started` means a start was begun, not that it succeeded: the wait (`--wait`) or
+        // `conduit ext status` says how it went.
         for (key, verb) in [
-            ("started", "started"),
-            ("restarted", "restarted"),
+            ("started", "is starting"),
+            ("restarted", "is restarting"),
             ("stopped", "stopped"),
         ] {
             for name in report[key]
