@@ -664,3 +664,70 @@ fn the_connection_cap_serves_up_to_its_limit_and_queues_one_past_it() {
     );
     drop((a, b, c));
 }
+
+// ---- stderr: -q, NO_COLOR ---------------------------------------------------------------------
+
+#[test]
+fn quiet_leaves_out_notes_and_keeps_data() {
+    let f = Fixture::new();
+    f.install(&misbehave_version(&f, "m", "m", "0.1.0", "ok"));
+    let run = f.conduit(&["ext", "list"]);
+    assert!(
+        run.stderr().contains("no daemon is running"),
+        "{}",
+        run.context()
+    );
+    let quiet = f.conduit(&["ext", "list", "-q"]);
+    quiet.expect_code(0);
+    assert_eq!(quiet.stderr(), "", "{}", quiet.context());
+    assert_eq!(quiet.stdout(), run.stdout());
+}
+
+/// Runs `cmd` under a pseudo-terminal (`script`), so that colours would be on; its output.
+fn on_a_terminal(f: &Fixture, cmd: &str, no_color: bool) -> Option<String> {
+    let mut c = std::process::Command::new("script");
+    c.args(["-qec", cmd, "/dev/null"])
+        .env("CONDUIT_STATE_DIR", f.state())
+        .env_remove("CONDUIT_LOG");
+    if no_color {
+        c.env("NO_COLOR", "1");
+    } else {
+        c.env_remove("NO_COLOR");
+    }
+    let out = c.output().ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn no_color_turns_colours_off_on_a_terminal() {
+    let f = Fixture::new();
+    let bin = env!("CARGO_BIN_EXE_conduit");
+    // A layout folder open to others gives a WARN log line, which is coloured on a terminal.
+    f.install(&misbehave_version(&f, "m", "m", "0.1.0", "ok"));
+    let loosen = || {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            f.state().join("logs"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+    };
+    loosen();
+    let Some(coloured) = on_a_terminal(&f, &format!("{bin} ext list; {bin} ext --help"), false)
+    else {
+        eprintln!("skipped: no `script` to make a pseudo-terminal");
+        return;
+    };
+    assert!(
+        coloured.contains('\u{1b}'),
+        "the control: colours on a terminal: {coloured}"
+    );
+    assert!(coloured.contains("logs was mode 755"), "{coloured}");
+    loosen();
+    let plain = on_a_terminal(&f, &format!("{bin} ext list; {bin} ext --help"), true).unwrap();
+    assert!(plain.contains("WARN"), "{plain}");
+    assert!(
+        !plain.contains('\u{1b}'),
+        "NO_COLOR=1 still coloured: {plain:?}"
+    );
+}

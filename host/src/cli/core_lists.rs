@@ -262,17 +262,19 @@ pub(crate) fn show(kind: Kind, args: ShowArgs, state: &StateArgs) -> Result<Exit
             if k == "id" {
                 continue;
             }
+            if let Value::Array(items) = val
+                && !items.is_empty()
+            {
+                let _ = writeln!(out, "  {k}");
+                for i in items {
+                    let _ = writeln!(out, "    {i}");
+                }
+                continue;
+            }
             let shown = if k.ends_with("_ms") && val.is_i64() {
                 format!("{} ({})", when(val), val)
-            } else if let Value::Array(items) = val {
-                if items.is_empty() {
-                    "[]".to_owned()
-                } else {
-                    items
-                        .iter()
-                        .map(|i| format!("\n    {i}"))
-                        .collect::<String>()
-                }
+            } else if val.is_array() {
+                "[]".to_owned()
             } else {
                 text(val)
             };

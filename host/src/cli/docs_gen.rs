@@ -69,7 +69,11 @@ fn write_pages(
     let path = dir.join(format!("{name}.1"));
     std::fs::write(&path, buf).with_context(|| format!("cannot write {}", path.display()))?;
     *written += 1;
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+    // clap's own `help` subcommands get no page: `--help` is on every page.
+    for sub in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
         write_pages(sub, &format!("{name}-{}", sub.get_name()), dir, written)?;
     }
     Ok(())

@@ -62,7 +62,7 @@ pub(crate) fn run(args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
         return Ok(ExitCode::SUCCESS);
     }
     if args.previous && lines.is_empty() {
-        eprintln!(
+        note!(
             "(the log of `{}` holds no run before the last one)",
             args.name
         );

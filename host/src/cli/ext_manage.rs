@@ -287,13 +287,13 @@ pub(crate) fn remove(args: RemoveArgs, state: &StateArgs) -> Result<ExitCode, Cl
     }
     print(&format!("removed {} {}\n", rec.name, rec.version))?;
     if let Some(log) = kept_logs.first() {
-        eprintln!(
+        note!(
             "(its logs {} are kept; `conduit ext remove --purge` deletes them, or delete them by hand)",
             log.display()
         );
     }
     if data.exists() {
-        eprintln!(
+        note!(
             "(its data folder {} is kept; delete it if you no longer need it)",
             data.display()
         );

@@ -134,7 +134,7 @@ pub(crate) fn list(args: ListArgs, state: &StateArgs) -> Result<ExitCode, CliErr
         print(&table(&list))?;
     }
     if !running {
-        eprintln!("(no daemon is running; `conduit daemon run` starts it)");
+        note!("(no daemon is running; `conduit daemon run` starts it)");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -166,7 +166,7 @@ pub(crate) fn status(args: StatusArgs, state: &StateArgs) -> Result<ExitCode, Cl
         }
         print(&out)?;
         if !running {
-            eprintln!("(no daemon is running; `conduit daemon run` starts it)");
+            note!("(no daemon is running; `conduit daemon run` starts it)");
         }
     }
     Ok(if shown.iter().all(|v| healthy(v)) {

@@ -9,6 +9,15 @@
 //! bad arguments; also an unknown package), 3 the command needs a running daemon and none
 //! runs. A closed stdout (`conduit … | head`) is not an error.
 
+/// A note on stderr for people (`(no daemon is running …)`), left out under `-q`.
+macro_rules! note {
+    ($($t:tt)*) => {
+        if !$crate::cli::common::quiet() {
+            eprintln!($($t)*);
+        }
+    };
+}
+
 mod common;
 mod core_cmds;
 mod core_lists;
@@ -239,6 +248,7 @@ impl CliError {
 pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let state = cli.state;
     let quiet = cli.quiet;
+    common::set_quiet(quiet);
     use core_lists::Kind;
     match cli.command {
         Command::Ext(ExtCommand::Check(args)) => ext_check::run(args),
@@ -288,5 +298,35 @@ pub(crate) fn print(text: &str) -> Result<(), CliError> {
             anyhow::Error::new(e).context("cannot write to stdout"),
         )),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(args: &[&str]) -> &'static str {
+        let mut all = vec!["conduit"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).unwrap().default_log_filter()
+    }
+
+    #[test]
+    fn quiet_and_verbose_move_the_default_log_filter() {
+        assert_eq!(filter(&["ext", "list"]), "warn");
+        assert_eq!(filter(&["ext", "list", "-v"]), "info");
+        assert_eq!(filter(&["-vv", "ext", "list"]), "debug");
+        assert_eq!(filter(&["ext", "list", "-vvvvv"]), "trace");
+        assert_eq!(filter(&["ext", "list", "-q"]), "error");
+        assert_eq!(filter(&["daemon", "run"]), "info");
+        assert_eq!(filter(&["daemon", "run", "-v"]), "debug");
+        assert_eq!(filter(&["-q", "daemon", "run"]), "error");
+        assert!(Cli::try_parse_from(["conduit", "-q", "-v", "ext", "list"]).is_err());
+    }
+
+    #[test]
+    fn the_command_tree_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }
