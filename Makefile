@@ -10,7 +10,7 @@
 #                            on its own
 #   make run                 the daemon with the example packages installed, on a state
 #                            directory inside the target folder, its log in a file the demo
-#                            names; a few commands with their outcomes (Ctrl-C stops it, exit 0)
+#                            names; a few commands with their outcomes (Ctrl-C stops it cleanly)
 #   make man                 man pages for every command into target/man (`man -l target/man/conduit.1`)
 #   make bench-extension     the budget gate in release, both regimes, with its numbers
 #   make bench-roundtrip     the session's echo round trip beside this machine's pipe floor

@@ -7,7 +7,7 @@
 # its log in a file (named on screen), waits until every extension is ready, then runs a few
 # commands, each printed first as a line that can be pasted back into a shell, and shows how
 # the wait, the timer and the emission it creates turned out. The daemon then stays up until
-# Ctrl-C, which stops it gracefully and ends the demo with exit 0.
+# Ctrl-C, which stops it gracefully and ends the demo with exit 0 (so make reports no error).
 set -euo pipefail
 target=${1:?usage: run-demo.sh TARGET_DIR}
 conduit="$target/debug/conduit"

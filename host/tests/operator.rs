@@ -731,3 +731,19 @@ fn no_color_turns_colours_off_on_a_terminal() {
         "NO_COLOR=1 still coloured: {plain:?}"
     );
 }
+
+#[test]
+fn a_state_directory_too_long_for_a_socket_is_refused_in_plain_words() {
+    let f = Fixture::new();
+    // 107 bytes is the most a socket path may have here; `<state>/run/conduit.sock` is longer.
+    let long = f.dir.path().join("d".repeat(120));
+    let run = f.conduit(&["daemon", "run", "--state-dir", path(&long)]);
+    run.expect_code(1);
+    assert!(
+        run.stderr()
+            .contains("a Unix socket's path may be at most 107 bytes long"),
+        "{}",
+        run.context()
+    );
+    assert!(run.stderr().contains("shorter path"), "{}", run.context());
+}

@@ -177,8 +177,8 @@ pub(crate) fn list(kind: Kind, args: ListArgs, state: &StateArgs) -> Result<Exit
         Kind::Timers => {
             let _ = writeln!(
                 out,
-                "{:>6}  {:<16} {:<14} {:<14} {:<24} {}",
-                "ID", "EXTENSION", "RECURRENCE", "SPEC", "NEXT", "LAST FIRED"
+                "{:>6}  {:<16} {:<14} {:<14} {:<24} LAST FIRED",
+                "ID", "EXTENSION", "RECURRENCE", "SPEC", "NEXT"
             );
             for t in &rows {
                 let _ = writeln!(
@@ -200,8 +200,8 @@ pub(crate) fn list(kind: Kind, args: ListArgs, state: &StateArgs) -> Result<Exit
         Kind::Waits => {
             let _ = writeln!(
                 out,
-                "{:>6}  {:<16} {:<14} {:<16} {:<10} {}",
-                "ID", "EXTENSION", "FILTER", "SUBJECT", "STATE", "SATISFIED BY"
+                "{:>6}  {:<16} {:<14} {:<16} {:<10} SATISFIED BY",
+                "ID", "EXTENSION", "FILTER", "SUBJECT", "STATE"
             );
             for w in &rows {
                 let by = match w["satisfied_by_event_id"].as_i64() {
@@ -222,8 +222,8 @@ pub(crate) fn list(kind: Kind, args: ListArgs, state: &StateArgs) -> Result<Exit
         Kind::Emissions => {
             let _ = writeln!(
                 out,
-                "{:>6}  {:<16} {:<14} {:<10} {:<24} {}",
-                "ID", "EXTENSION", "EMISSION", "STATE", "FINISHED", "ERROR"
+                "{:>6}  {:<16} {:<14} {:<10} {:<24} ERROR",
+                "ID", "EXTENSION", "EMISSION", "STATE", "FINISHED"
             );
             for e in &rows {
                 let _ = writeln!(
