@@ -30,8 +30,9 @@
 //! wrong content type, a bad query string or path) rewritten by [`envelope`].
 //!
 //! Limits ([`Limits`]): a connection that has not sent a whole request head within the
-//! header-read timeout is closed, and at most `max_connections` are served at once (the next
-//! waits in the listen backlog until one closes).
+//! header-read timeout is closed, and at most `max_connections` are open at once: past that, the
+//! oldest connection that has not sent a request yet is closed to make room for the new one (if
+//! every one is in a request, the new one waits for a slot).
 //!
 //! Only this module knows HTTP.
 
@@ -286,8 +287,8 @@ pub async fn serve(
 }
 
 /// Serve until `shutdown` is cancelled: one task per connection, at most
-/// `limits.max_connections` at once, each closed if a request head takes longer than
-/// `limits.header_read_timeout`. Once `shutdown` is cancelled, open connections finish the
+/// `limits.max_connections` at once (the oldest that sent no request makes room for a new one),
+/// each closed if a request head takes longer than `limits.header_read_timeout`. Once `shutdown` is cancelled, open connections finish the
 /// request they are in; every connection task is owned here and ends with this future.
 pub async fn serve_with(
     listener: UnixListener,
@@ -300,26 +301,13 @@ pub async fn serve_with(
         move |req: Request, next: Next| check_peer(own_uid, req, next),
     ));
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    // Connections that have not sent a request yet, oldest first: the ones closed to make room.
+    let waiting: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, CancellationToken>>> =
+        Arc::default();
     let mut conns = tokio::task::JoinSet::new();
+    let mut next_id = 0u64;
     let mut at_cap_logged = false;
     loop {
-        // A free slot first: past the cap, new connections wait in the listen backlog.
-        let permit = match slots.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                if !at_cap_logged {
-                    tracing::warn!(
-                        max = limits.max_connections,
-                        "the management API is at its connection cap; new connections wait"
-                    );
-                    at_cap_logged = true;
-                }
-                tokio::select! {
-                    p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-                    () = shutdown.cancelled() => break,
-                }
-            }
-        };
         let stream = tokio::select! {
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
@@ -332,20 +320,56 @@ pub async fn serve_with(
             },
             () = shutdown.cancelled() => break,
         };
-        if slots.available_permits() > 0 {
-            at_cap_logged = false;
-        }
         while conns.try_join_next().is_some() {}
+        // At the cap, the oldest connection that has not sent a request makes room, so a flood
+        // of stalled connections cannot keep a working client out; if every one is in a
+        // request, the new one waits for a slot.
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => {
+                at_cap_logged = false;
+                p
+            }
+            Err(_) => {
+                let evicted = {
+                    let mut w = waiting.lock().unwrap_or_else(|p| p.into_inner());
+                    w.pop_first().map(|(_, cancel)| cancel.cancel()).is_some()
+                };
+                if !at_cap_logged {
+                    tracing::warn!(
+                        max = limits.max_connections,
+                        evicted,
+                        "the management API is at its connection cap; the oldest connection that sent no request is closed to make room"
+                    );
+                    at_cap_logged = true;
+                }
+                tokio::select! {
+                    p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        };
         let cred = stream.peer_cred().ok();
         let peer = PeerCred {
             uid: cred.map(|c| c.uid()),
             pid: cred.and_then(|c| c.pid()),
         };
+        let id = next_id;
+        next_id += 1;
+        let evict = CancellationToken::new();
+        waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, evict.clone());
         let svc = WithPeer {
             app: app.clone(),
             peer,
+            first_request: Arc::new(FirstRequest {
+                id,
+                waiting: waiting.clone(),
+            }),
         };
         let stop = shutdown.clone();
+        let waiting = waiting.clone();
         conns.spawn(async move {
             let _permit = permit;
             let mut builder = hyper::server::conn::http1::Builder::new();
@@ -360,11 +384,16 @@ pub async fn serve_with(
                         tracing::debug!(error = %e, "a management connection ended with an error");
                     }
                 }
+                () = evict.cancelled() => {}
                 () = stop.cancelled() => {
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
             }
+            waiting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
         });
     }
     // The daemon bounds this wait (and aborts this future, which aborts the connections).
@@ -377,6 +406,23 @@ pub async fn serve_with(
 struct WithPeer {
     app: Router,
     peer: PeerCred,
+    first_request: Arc<FirstRequest>,
+}
+
+/// Takes a connection off the list of those that may be closed to make room, at its first
+/// request (its head was read: it is a working client).
+struct FirstRequest {
+    id: u64,
+    waiting: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, CancellationToken>>>,
+}
+
+impl FirstRequest {
+    fn seen(&self) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
 }
 
 impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for WithPeer {
@@ -387,6 +433,7 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for WithPeer
     >;
 
     fn call(&self, mut req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        self.first_request.seen();
         req.extensions_mut().insert(ConnectInfo(self.peer));
         let mut app = self.app.clone();
         let (method, path) = (req.method().clone(), req.uri().path().to_owned());
