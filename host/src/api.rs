@@ -27,7 +27,7 @@
 //! per connection with SO_PEERCRED) must be the daemon's own; any other is answered 403.
 //! Errors are `{"error": {"code", "message"}}` with a fitting HTTP status, every one of them:
 //! the handlers' own, and the framework's rejections (an unknown method, a body too large, the
-//! wrong content type, a bad query string or path) rewritten by [`envelope`].
+//! wrong content type, a bad query string or path) rewritten by `envelope`.
 //!
 //! Limits ([`Limits`]): a connection that has not sent a whole request head within the
 //! header-read timeout is closed, and at most `max_connections` are open at once: past that, the

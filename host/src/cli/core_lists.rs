@@ -50,7 +50,7 @@ pub(crate) struct ListArgs {
     /// How many, 1 to 200.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=200))]
     limit: u32,
-    /// Print {"<kind>": [...], "next_after"} as the API answers it.
+    /// Print {"timers" (or "waits", "emissions"): [...], "next_after"} as the API answers it.
     #[arg(long)]
     json: bool,
 }

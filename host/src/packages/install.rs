@@ -4,7 +4,8 @@
 //! source ──validate manifest (folders)──▶ lock packages/ ──▶ stage into tmp/install-XXXXXX/pkg
 //!        ──manifest (archives), command, version order──▶ hash every file
 //!        ──▶ rename packages/<name> aside ──▶ rename staged folder in ──▶ write registry
-//!        ──▶ drop staging (deletes the old version)
+//!        (the old record under `previous`) ──▶ move the old version to packages/<name>.previous
+//!        (the one kept before goes) ──▶ drop staging
 //! ```
 //!
 //! Invariant: until the staged folder is renamed in, nothing outside `tmp/install-XXXXXX/` has

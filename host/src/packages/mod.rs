@@ -20,7 +20,7 @@
 //! `registry.json`.
 //!
 //! Invariants:
-//! - Every mutation ([`install`], [`remove`], [`set_enabled`]) holds an exclusive `flock` on the
+//! - Every mutation ([`install`], [`remove`], [`set_enabled`], [`rollback`]) holds an exclusive `flock` on the
 //!   `packages/` folder; [`verify`] holds a shared one, so it never sees half of a swap. [`list`]
 //!   and [`get`] need no lock: the registry is only ever replaced whole, by rename.
 //! - A package folder holds only regular files and folders: links are resolved at install time
