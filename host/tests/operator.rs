@@ -753,3 +753,34 @@ fn a_state_directory_too_long_for_a_socket_is_refused_in_plain_words() {
     );
     assert!(run.stderr().contains("shorter path"), "{}", run.context());
 }
+
+#[test]
+fn the_wait_ends_at_its_timeout_with_the_state_it_found() {
+    let mut f = Fixture::new();
+    f.start_daemon();
+    // It never answers `initialize`: `starting` until the 10 s start timeout, past the wait.
+    let pkg = misbehave_version(&f, "mute", "mute", "0.1.0", "no-handshake");
+    let t = Instant::now();
+    let run = f.conduit(&["ext", "install", "--wait=1500ms", path(&pkg)]);
+    let took = t.elapsed();
+    run.expect_code(1);
+    assert!(
+        took >= Duration::from_millis(1500),
+        "gave up after {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1500) + Duration::from_secs(8),
+        "took {took:?}"
+    );
+    assert!(
+        run.stderr()
+            .contains("`mute` 0.1.0 did not become ready within 1.5 s: it is starting"),
+        "{}",
+        run.context()
+    );
+    // A new install has nothing to roll back to.
+    assert!(!run.stderr().contains("rolled back"), "{}", run.context());
+    // Bad timeouts are usage errors.
+    let run = f.conduit(&["ext", "install", "--wait=5d", path(&pkg)]);
+    run.expect_code(2);
+}
