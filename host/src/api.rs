@@ -1044,3 +1044,33 @@ async fn get_artifact(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>
     )
         .into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_take_their_range_and_refuse_a_value_past_it_naming_the_variable() {
+        assert_eq!(Limits::parse(None, None), Ok(Limits::default()));
+        assert_eq!(Limits::parse(Some(""), Some(" ")), Ok(Limits::default()));
+        let edges = Limits::parse(Some("100"), Some("1")).unwrap();
+        assert_eq!(
+            edges.header_read_timeout,
+            std::time::Duration::from_millis(100)
+        );
+        assert_eq!(edges.max_connections, 1);
+        let top = Limits::parse(Some("600000"), Some("65536")).unwrap();
+        assert_eq!(top.header_read_timeout, std::time::Duration::from_secs(600));
+        assert_eq!(top.max_connections, 65_536);
+        for (t, m, var) in [
+            (Some("99"), None, HEADER_TIMEOUT_ENV),
+            (Some("600001"), None, HEADER_TIMEOUT_ENV),
+            (Some("10s"), None, HEADER_TIMEOUT_ENV),
+            (None, Some("0"), MAX_CONNECTIONS_ENV),
+            (None, Some("65537"), MAX_CONNECTIONS_ENV),
+        ] {
+            let e = Limits::parse(t, m).unwrap_err();
+            assert!(e.starts_with(var), "{e}");
+        }
+    }
+}

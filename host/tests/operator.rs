@@ -784,3 +784,19 @@ fn the_wait_ends_at_its_timeout_with_the_state_it_found() {
     let run = f.conduit(&["ext", "install", "--wait=5d", path(&pkg)]);
     run.expect_code(2);
 }
+
+#[test]
+fn an_api_limit_out_of_range_refuses_the_start_with_exit_2() {
+    let f = Fixture::new();
+    let run = f
+        .command(&["daemon", "run"])
+        .env("CONDUIT_API_MAX_CONNECTIONS", "0")
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        err.contains("CONDUIT_API_MAX_CONNECTIONS must be a whole number from 1 to 65536, not `0`"),
+        "{err}"
+    );
+}
