@@ -9,7 +9,9 @@
 #                            own tests, the API docs, then the in-transaction latency budget gate
 #                            on its own
 #   make run                 the daemon with the example packages installed, on a state
-#                            directory inside the target folder (Ctrl-C stops it)
+#                            directory inside the target folder, its log in a file the demo
+#                            names; a few commands with their outcomes (Ctrl-C stops it cleanly)
+#   make man                 man pages for every command into target/man (`man -l target/man/conduit.1`)
 #   make bench-extension     the budget gate in release, both regimes, with its numbers
 #   make bench-roundtrip     the session's echo round trip beside this machine's pipe floor
 #   make protocol-prototype  the transport comparison: JSON-RPC on stdio against gRPC on a
@@ -31,7 +33,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: fuzz fuzz-short drill build test test-bench test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry
+.PHONY: man fuzz fuzz-short drill build test test-bench test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry
 
 build:
 	$(CARGO) build --workspace --bins
@@ -82,6 +84,11 @@ stage: build
 
 run: build
 	scripts/run-demo.sh $(TARGET_DIR)
+
+# Generated from the clap tree the binary parses (`conduit man`, a hidden command).
+man:
+	$(CARGO) build -p conduit-host --bin conduit
+	$(TARGET_DIR)/debug/conduit man --out $(TARGET_DIR)/man
 
 bench-extension:
 	$(CARGO) build --release -p conduit-example-notes -p conduit-bench

@@ -18,12 +18,21 @@
 //! POST /v1/waits                          {filter, subject, extension?, work_id?}
 //! POST /v1/emissions                      {emission, payload, extension?, work_id?}
 //! GET  /v1/timers/{id}, /v1/waits/{id}, /v1/emissions/{id}
+//! GET  /v1/timers?after=&limit=           timers, waits, emissions (without records): oldest
+//!      /v1/waits, /v1/emissions           first, in any state, the same paging as events
 //! GET  /v1/artifacts/{id}                 the content (id: `sha256:<hex>`)
 //! ```
 //!
 //! Access: the socket is 0600 inside a 0700 folder, and each connection's peer uid (read once
 //! per connection with SO_PEERCRED) must be the daemon's own; any other is answered 403.
-//! Errors are `{"error": {"code", "message"}}` with a fitting HTTP status.
+//! Errors are `{"error": {"code", "message"}}` with a fitting HTTP status, every one of them:
+//! the handlers' own, and the framework's rejections (an unknown method, a body too large, the
+//! wrong content type, a bad query string or path) rewritten by `envelope`.
+//!
+//! Limits ([`Limits`]): a connection that has not sent a whole request head within the
+//! header-read timeout is closed, and at most `max_connections` are open at once: past that, the
+//! oldest connection that has not sent a request yet is closed to make room for the new one (if
+//! every one is in a request, the new one waits for a slot).
 //!
 //! Only this module knows HTTP.
 
@@ -67,6 +76,69 @@ impl Connected<IncomingStream<'_, UnixListener>> for PeerCred {
 /// The largest body `POST /v1/events` accepts.
 pub const MAX_PUSH_BODY: usize = 1024 * 1024;
 
+/// The largest body of every other endpoint (axum's default, named here so the error can say it).
+pub const MAX_BODY: usize = 2 * 1024 * 1024;
+
+/// The variable that sets the header-read timeout, in milliseconds.
+pub const HEADER_TIMEOUT_ENV: &str = "CONDUIT_API_HEADER_TIMEOUT_MS";
+/// The variable that sets the connection cap.
+pub const MAX_CONNECTIONS_ENV: &str = "CONDUIT_API_MAX_CONNECTIONS";
+
+/// How long a connection may take to send a request's head, and how many are served at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub header_read_timeout: std::time::Duration,
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_read_timeout: std::time::Duration::from_secs(10),
+            max_connections: 256,
+        }
+    }
+}
+
+impl Limits {
+    /// The limits from [`HEADER_TIMEOUT_ENV`] (100 to 600,000 ms, default 10,000) and
+    /// [`MAX_CONNECTIONS_ENV`] (1 to 65,536, default 256); a value out of range or not a number
+    /// is an error naming the variable.
+    pub fn from_env() -> Result<Limits, String> {
+        Limits::parse(
+            std::env::var(HEADER_TIMEOUT_ENV).ok().as_deref(),
+            std::env::var(MAX_CONNECTIONS_ENV).ok().as_deref(),
+        )
+    }
+
+    /// [`Limits::from_env`] on given values (`None` or empty: the default).
+    pub fn parse(timeout_ms: Option<&str>, max: Option<&str>) -> Result<Limits, String> {
+        fn num(var: &str, v: Option<&str>, lo: u64, hi: u64) -> Result<Option<u64>, String> {
+            match v.map(str::trim).filter(|v| !v.is_empty()) {
+                None => Ok(None),
+                Some(v) => match v.parse::<u64>() {
+                    Ok(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+                    _ => Err(format!(
+                        "{var} must be a whole number from {lo} to {hi}, not `{v}`; unset it for the default"
+                    )),
+                },
+            }
+        }
+        let mut l = Limits::default();
+        if let Some(ms) = num(HEADER_TIMEOUT_ENV, timeout_ms, 100, 600_000)? {
+            l.header_read_timeout = std::time::Duration::from_millis(ms);
+        }
+        if let Some(n) = num(MAX_CONNECTIONS_ENV, max, 1, 65_536)? {
+            l.max_connections = n as usize;
+        }
+        Ok(l)
+    }
+}
+
+/// The longest a Unix socket's path may be, in bytes (Linux and macOS keep it in a fixed
+/// 108- or 104-byte field, with a terminating zero).
+const MAX_SOCKET_PATH: usize = if cfg!(target_os = "macos") { 103 } else { 107 };
+
 /// Bind the socket: remove a stale one, bind, and make it owner-only.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     if let Some(dir) = path.parent() {
@@ -84,6 +156,13 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
                 .with_context(|| format!("cannot remove the stale socket {}", path.display()));
         }
     }
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        anyhow::bail!(
+            "cannot listen on {}: a Unix socket's path may be at most {MAX_SOCKET_PATH} bytes long, and this one is {len}; use a state directory with a shorter path (--state-dir or CONDUIT_STATE_DIR)",
+            path.display()
+        );
+    }
     let listener =
         UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
@@ -91,7 +170,8 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// The router, without the transport (tests call it with `oneshot`).
+/// The router, without the transport and without the layers [`serve_with`] adds (the peer
+/// check, the error envelope for the framework's rejections).
 pub fn router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .route("/v1/health", get(health))
@@ -110,39 +190,262 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         )
         .route("/v1/work", get(list_work))
         .route("/v1/work/{id}", get(one_work))
-        .route("/v1/timers", post(create_timer))
+        .route("/v1/timers", post(create_timer).get(list_timers))
         .route("/v1/timers/{id}", get(one_timer))
-        .route("/v1/waits", post(create_wait))
+        .route("/v1/waits", post(create_wait).get(list_waits))
         .route("/v1/waits/{id}", get(one_wait))
-        .route("/v1/emissions", post(create_emission))
+        .route("/v1/emissions", post(create_emission).get(list_emissions))
         .route("/v1/emissions/{id}", get(one_emission))
         .route("/v1/artifacts/{id}", get(get_artifact))
-        .fallback(|| async {
+        .fallback(|req: Request| async move {
             ApiError::new(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "no such endpoint; see `conduit --help`",
+                format!(
+                    "no endpoint {} {}; docs/operations.md §7 lists them",
+                    req.method(),
+                    req.uri().path()
+                ),
             )
         })
         .with_state(daemon)
 }
 
-/// Serve until `shutdown` is cancelled.
+/// Rewrites an error answer that is not already the JSON envelope (the framework's rejections:
+/// 405 with an empty body, 413, 415, 422 and bad query strings or paths as plain text) into
+/// `{"error": {"code", "message"}}`, keeping its status and headers (`allow` on a 405). Applied
+/// to what the whole router answered, so it sees what the method router adds.
+async fn envelope(method: axum::http::Method, path: String, res: Response) -> Response {
+    let status = res.status();
+    let is_json = res
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return res;
+    }
+    let (mut parts, body) = res.into_parts();
+    // Rejection texts are a line or two; more is cut.
+    let text = match axum::body::to_bytes(body, 64 * 1024).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_owned(),
+        Err(_) => String::new(),
+    };
+    let allow = parts
+        .headers
+        .get(axum::http::header::ALLOW)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let (code, message) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "method_not_allowed",
+            match allow {
+                Some(a) => format!("{path} does not take {method}; it takes {a}"),
+                None => format!("{path} does not take {method}"),
+            },
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "too_large",
+            format!(
+                "the body is over the limit ({MAX_PUSH_BODY} bytes for /v1/events, {MAX_BODY} for the others)"
+            ),
+        ),
+        StatusCode::NOT_FOUND => ("not_found", or(text, "not found")),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
+            "invalid",
+            or(
+                text,
+                "send the body as JSON with `content-type: application/json`",
+            ),
+        ),
+        s if s.is_server_error() => ("internal", or(text, "the daemon failed")),
+        _ => ("invalid", or(text, "the request is not valid")),
+    };
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    parts.headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    let body = json!({ "error": { "code": code, "message": message } }).to_string();
+    Response::from_parts(parts, axum::body::Body::from(body))
+}
+
+fn or(text: String, default: &str) -> String {
+    if text.is_empty() {
+        default.to_owned()
+    } else {
+        text
+    }
+}
+
+/// Serve until `shutdown` is cancelled, with the default [`Limits`].
 pub async fn serve(
     listener: UnixListener,
     daemon: Arc<Daemon>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    serve_with(listener, daemon, shutdown, Limits::default()).await
+}
+
+/// Serve until `shutdown` is cancelled: one task per connection, at most
+/// `limits.max_connections` at once (the oldest that sent no request makes room for a new one),
+/// each closed if a request head takes longer than `limits.header_read_timeout`. Once `shutdown` is cancelled, open connections finish the
+/// request they are in; every connection task is owned here and ends with this future.
+pub async fn serve_with(
+    listener: UnixListener,
+    daemon: Arc<Daemon>,
+    shutdown: CancellationToken,
+    limits: Limits,
+) -> std::io::Result<()> {
     let own_uid = nix::unistd::geteuid().as_raw();
     let app = router(daemon).layer(axum::middleware::from_fn(
         move |req: Request, next: Next| check_peer(own_uid, req, next),
     ));
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<PeerCred>(),
-    )
-    .with_graceful_shutdown(shutdown.cancelled_owned())
-    .await
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    // Connections that have not sent a request yet, oldest first: the ones closed to make room.
+    let waiting: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, CancellationToken>>> =
+        Arc::default();
+    let mut conns = tokio::task::JoinSet::new();
+    let mut next_id = 0u64;
+    let mut at_cap_logged = false;
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of descriptors, most often: wait a little rather than spin.
+                    tracing::warn!(error = %e, "cannot accept a management connection");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        while conns.try_join_next().is_some() {}
+        // At the cap, the oldest connection that has not sent a request makes room, so a flood
+        // of stalled connections cannot keep a working client out; if every one is in a
+        // request, the new one waits for a slot.
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => {
+                at_cap_logged = false;
+                p
+            }
+            Err(_) => {
+                let evicted = {
+                    let mut w = waiting.lock().unwrap_or_else(|p| p.into_inner());
+                    w.pop_first().map(|(_, cancel)| cancel.cancel()).is_some()
+                };
+                if !at_cap_logged {
+                    tracing::warn!(
+                        max = limits.max_connections,
+                        evicted,
+                        "the management API is at its connection cap; the oldest connection that sent no request is closed to make room"
+                    );
+                    at_cap_logged = true;
+                }
+                tokio::select! {
+                    p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        };
+        let cred = stream.peer_cred().ok();
+        let peer = PeerCred {
+            uid: cred.map(|c| c.uid()),
+            pid: cred.and_then(|c| c.pid()),
+        };
+        let id = next_id;
+        next_id += 1;
+        let evict = CancellationToken::new();
+        waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, evict.clone());
+        let svc = WithPeer {
+            app: app.clone(),
+            peer,
+            first_request: Arc::new(FirstRequest {
+                id,
+                waiting: waiting.clone(),
+            }),
+        };
+        let stop = shutdown.clone();
+        let waiting = waiting.clone();
+        conns.spawn(async move {
+            let _permit = permit;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "a management connection ended with an error");
+                    }
+                }
+                () = evict.cancelled() => {}
+                () = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            waiting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+        });
+    }
+    // The daemon bounds this wait (and aborts this future, which aborts the connections).
+    while conns.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// The router for one connection, with the peer's credentials in every request.
+#[derive(Clone)]
+struct WithPeer {
+    app: Router,
+    peer: PeerCred,
+    first_request: Arc<FirstRequest>,
+}
+
+/// Takes a connection off the list of those that may be closed to make room, at its first
+/// request (its head was read: it is a working client).
+struct FirstRequest {
+    id: u64,
+    waiting: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, CancellationToken>>>,
+}
+
+impl FirstRequest {
+    fn seen(&self) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for WithPeer {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response, std::convert::Infallible>> + Send>,
+    >;
+
+    fn call(&self, mut req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        self.first_request.seen();
+        req.extensions_mut().insert(ConnectInfo(self.peer));
+        let mut app = self.app.clone();
+        let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+        // A router is always ready (`poll_ready` answers at once), so `call` may come first.
+        Box::pin(async move {
+            let res = tower_service::Service::call(&mut app, req.map(axum::body::Body::new)).await;
+            match res {
+                Ok(res) => Ok(envelope(method, path, res).await),
+                Err(never) => match never {},
+            }
+        })
+    }
 }
 
 async fn check_peer(own_uid: u32, req: Request, next: Next) -> Response {
@@ -514,6 +817,39 @@ async fn list_work(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> 
     Ok(Json(json!({ "work": work, "next_after": next })).into_response())
 }
 
+async fn list_timers(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+    let limit = q.limit()?;
+    let rows = d
+        .core()
+        .read(move |r| r.list_timers(q.after, limit))
+        .await
+        .map_err(store_err)?;
+    let next = rows.last().map(|t| t.id);
+    Ok(Json(json!({ "timers": rows, "next_after": next })).into_response())
+}
+
+async fn list_waits(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+    let limit = q.limit()?;
+    let rows = d
+        .core()
+        .read(move |r| r.list_waits(q.after, limit))
+        .await
+        .map_err(store_err)?;
+    let next = rows.last().map(|w| w.id);
+    Ok(Json(json!({ "waits": rows, "next_after": next })).into_response())
+}
+
+async fn list_emissions(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+    let limit = q.limit()?;
+    let rows = d
+        .core()
+        .read(move |r| r.list_emissions(q.after, limit))
+        .await
+        .map_err(store_err)?;
+    let next = rows.last().map(|e| e.id);
+    Ok(Json(json!({ "emissions": rows, "next_after": next })).into_response())
+}
+
 async fn one_work(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
     let w = d
         .core()
@@ -715,4 +1051,34 @@ async fn get_artifact(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>
         body,
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_take_their_range_and_refuse_a_value_past_it_naming_the_variable() {
+        assert_eq!(Limits::parse(None, None), Ok(Limits::default()));
+        assert_eq!(Limits::parse(Some(""), Some(" ")), Ok(Limits::default()));
+        let edges = Limits::parse(Some("100"), Some("1")).unwrap();
+        assert_eq!(
+            edges.header_read_timeout,
+            std::time::Duration::from_millis(100)
+        );
+        assert_eq!(edges.max_connections, 1);
+        let top = Limits::parse(Some("600000"), Some("65536")).unwrap();
+        assert_eq!(top.header_read_timeout, std::time::Duration::from_secs(600));
+        assert_eq!(top.max_connections, 65_536);
+        for (t, m, var) in [
+            (Some("99"), None, HEADER_TIMEOUT_ENV),
+            (Some("600001"), None, HEADER_TIMEOUT_ENV),
+            (Some("10s"), None, HEADER_TIMEOUT_ENV),
+            (None, Some("0"), MAX_CONNECTIONS_ENV),
+            (None, Some("65537"), MAX_CONNECTIONS_ENV),
+        ] {
+            let e = Limits::parse(t, m).unwrap_err();
+            assert!(e.starts_with(var), "{e}");
+        }
+    }
 }

@@ -337,6 +337,7 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
             .as_deref(),
     )
     .map_err(SettingError)?;
+    let api_limits = crate::api::Limits::from_env().map_err(SettingError)?;
     let lock = state.lock_exclusive()?;
     // Orphans of an extension's processes come to the daemon, not to init (see
     // `conduit_supervisor::tree`).
@@ -419,10 +420,11 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
             }
         })
     };
-    let api = tokio::spawn(crate::api::serve(
+    let api = tokio::spawn(crate::api::serve_with(
         listener,
         daemon.clone(),
         shutdown.clone(),
+        api_limits,
     ));
     let first = match daemon.reload().await {
         Ok(r) => r,

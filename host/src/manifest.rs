@@ -30,6 +30,22 @@ use conduit_protocol::handshake::WorkKind;
 /// The manifest's file name inside a package folder.
 pub const MANIFEST_FILE: &str = "conduit-extension.toml";
 
+/// The largest manifest accepted, in bytes (64 KiB): a manifest is a few hundred bytes of
+/// TOML, and a bigger one is a mistake (or an attempt to make the installer and the checker
+/// parse megabytes).
+pub const MAX_MANIFEST_BYTES: usize = 64 * 1024;
+
+/// Reads at most one byte more than [`MAX_MANIFEST_BYTES`] of a manifest file, so that a huge
+/// one is refused by [`Manifest::parse`] without being read whole.
+pub fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_MANIFEST_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// The longest package name (it becomes a folder name, a log file name and a label).
 pub const MAX_NAME_LEN: usize = 63;
 
@@ -95,6 +111,12 @@ pub enum ManifestError {
         source: std::io::Error,
         hint: &'static str,
     },
+    /// Larger than [`MAX_MANIFEST_BYTES`].
+    #[error(
+        "{} is larger than {} ({MAX_MANIFEST_BYTES} bytes), the limit for a manifest; a manifest holds only the package's name, version, command and capabilities, so keep other data in files of the package",
+        path.display(), human_kib(MAX_MANIFEST_BYTES)
+    )]
+    TooLarge { path: PathBuf },
     /// Not valid TOML (or not UTF-8).
     #[error("{} is not valid TOML: {message}", path.display())]
     Syntax { path: PathBuf, message: String },
@@ -135,6 +157,10 @@ pub enum ManifestError {
     },
 }
 
+fn human_kib(n: usize) -> String {
+    format!("{} KiB", n / 1024)
+}
+
 fn in_table(table: &str) -> String {
     if table.is_empty() {
         String::new()
@@ -152,7 +178,9 @@ impl ManifestError {
             ManifestError::Missing { field, .. } => Some((*field).to_owned()),
             ManifestError::Invalid { field, .. } => Some(field.clone()),
             ManifestError::Command { .. } => Some("command".to_owned()),
-            ManifestError::Read { .. } | ManifestError::Syntax { .. } => None,
+            ManifestError::Read { .. }
+            | ManifestError::Syntax { .. }
+            | ManifestError::TooLarge { .. } => None,
         }
     }
 }
@@ -161,7 +189,7 @@ impl Manifest {
     /// Read and validate `dir/conduit-extension.toml`.
     pub fn load(dir: &Path) -> Result<Manifest, ManifestError> {
         let path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|source| {
+        let read_err = |source: std::io::Error| {
             let hint = match source.kind() {
                 std::io::ErrorKind::NotFound => {
                     "a package is a folder that holds a conduit-extension.toml; check the path"
@@ -174,12 +202,23 @@ impl Manifest {
                 source,
                 hint,
             }
-        })?;
+        };
+        let bytes = read_capped(&path).map_err(read_err)?;
+        if bytes.len() > MAX_MANIFEST_BYTES {
+            return Err(ManifestError::TooLarge { path });
+        }
+        let text = String::from_utf8(bytes)
+            .map_err(|e| read_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
         Manifest::parse(&text, &path)
     }
 
     /// Validate manifest text; `path` is only used in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Manifest, ManifestError> {
+        if text.len() > MAX_MANIFEST_BYTES {
+            return Err(ManifestError::TooLarge {
+                path: path.to_owned(),
+            });
+        }
         let table: toml::Table =
             text.parse()
                 .map_err(|e: toml::de::Error| ManifestError::Syntax {

@@ -389,7 +389,7 @@ fn ensure_private_dir(dir: &Path, follow: bool) -> Result<Option<u32>, StateDirE
     }
     tracing::warn!(
         path = %dir.display(),
-        "state directory had mode {mode:04o}; set it to 0700 so that only its owner can read or replace what conduit runs"
+        "a state directory folder had mode {mode:04o}, open to other users; set it to 0700 so that only its owner can read or replace what conduit runs"
     );
     Ok(Some(mode))
 }

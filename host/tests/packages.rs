@@ -410,9 +410,23 @@ fn reinstall_keeps_the_enabled_flag_and_replaces_the_files() {
     fs::write(src.join("data.txt"), "edited\n").unwrap();
     fs::write(src.join("new.txt"), "new\n").unwrap();
 
-    let out = f.install(&src).unwrap();
+    // Other content under the same version is refused without `force`, naming what changed.
+    let err = f.refused(&src, &InstallOptions::default());
+    assert!(
+        matches!(&err, InstallError::Changed { changes, .. } if changes == &["2 files differ: data.txt changed, new.txt added"]),
+        "{err:?}"
+    );
+    let forced = InstallOptions {
+        force: true,
+        ..InstallOptions::default()
+    };
+    let out = packages::install(&f.state, &src, &forced).unwrap();
     assert_eq!(out.change, InstallChange::Reinstalled);
-    assert_eq!(out.to_string(), "reinstalled notes 0.1.0");
+    assert_eq!(
+        out.to_string(),
+        "reinstalled notes 0.1.0 (2 files differ: data.txt changed, new.txt added)"
+    );
+    assert_eq!(out.previous.as_deref(), Some("0.1.0"));
     assert!(
         !out.record.enabled,
         "a reinstall must keep the package disabled"
@@ -1153,4 +1167,52 @@ fn concurrent_installs_of_one_package_serialise() {
     packages::verify(&f.state, "notes").unwrap();
     assert!(["0.1.0", "0.2.0", "0.3.0", "0.4.0"].contains(&rec.version.as_str()));
     assert_eq!(fs::read_dir(f.state.tmp_dir()).unwrap().count(), 0);
+}
+
+#[test]
+fn an_upgrade_keeps_the_previous_version_for_a_rollback_and_remove_drops_it() {
+    let f = fixture();
+    f.install(&f.folder("v1", "notes", "0.1.0")).unwrap();
+    assert!(packages::previous(&f.state, "notes").unwrap().is_none());
+    let out = f.install(&f.folder("v2", "notes", "0.2.0")).unwrap();
+    assert_eq!(out.previous.as_deref(), Some("0.1.0"));
+    let kept = f.state.packages_dir().join("notes.previous");
+    assert!(kept.join("conduit-extension.toml").is_file());
+    assert_eq!(
+        packages::previous(&f.state, "notes")
+            .unwrap()
+            .unwrap()
+            .version,
+        "0.1.0"
+    );
+
+    // A rollback swaps the two, and both verify.
+    let back = packages::rollback(&f.state, "notes").unwrap();
+    assert_eq!(
+        (back.to.version.as_str(), back.from.version.as_str()),
+        ("0.1.0", "0.2.0")
+    );
+    assert_eq!(packages::get(&f.state, "notes").unwrap().version, "0.1.0");
+    packages::verify(&f.state, "notes").unwrap();
+    let again = packages::rollback(&f.state, "notes").unwrap();
+    assert_eq!(again.to.version, "0.2.0");
+    packages::verify(&f.state, "notes").unwrap();
+
+    // A third install keeps only the version it replaced.
+    f.install(&f.folder("v3", "notes", "0.3.0")).unwrap();
+    assert_eq!(
+        packages::previous(&f.state, "notes")
+            .unwrap()
+            .unwrap()
+            .version,
+        "0.2.0"
+    );
+
+    packages::remove(&f.state, "notes").unwrap();
+    assert!(!kept.exists(), "remove deletes the kept version too");
+    let err = packages::rollback(&f.state, "notes").unwrap_err();
+    assert!(matches!(err, PackageError::NotInstalled { .. }), "{err:?}");
+    f.install(&f.folder("v1", "notes", "0.1.0")).unwrap();
+    let err = packages::rollback(&f.state, "notes").unwrap_err();
+    assert!(matches!(err, PackageError::NoPrevious { .. }), "{err:?}");
 }

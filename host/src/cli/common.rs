@@ -43,17 +43,51 @@ impl StateArgs {
     pub(crate) fn open(&self) -> Result<StateDir, CliError> {
         let resolved =
             state_dir::resolve_from_env(self.state_dir.as_deref()).map_err(CliError::usage)?;
+        // Which folders are open to others before the open tightens them, so the note names
+        // the one that was (the root, or a layout folder such as `logs/`).
+        let loose = loose_folders(&resolved.path);
         let state = StateDir::open(&resolved.path)
             .with_context(|| format!("state directory from {}", resolved.source))
             .map_err(CliError::usage)?;
-        if let Some(mode) = state.tightened_from() {
-            eprintln!(
-                "note: {} was mode {mode:o}; made it owner-only (0700)",
-                state.path().display()
-            );
+        if state.tightened_from().is_some() {
+            for (path, mode) in &loose {
+                eprintln!(
+                    "note: {} was mode {mode:o}, open to other users; made it owner-only (0700)",
+                    path.display()
+                );
+            }
         }
         Ok(state)
     }
+}
+
+/// The state directory and those of its layout folders that exist and give other users any
+/// access, with their modes.
+fn loose_folders(root: &std::path::Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let layout = ["packages", "logs", "run", "artifacts", "tmp"];
+    for p in std::iter::once(root.to_owned()).chain(layout.iter().map(|s| root.join(s))) {
+        if let Ok(m) = std::fs::metadata(&p)
+            && m.is_dir()
+            && m.permissions().mode() & 0o077 != 0
+        {
+            out.push((p, m.permissions().mode() & 0o7777));
+        }
+    }
+    out
+}
+
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `-q`: leave out notes on stderr.
+pub(crate) fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether `-q` was given.
+pub(crate) fn quiet() -> bool {
+    QUIET.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A small runtime for one command.
@@ -93,9 +127,11 @@ pub(crate) fn reload(
         .context("the package registry changed, but the running daemon could not apply it; run `conduit ext list` to see its state")
         .map_err(CliError::failure)?;
     if !quiet {
+        // `started` means a start was begun, not that it succeeded: the wait (`--wait`) or
+        // `conduit ext status` says how it went.
         for (key, verb) in [
-            ("started", "started"),
-            ("restarted", "restarted"),
+            ("started", "is starting"),
+            ("restarted", "is restarting"),
             ("stopped", "stopped"),
         ] {
             for name in report[key]

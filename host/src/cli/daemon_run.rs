@@ -14,7 +14,7 @@ use super::CliError;
 use super::common::StateArgs;
 
 /// Run the daemon in the foreground: supervise every enabled package and serve the management
-/// API on <state>/run/conduit.sock. SIGTERM or SIGINT stops the extensions gracefully.
+/// API on `<state>/run/conduit.sock`. SIGTERM or SIGINT stops the extensions gracefully.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Logs go to stderr (CONDUIT_LOG sets the filter, default `info`; --log-format or

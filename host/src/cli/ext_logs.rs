@@ -1,8 +1,10 @@
-//! `conduit ext logs NAME [--lines N] [--follow]`: an extension's stderr log.
+//! `conduit ext logs NAME [--lines N] [--follow | --previous]`: an extension's stderr log.
 //!
 //! The log lives in the state directory (`logs/NAME.log`, rotated once at 1 MiB into
-//! `NAME.log.1`), so this reads it directly whether or not a daemon runs. `--follow` polls the
-//! file and notices a rotation (the file getting shorter) by starting again from its top.
+//! `NAME.log.1`), so this reads it directly whether or not a daemon runs. Each run starts with a
+//! marker line (`=== conduit: run started <time> pid <pid> version <version> ===`);
+//! `--previous` shows the run before the last one. `--follow` polls the file and notices a
+//! rotation (the file getting shorter) by starting again from its top.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::process::ExitCode;
@@ -16,6 +18,13 @@ use super::{CliError, print};
 
 /// Show an extension's stderr log.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Each run of the extension starts its part of the log with a line like
+  === conduit: run started 2026-12-01T23:59:00.123Z pid 4242 version 0.1.0 ===
+The logs of a removed package are kept (`conduit ext remove --purge` deletes them); this
+command needs the package installed, the files are logs/NAME.log and logs/NAME.log.1.
+
+Exit codes: 0 printed; 1 cannot read the log; 2 no such package")]
 pub(crate) struct Args {
     /// The package's name.
     name: String,
@@ -23,9 +32,13 @@ pub(crate) struct Args {
     #[arg(long, short = 'n', default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     lines: u64,
     /// Keep printing new lines as they are written (Ctrl-C stops).
-    #[arg(long, short = 'f', conflicts_with = "json")]
+    #[arg(long, short = 'f', conflicts_with_all = ["json", "previous"])]
     follow: bool,
-    /// Print {"name", "log", "lines": [...]} instead of the lines.
+    /// Show the run before the current (or last) one: a crashed run's last words after the
+    /// restart that followed.
+    #[arg(long, short = 'p')]
+    previous: bool,
+    /// Print {"name", "log", "previous", "lines": [...]} instead of the lines.
     #[arg(long)]
     json: bool,
 }
@@ -34,14 +47,25 @@ pub(crate) fn run(args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
     let state = state.open_existing()?;
     packages::get(&state, &args.name).map_err(CliError::usage)?;
     let log = LogFile::new(state.logs_dir().join(format!("{}.log", args.name)));
-    let lines = log.last_lines(args.lines as usize).map_err(|e| {
+    let read = if args.previous {
+        log.previous_run(args.lines as usize)
+    } else {
+        log.last_lines(args.lines as usize)
+    };
+    let lines = read.map_err(|e| {
         CliError::failure(anyhow::anyhow!("cannot read {}: {e}", log.path().display()))
     })?;
     if args.json {
         super::common::print_json(
-            &serde_json::json!({ "name": args.name, "log": log.path(), "lines": lines }),
+            &serde_json::json!({ "name": args.name, "log": log.path(), "previous": args.previous, "lines": lines }),
         )?;
         return Ok(ExitCode::SUCCESS);
+    }
+    if args.previous && lines.is_empty() {
+        note!(
+            "(the log of `{}` holds no run before the last one)",
+            args.name
+        );
     }
     let mut text = lines.join("\n");
     if !text.is_empty() {

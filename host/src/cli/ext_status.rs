@@ -40,12 +40,20 @@ pub(crate) struct StatusArgs {
 
 /// Restart a running extension now (the daemon must be running).
 #[derive(Debug, clap::Args)]
-#[command(
-    after_help = "Exit codes: 0 restarting; 2 no such package or it is disabled; 3 no daemon is running"
-)]
+#[command(after_help = "\
+Without --wait the command returns once the restart is asked for; with it, once the new run is
+ready (or exits 1 with its state, last error and stderr tail).
+
+Exit codes: 0 restarting (ready, with --wait); 1 it did not become ready; 2 no such package or it
+is disabled; 3 no daemon is running")]
 pub(crate) struct RestartArgs {
     /// The package's name.
     name: String,
+    #[command(flatten)]
+    wait: super::ext_wait::WaitArgs,
+    /// Print the result as JSON: {"name", "restarting": true, "ready"?, "state"?, …}.
+    #[arg(long)]
+    json: bool,
 }
 
 fn views(state_args: &StateArgs) -> Result<(bool, Vec<ExtensionView>), CliError> {
@@ -126,7 +134,7 @@ pub(crate) fn list(args: ListArgs, state: &StateArgs) -> Result<ExitCode, CliErr
         print(&table(&list))?;
     }
     if !running {
-        eprintln!("(no daemon is running; `conduit daemon run` starts it)");
+        note!("(no daemon is running; `conduit daemon run` starts it)");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -158,7 +166,7 @@ pub(crate) fn status(args: StatusArgs, state: &StateArgs) -> Result<ExitCode, Cl
         }
         print(&out)?;
         if !running {
-            eprintln!("(no daemon is running; `conduit daemon run` starts it)");
+            note!("(no daemon is running; `conduit daemon run` starts it)");
         }
     }
     Ok(if shown.iter().all(|v| healthy(v)) {
@@ -325,10 +333,34 @@ fn us(v: u64) -> String {
     }
 }
 
-pub(crate) fn restart(args: RestartArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
+pub(crate) fn restart(
+    args: RestartArgs,
+    state: &StateArgs,
+    quiet: bool,
+) -> Result<ExitCode, CliError> {
+    use super::ext_wait::Since;
+    if args.wait.no_wait {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "`ext restart` does not wait unless --wait is given; leave out --no-wait"
+        )));
+    }
     let state = state.open_existing()?;
     let rt = runtime()?;
     let client = need_daemon(&rt, &state)?;
+    let before = rt
+        .block_on(client.request(
+            hyper::Method::GET,
+            &format!("/v1/extensions/{}", args.name),
+            None,
+        ))
+        .map_err(CliError::failure)?;
+    if !before.0.is_success() {
+        return Err(api_error(before.0, &before.1));
+    }
+    let since = Since::Restarted {
+        at_ms: now_ms(),
+        old_pid: before.1["pid"].as_u64().map(|p| p as u32),
+    };
     let (code, body) = rt
         .block_on(client.request(
             hyper::Method::POST,
@@ -339,8 +371,20 @@ pub(crate) fn restart(args: RestartArgs, state: &StateArgs) -> Result<ExitCode, 
     if !code.is_success() {
         return Err(api_error(code, &body));
     }
-    print(&format!("restarting {}\n", args.name))?;
-    Ok(ExitCode::SUCCESS)
+    let mut out = serde_json::json!({ "name": args.name, "restarting": true });
+    if !args.json {
+        print(&format!("restarting {}\n", args.name))?;
+    }
+    super::ext_manage::finish_wait(
+        &rt,
+        &state,
+        &args.name,
+        since,
+        args.wait.wait,
+        args.json,
+        quiet,
+        &mut out,
+    )
 }
 
 /// Call a method of a running extension and print its answer (for diagnostics).
@@ -361,6 +405,10 @@ pub(crate) struct CallArgs {
     /// How long to wait for the answer, in milliseconds.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     timeout_ms: u64,
+    /// Print the whole answer, {"result", "took_us"} or {"error", "took_us"}, instead of the
+    /// result alone.
+    #[arg(long)]
+    json: bool,
 }
 
 pub(crate) fn call(args: CallArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
@@ -383,6 +431,14 @@ pub(crate) fn call(args: CallArgs, state: &StateArgs) -> Result<ExitCode, CliErr
         .map_err(CliError::failure)?;
     if !code.is_success() {
         return Err(api_error(code, &v));
+    }
+    if args.json {
+        print_json(&v)?;
+        return Ok(if v.get("error").is_some() {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        });
     }
     if v.get("error").is_some() {
         print_json(&serde_json::json!({ "error": v["error"] }))?;

@@ -9,13 +9,25 @@
 //! bad arguments; also an unknown package), 3 the command needs a running daemon and none
 //! runs. A closed stdout (`conduit … | head`) is not an error.
 
+/// A note on stderr for people (`(no daemon is running …)`), left out under `-q`.
+macro_rules! note {
+    ($($t:tt)*) => {
+        if !$crate::cli::common::quiet() {
+            eprintln!($($t)*);
+        }
+    };
+}
+
 mod common;
 mod core_cmds;
+mod core_lists;
 mod daemon_run;
+mod docs_gen;
 mod ext_check;
 mod ext_logs;
 mod ext_manage;
 mod ext_status;
+mod ext_wait;
 mod metrics;
 mod service;
 
@@ -38,7 +50,10 @@ Quick start:
   conduit ext check ./my-package        check a package against the protocol's rules
 
 Exit codes: 0 success; 1 the command found a failure; 2 usage error or unusable input;
-3 the command needs a running daemon and none runs. `conduit <command> --help` has more."
+3 the command needs a running daemon and none runs. `conduit <command> --help` has more.
+
+Shell completions: `conduit completions bash|zsh|fish|elvish|powershell` (see its --help).
+NO_COLOR (set and not empty) turns colours off everywhere."
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
@@ -49,6 +64,14 @@ pub(crate) struct Cli {
     /// CONDUIT_LOG_FORMAT variable, else `text`.
     #[arg(long, global = true, value_enum, value_name = "FORMAT")]
     log_format: Option<conduit_host::telemetry::LogFormat>,
+    /// More log lines on stderr: -v one level more than the command's default (`warn`, or
+    /// `info` for the daemon), -vv two, -vvv everything. CONDUIT_LOG, when set, wins.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    verbose: u8,
+    /// Only errors on stderr: no log lines below `error`, and no notes such as
+    /// "(no daemon is running …)". Data on stdout is unchanged.
+    #[arg(short, long, global = true)]
+    quiet: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -65,13 +88,13 @@ enum Command {
     /// List Work.
     #[command(subcommand)]
     Work(WorkCommand),
-    /// Create timers (served by an extension's recurrence).
+    /// Create and list timers (served by an extension's recurrence).
     #[command(subcommand)]
     Timers(TimersCommand),
-    /// Create waits (served by an extension's dependency filter).
+    /// Create and list waits (served by an extension's dependency filter).
     #[command(subcommand)]
     Waits(WaitsCommand),
-    /// Plan emissions (committed with an extension's emit.commit).
+    /// Plan and list emissions (committed with an extension's emit.commit).
     #[command(subcommand)]
     Emissions(EmissionsCommand),
     /// Read stored artifacts.
@@ -82,6 +105,11 @@ enum Command {
     Service(ServiceCommand),
     /// Print the running daemon's metrics (Prometheus text format).
     Metrics(metrics::Args),
+    /// Print a shell completion script.
+    Completions(docs_gen::CompletionsArgs),
+    /// Write man pages (one per command) into a folder (`make man` runs this).
+    #[command(hide = true)]
+    Man(docs_gen::ManArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -105,16 +133,28 @@ enum WorkCommand {
 #[derive(Debug, Subcommand)]
 enum TimersCommand {
     Add(core_cmds::TimerArgs),
+    /// List timers, oldest first: when each fires next and last fired.
+    List(core_lists::ListArgs),
+    /// Show one timer.
+    Show(core_lists::ShowArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum WaitsCommand {
     Add(core_cmds::WaitArgs),
+    /// List waits, oldest first: active, or satisfied and by which event.
+    List(core_lists::ListArgs),
+    /// Show one wait.
+    Show(core_lists::ShowArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum EmissionsCommand {
     Add(core_cmds::EmissionArgs),
+    /// List emissions, oldest first: planned, committed or failed (with the error).
+    List(core_lists::ListArgs),
+    /// Show one emission with the records its commit wrote.
+    Show(core_lists::ShowArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -126,11 +166,12 @@ enum ArtifactsCommand {
 enum ExtCommand {
     Check(ext_check::Args),
     Install(ext_manage::InstallArgs),
-    Remove(ext_manage::NameArgs),
+    Remove(ext_manage::RemoveArgs),
     /// Enable an installed package (a running daemon starts it).
-    Enable(ext_manage::NameArgs),
+    Enable(ext_manage::EnableArgs),
     /// Disable an installed package (a running daemon stops it).
     Disable(ext_manage::NameArgs),
+    Rollback(ext_manage::RollbackArgs),
     List(ext_status::ListArgs),
     Status(ext_status::StatusArgs),
     Restart(ext_status::RestartArgs),
@@ -145,12 +186,18 @@ enum DaemonCommand {
 
 impl Cli {
     /// The log filter a command uses when `CONDUIT_LOG` is unset: the daemon tells what it
-    /// does; one-shot commands speak only of problems.
+    /// does; one-shot commands speak only of problems. `-q` lowers it to `error`, each `-v`
+    /// raises it one level.
     pub(crate) fn default_log_filter(&self) -> &'static str {
-        match self.command {
-            Command::Daemon(_) => "info",
-            _ => "warn",
+        const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+        if self.quiet {
+            return "error";
         }
+        let base = match self.command {
+            Command::Daemon(_) => 2,
+            _ => 1,
+        };
+        LEVELS[(base + usize::from(self.verbose)).min(LEVELS.len() - 1)]
     }
 
     /// The log format: the flag, else CONDUIT_LOG_FORMAT, else text.
@@ -200,15 +247,19 @@ impl CliError {
 /// Run the parsed command line.
 pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let state = cli.state;
+    let quiet = cli.quiet;
+    common::set_quiet(quiet);
+    use core_lists::Kind;
     match cli.command {
         Command::Ext(ExtCommand::Check(args)) => ext_check::run(args),
-        Command::Ext(ExtCommand::Install(args)) => ext_manage::install(args, &state),
+        Command::Ext(ExtCommand::Install(args)) => ext_manage::install(args, &state, quiet),
         Command::Ext(ExtCommand::Remove(args)) => ext_manage::remove(args, &state),
-        Command::Ext(ExtCommand::Enable(args)) => ext_manage::set_enabled(args, true, &state),
-        Command::Ext(ExtCommand::Disable(args)) => ext_manage::set_enabled(args, false, &state),
+        Command::Ext(ExtCommand::Enable(args)) => ext_manage::enable(args, &state, quiet),
+        Command::Ext(ExtCommand::Disable(args)) => ext_manage::disable(args, &state),
+        Command::Ext(ExtCommand::Rollback(args)) => ext_manage::rollback(args, &state, quiet),
         Command::Ext(ExtCommand::List(args)) => ext_status::list(args, &state),
         Command::Ext(ExtCommand::Status(args)) => ext_status::status(args, &state),
-        Command::Ext(ExtCommand::Restart(args)) => ext_status::restart(args, &state),
+        Command::Ext(ExtCommand::Restart(args)) => ext_status::restart(args, &state, quiet),
         Command::Ext(ExtCommand::Logs(args)) => ext_logs::run(args, &state),
         Command::Ext(ExtCommand::Call(args)) => ext_status::call(args, &state),
         Command::Daemon(DaemonCommand::Run(args)) => daemon_run::run(args, &state),
@@ -216,13 +267,25 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Events(EventsCommand::List(args)) => core_cmds::list_events(args, &state),
         Command::Work(WorkCommand::List(args)) => core_cmds::list_work(args, &state),
         Command::Timers(TimersCommand::Add(args)) => core_cmds::add_timer(args, &state),
+        Command::Timers(TimersCommand::List(args)) => core_lists::list(Kind::Timers, args, &state),
+        Command::Timers(TimersCommand::Show(args)) => core_lists::show(Kind::Timers, args, &state),
         Command::Waits(WaitsCommand::Add(args)) => core_cmds::add_wait(args, &state),
+        Command::Waits(WaitsCommand::List(args)) => core_lists::list(Kind::Waits, args, &state),
+        Command::Waits(WaitsCommand::Show(args)) => core_lists::show(Kind::Waits, args, &state),
         Command::Emissions(EmissionsCommand::Add(args)) => core_cmds::add_emission(args, &state),
+        Command::Emissions(EmissionsCommand::List(args)) => {
+            core_lists::list(Kind::Emissions, args, &state)
+        }
+        Command::Emissions(EmissionsCommand::Show(args)) => {
+            core_lists::show(Kind::Emissions, args, &state)
+        }
         Command::Artifacts(ArtifactsCommand::Get(args)) => core_cmds::get_artifact(args, &state),
         Command::Service(ServiceCommand::Install(args)) => service::install(args, &state),
         Command::Service(ServiceCommand::Uninstall(args)) => service::uninstall(args, &state),
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
         Command::Metrics(args) => metrics::run(args, &state),
+        Command::Completions(args) => docs_gen::completions(args),
+        Command::Man(args) => docs_gen::man(args),
     }
 }
 
@@ -235,5 +298,35 @@ pub(crate) fn print(text: &str) -> Result<(), CliError> {
             anyhow::Error::new(e).context("cannot write to stdout"),
         )),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(args: &[&str]) -> &'static str {
+        let mut all = vec!["conduit"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).unwrap().default_log_filter()
+    }
+
+    #[test]
+    fn quiet_and_verbose_move_the_default_log_filter() {
+        assert_eq!(filter(&["ext", "list"]), "warn");
+        assert_eq!(filter(&["ext", "list", "-v"]), "info");
+        assert_eq!(filter(&["-vv", "ext", "list"]), "debug");
+        assert_eq!(filter(&["ext", "list", "-vvvvv"]), "trace");
+        assert_eq!(filter(&["ext", "list", "-q"]), "error");
+        assert_eq!(filter(&["daemon", "run"]), "info");
+        assert_eq!(filter(&["daemon", "run", "-v"]), "debug");
+        assert_eq!(filter(&["-q", "daemon", "run"]), "error");
+        assert!(Cli::try_parse_from(["conduit", "-q", "-v", "ext", "list"]).is_err());
+    }
+
+    #[test]
+    fn the_command_tree_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

@@ -4,7 +4,8 @@
 //! source ──validate manifest (folders)──▶ lock packages/ ──▶ stage into tmp/install-XXXXXX/pkg
 //!        ──manifest (archives), command, version order──▶ hash every file
 //!        ──▶ rename packages/<name> aside ──▶ rename staged folder in ──▶ write registry
-//!        ──▶ drop staging (deletes the old version)
+//!        (the old record under `previous`) ──▶ move the old version to packages/<name>.previous
+//!        (the one kept before goes) ──▶ drop staging
 //! ```
 //!
 //! Invariant: until the staged folder is renamed in, nothing outside `tmp/install-XXXXXX/` has
@@ -36,6 +37,8 @@ pub struct InstallOptions {
     pub max_total_bytes: u64,
     /// The most files, folders and links a package may hold.
     pub max_entries: u64,
+    /// Allow reinstalling the same version from another source or with other content.
+    pub force: bool,
 }
 
 impl Default for InstallOptions {
@@ -44,6 +47,7 @@ impl Default for InstallOptions {
             allow_downgrade: false,
             max_total_bytes: DEFAULT_MAX_TOTAL_BYTES,
             max_entries: DEFAULT_MAX_ENTRIES,
+            force: false,
         }
     }
 }
@@ -55,6 +59,13 @@ pub struct InstallOutcome {
     pub change: InstallChange,
     /// The package's record as now written in the registry.
     pub record: PackageRecord,
+    /// What differs from the version it replaced, for a reinstall of the same version (a
+    /// forced one); empty otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
+    /// The version it replaced, kept for `conduit ext rollback` (none for a new install).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
 }
 
 /// How the installed version relates to what was there before.
@@ -83,7 +94,11 @@ impl fmt::Display for InstallOutcome {
                 write!(f, "downgraded {name} from {from} to {to}")
             }
             InstallChange::Reinstalled => write!(f, "reinstalled {name} {}", self.record.version),
+        }?;
+        if !self.changes.is_empty() {
+            write!(f, " ({})", self.changes.join("; "))?;
         }
+        Ok(())
     }
 }
 
@@ -230,6 +245,15 @@ pub enum InstallError {
         requested: String,
     },
     #[error(
+        "`{name}` {version} is already installed, and this is not the same package: {}; pass --force to replace it anyway, or give the new package another version",
+        changes.join("; ")
+    )]
+    Changed {
+        name: String,
+        version: String,
+        changes: Vec<String>,
+    },
+    #[error(
         "cannot install {}: cannot write {}: {source}; check that the state directory is writable and the disk is not full",
         origin.display(), path.display()
     )]
@@ -352,6 +376,22 @@ pub fn install(
         });
     }
     check_command(&origin, &manifest, &files)?;
+    let previous = registry.packages.get(&manifest.name);
+    let changes = match (&change, previous) {
+        (InstallChange::Reinstalled, Some(old)) => {
+            let changes = differences(old, &origin, &files);
+            if !changes.is_empty() && !opts.force {
+                return Err(InstallError::Changed {
+                    name: manifest.name.clone(),
+                    version: manifest.version.clone(),
+                    changes,
+                });
+            }
+            changes
+        }
+        _ => Vec::new(),
+    };
+    let previous = previous.map(|r| r.version.clone());
 
     let enabled = registry
         .packages
@@ -367,7 +407,60 @@ pub fn install(
         files,
     };
     swap(state, registry, staging, &root, &record, &origin)?;
-    Ok(InstallOutcome { change, record })
+    Ok(InstallOutcome {
+        change,
+        record,
+        changes,
+        previous,
+    })
+}
+
+/// What a reinstall of the same version would change: its source, and which files differ.
+fn differences(
+    old: &PackageRecord,
+    origin: &Path,
+    files: &std::collections::BTreeMap<String, super::FileRecord>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if old.source != origin {
+        out.push(format!(
+            "its source changes from {} to {}",
+            old.source.display(),
+            origin.display()
+        ));
+    }
+    let mut what = Vec::new();
+    for (path, f) in files {
+        match old.files.get(path) {
+            None => what.push(format!("{path} added")),
+            Some(o) if o.sha256 != f.sha256 => what.push(format!("{path} changed")),
+            Some(o) if o.executable != f.executable => {
+                what.push(format!("{path} changed its executable bit"))
+            }
+            Some(_) => {}
+        }
+    }
+    for path in old.files.keys() {
+        if !files.contains_key(path) {
+            what.push(format!("{path} removed"));
+        }
+    }
+    if !what.is_empty() {
+        let n = what.len();
+        let shown: Vec<String> = what.iter().take(5).cloned().collect();
+        let more = if n > 5 {
+            format!(", and {} more", n - 5)
+        } else {
+            String::new()
+        };
+        out.push(format!(
+            "{n} file{} differ{}: {}{more}",
+            if n == 1 { "" } else { "s" },
+            if n == 1 { "s" } else { "" },
+            shown.join(", ")
+        ));
+    }
+    out
 }
 
 fn source_kind(origin: &Path) -> Result<SourceKind, InstallError> {
@@ -433,11 +526,16 @@ fn load_staged_manifest(
         shown.push(top);
     }
     shown.push(MANIFEST_FILE);
-    let text = fs::read(root.join(MANIFEST_FILE)).map_err(|e| InstallError::Read {
-        origin: origin.to_owned(),
-        path: shown.clone(),
-        source: e,
+    let text = crate::manifest::read_capped(&root.join(MANIFEST_FILE)).map_err(|e| {
+        InstallError::Read {
+            origin: origin.to_owned(),
+            path: shown.clone(),
+            source: e,
+        }
     })?;
+    if text.len() > crate::manifest::MAX_MANIFEST_BYTES {
+        return Err(manifest_err(ManifestError::TooLarge { path: shown }));
+    }
     let text = String::from_utf8(text).map_err(|e| {
         manifest_err(ManifestError::Read {
             path: shown.clone(),
@@ -556,7 +654,12 @@ fn swap(
     if let Err(e) = fs::rename(root, &target) {
         return Err(undo(staging, write_err(&target, e)));
     }
-    registry.packages.insert(name.clone(), record.clone());
+    // The version replaced is kept (folder and record) for `conduit ext rollback`.
+    let old = registry.packages.insert(name.clone(), record.clone());
+    match old.filter(|_| had_old) {
+        Some(old) => registry.previous.insert(name.clone(), old),
+        None => registry.previous.remove(name),
+    };
     let registry_path = state.packages_dir().join(super::REGISTRY_FILE);
     let saved = fail_point("before-registry-save")
         .map_err(|e| PackageError::io("write", &registry_path, e))
@@ -585,8 +688,13 @@ fn swap(
     // The registry's rename is durable already; make the package folder's rename durable too.
     // A failure here changes nothing a reader can see, so it is not worth undoing.
     let _ = sync_dir(&state.packages_dir());
-    // Dropping `staging` deletes the previous version.
-    drop(staging);
+    super::registry::keep_previous(
+        state,
+        &mut registry,
+        name,
+        had_old.then_some(&aside),
+        staging,
+    );
     Ok(())
 }
 

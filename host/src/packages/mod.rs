@@ -7,6 +7,8 @@
 //! │   ├── conduit-extension.toml
 //! │   └── bin/conduit-notes
 //! └── echo/
+//! ├── echo.previous/        the version `echo` replaced at its last upgrade, downgrade or
+//! │                        reinstall (recorded under `previous` in the registry), for a rollback
 //! <state>/tmp/install-XXXXXX/   staging for one install; gone when the install returns
 //! <state>/tmp/remove-XXXXXX/    a removed package on its way out
 //! <state>/tmp/kept-…/           a previous version kept after an undo failed (see the error)
@@ -18,7 +20,7 @@
 //! `registry.json`.
 //!
 //! Invariants:
-//! - Every mutation ([`install`], [`remove`], [`set_enabled`]) holds an exclusive `flock` on the
+//! - Every mutation ([`install`], [`remove`], [`set_enabled`], [`rollback`]) holds an exclusive `flock` on the
 //!   `packages/` folder; [`verify`] holds a shared one, so it never sees half of a swap. [`list`]
 //!   and [`get`] need no lock: the registry is only ever replaced whole, by rename.
 //! - A package folder holds only regular files and folders: links are resolved at install time
@@ -48,7 +50,8 @@ pub use install::{
     InstallChange, InstallError, InstallOptions, InstallOutcome, UnsafeEntry, install,
 };
 pub use registry::{
-    FileRecord, PackageError, PackageRecord, REGISTRY_FILE, get, list, remove, set_enabled,
+    FileRecord, PackageError, PackageRecord, REGISTRY_FILE, Rollback, get, list, previous, remove,
+    rollback, set_enabled,
 };
 pub use verify::{FileChange, TamperError, VerifyError, verify};
 

@@ -89,6 +89,10 @@ pub enum PackageError {
         kept: PathBuf,
         dir: PathBuf,
     },
+    #[error(
+        "`{name}` has no previous version to roll back to (only an upgrade, downgrade or reinstall keeps one, and only the last)"
+    )]
+    NoPrevious { name: String },
     #[error("cannot {action} {}: {source}; check that the state directory is writable and the disk is not full", path.display())]
     Io {
         action: &'static str,
@@ -113,6 +117,10 @@ impl PackageError {
 pub(crate) struct Registry {
     format: u32,
     pub(crate) packages: BTreeMap<String, PackageRecord>,
+    /// The version each package replaced at its last upgrade, downgrade or reinstall, whose
+    /// files are kept in `packages/<name>.previous/` for `conduit ext rollback`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) previous: BTreeMap<String, PackageRecord>,
 }
 
 impl Registry {
@@ -125,6 +133,7 @@ impl Registry {
                 return Ok(Registry {
                     format: FORMAT,
                     packages: BTreeMap::new(),
+                    previous: BTreeMap::new(),
                 });
             }
             Err(e) => return Err(PackageError::io("read", &path, e)),
@@ -299,6 +308,7 @@ pub fn remove(state: &StateDir, name: &str) -> Result<PackageRecord, PackageErro
             name: name.to_owned(),
         });
     };
+    registry.previous.remove(name);
     let dir = super::package_dir(state, name);
     let trash = tempfile::Builder::new()
         .prefix("remove-")
@@ -325,8 +335,119 @@ pub fn remove(state: &StateDir, name: &str) -> Result<PackageRecord, PackageErro
         }
         return Err(e);
     }
+    // The kept previous version goes too (a leftover of it is harmless: nothing reads it
+    // without its record).
+    let _ = fs::rename(previous_dir(state, name), trash.path().join("previous"));
     // `trash` deletes the old files when dropped; if that fails, the next sweep retries.
     Ok(rec)
+}
+
+/// Where the version a package replaced is kept. Package names are `[a-z0-9-]`, so no package
+/// folder can be called `<name>.previous`.
+pub(crate) fn previous_dir(state: &StateDir, name: &str) -> PathBuf {
+    state.packages_dir().join(format!("{name}.previous"))
+}
+
+/// After an install saved the registry: move the replaced version's folder (`aside`, inside
+/// `staging`) to [`previous_dir`], dropping the one kept before, then drop `staging`. If the
+/// folder cannot be kept, its record is dropped too, so a rollback never finds half of it.
+pub(crate) fn keep_previous(
+    state: &StateDir,
+    registry: &mut Registry,
+    name: &str,
+    aside: Option<&Path>,
+    staging: tempfile::TempDir,
+) {
+    let kept = previous_dir(state, name);
+    // The older kept version is deleted with staging.
+    match fs::rename(&kept, staging.path().join("older")) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(_) => {
+            let _ = fs::remove_dir_all(&kept);
+        }
+    }
+    if let Some(aside) = aside
+        && let Err(e) = fs::rename(aside, &kept)
+    {
+        tracing::warn!(package = name, error = %e, "cannot keep the previous version for a rollback");
+        registry.previous.remove(name);
+        let _ = registry.save(state);
+    }
+    let _ = sync_dir(&state.packages_dir());
+    drop(staging);
+}
+
+/// What a rollback did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rollback {
+    /// The version now installed (the one kept before).
+    pub to: PackageRecord,
+    /// The version rolled back from, now kept in its place for another rollback.
+    pub from: PackageRecord,
+}
+
+/// Puts back the version the package named `name` replaced at its last upgrade, downgrade or
+/// reinstall, keeping the one rolled back from (so a second rollback undoes the first). The
+/// enabled flag stays as it is. Like an install, a failure leaves the store as it was.
+pub fn rollback(state: &StateDir, name: &str) -> Result<Rollback, PackageError> {
+    let _lock = StoreLock::exclusive(state)?;
+    sweep_stale(state);
+    let mut registry = Registry::load(state)?;
+    let Some(current) = registry.packages.get(name).cloned() else {
+        return Err(PackageError::NotInstalled {
+            name: name.to_owned(),
+        });
+    };
+    let kept = previous_dir(state, name);
+    let Some(mut previous) = registry
+        .previous
+        .get(name)
+        .cloned()
+        .filter(|_| kept.is_dir())
+    else {
+        return Err(PackageError::NoPrevious {
+            name: name.to_owned(),
+        });
+    };
+    previous.enabled = current.enabled;
+    let dir = super::package_dir(state, name);
+    let scratch = tempfile::Builder::new()
+        .prefix("install-")
+        .tempdir_in(state.tmp_dir())
+        .map_err(|e| PackageError::io("create a folder in", &state.tmp_dir(), e))?;
+    let aside = scratch.path().join("current");
+    fs::rename(&dir, &aside).map_err(|e| PackageError::io("move aside", &dir, e))?;
+    if let Err(e) = fs::rename(&kept, &dir) {
+        let _ = fs::rename(&aside, &dir);
+        return Err(PackageError::io("move into place", &kept, e));
+    }
+    registry.packages.insert(name.to_owned(), previous.clone());
+    registry.previous.insert(name.to_owned(), current.clone());
+    if let Err(e) = registry.save(state) {
+        let _ = fs::rename(&dir, &kept);
+        let _ = fs::rename(&aside, &dir);
+        return Err(e);
+    }
+    if let Err(e) = fs::rename(&aside, &kept) {
+        // The rollback itself is done; only the version rolled back from is lost.
+        tracing::warn!(package = name, error = %e, "cannot keep the version rolled back from");
+        registry.previous.remove(name);
+        let _ = registry.save(state);
+    }
+    let _ = sync_dir(&state.packages_dir());
+    Ok(Rollback {
+        to: previous,
+        from: current,
+    })
+}
+
+/// The version kept for a rollback of the package named `name`, if any.
+pub fn previous(state: &StateDir, name: &str) -> Result<Option<PackageRecord>, PackageError> {
+    Ok(Registry::load(state)?
+        .previous
+        .remove(name)
+        .filter(|_| previous_dir(state, name).is_dir()))
 }
 
 /// The manifest as stored in a record. [`Manifest`] is the validated in-memory form and has no

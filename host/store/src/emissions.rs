@@ -101,6 +101,8 @@ macro_rules! emission_select {
 }
 
 const SQL_EMISSION: &str = concat!(emission_select!(), "WHERE id = ?1");
+/// A page of every row, whatever its state, oldest first (for listing).
+const SQL_LIST: &str = concat!(emission_select!(), "WHERE id > ?1 ORDER BY id LIMIT ?2");
 pub(crate) const SQL_PLANNED: &str = concat!(
     emission_select!(),
     "WHERE state = 'planned' ORDER BY id LIMIT ?1"
@@ -166,6 +168,26 @@ impl ReadTx<'_> {
             })
         })?;
         Ok(Some(emission))
+    }
+
+    /// Up to `limit` Emissions with ids above `after_id` (from the start when `None`), in any
+    /// state, oldest first, without their records ([`ReadTx::emission`] has them).
+    pub fn list_emissions(
+        &self,
+        after_id: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<Emission>, StoreError> {
+        let limit = page(limit)?;
+        let mut stmt = self
+            .conn
+            .prepare_cached(SQL_LIST)
+            .context("prepare emissions list")?;
+        collect(
+            &mut stmt,
+            params![after_id.unwrap_or(0), limit],
+            "list emissions",
+            decode,
+        )
     }
 
     /// The oldest `limit` planned Emissions (their records are empty: they have none yet).

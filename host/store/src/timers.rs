@@ -42,6 +42,8 @@ macro_rules! timer_select {
 }
 
 const SQL_TIMER: &str = concat!(timer_select!(), "WHERE id = ?1");
+/// A page of every row, whatever its state, oldest first (for listing).
+const SQL_LIST: &str = concat!(timer_select!(), "WHERE id > ?1 ORDER BY id LIMIT ?2");
 // `next_at IS NOT NULL` repeats the index's condition so that SQLite uses `timers_due`.
 pub(crate) const SQL_DUE: &str = concat!(
     timer_select!(),
@@ -68,6 +70,22 @@ impl ReadTx<'_> {
             .prepare_cached(SQL_TIMER)
             .context("prepare timer read")?;
         first(&mut stmt, [id], "read a timer", decode)
+    }
+
+    /// Up to `limit` timers with ids above `after_id` (from the start when `None`), active or
+    /// not, oldest first.
+    pub fn list_timers(&self, after_id: Option<i64>, limit: u32) -> Result<Vec<Timer>, StoreError> {
+        let limit = page(limit)?;
+        let mut stmt = self
+            .conn
+            .prepare_cached(SQL_LIST)
+            .context("prepare timers list")?;
+        collect(
+            &mut stmt,
+            params![after_id.unwrap_or(0), limit],
+            "list timers",
+            decode,
+        )
     }
 
     /// Up to `limit` active timers due at or before `now`, the earliest first.

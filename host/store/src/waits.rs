@@ -75,6 +75,8 @@ macro_rules! wait_select {
 }
 
 const SQL_WAIT: &str = concat!(wait_select!(), "WHERE id = ?1");
+/// A page of every row, whatever its state, oldest first (for listing).
+const SQL_LIST: &str = concat!(wait_select!(), "WHERE id > ?1 ORDER BY id LIMIT ?2");
 pub(crate) const SQL_ACTIVE: &str = concat!(
     wait_select!(),
     "WHERE state = 'active' AND id > ?1 ORDER BY id LIMIT ?2"
@@ -111,6 +113,22 @@ impl ReadTx<'_> {
             .prepare_cached(SQL_WAIT)
             .context("prepare wait read")?;
         first(&mut stmt, [id], "read a wait", decode)
+    }
+
+    /// Up to `limit` Waits with ids above `after_id` (from the start when `None`), in any
+    /// state, oldest first.
+    pub fn list_waits(&self, after_id: Option<i64>, limit: u32) -> Result<Vec<Wait>, StoreError> {
+        let limit = page(limit)?;
+        let mut stmt = self
+            .conn
+            .prepare_cached(SQL_LIST)
+            .context("prepare waits list")?;
+        collect(
+            &mut stmt,
+            params![after_id.unwrap_or(0), limit],
+            "list waits",
+            decode,
+        )
     }
 
     /// Up to `limit` active Waits with ids above `after_id` (from the start when `None`),

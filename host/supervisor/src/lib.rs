@@ -1041,7 +1041,9 @@ async fn run_once(
     let tail = Tail::default();
     *ext.inner.tail.lock().unwrap_or_else(|p| p.into_inner()) = tail.clone();
     let stderr_log = LogFile::new(log.path());
-    let stderr = tokio::spawn(async move { stderr_log.capture(stderr, tail).await });
+    let marker = crate::log::run_marker(now_ms(), pid, &spec.version);
+    let stderr =
+        tokio::spawn(async move { stderr_log.capture_run(stderr, tail, Some(marker)).await });
     let session = Session::new(
         stdout,
         stdin,

@@ -1,6 +1,10 @@
 //! An extension's stderr: copied to a log file capped at 1 MiB (rotated once, so at most two
 //! files of 1 MiB each exist), with the last lines kept in memory for the status.
 //!
+//! Each run of the extension starts its part of the log with one marker line
+//! ([`run_marker`]: when, which pid, which version), so the runs can be told apart and the
+//! previous one shown on its own ([`LogFile::previous_run`]).
+//!
 //! Invariant: whatever the child writes, memory stays bounded (one read buffer plus at most
 //! `TAIL_LINES` lines of at most `TAIL_LINE_BYTES` each) and the log stays within its cap.
 
@@ -16,6 +20,45 @@ pub const TAIL_LINES: usize = 20;
 pub const TAIL_LINE_BYTES: usize = 1024;
 /// The log file's cap.
 pub const LOG_CAP_BYTES: u64 = 1024 * 1024;
+
+/// How every run marker starts; a line of the log that starts so is a marker.
+pub const RUN_MARKER_PREFIX: &str = "=== conduit: run started ";
+
+/// The marker line that starts a run's part of the log (with its newline):
+/// `=== conduit: run started 2026-12-01T23:59:00.123Z pid 1234 version 0.1.0 ===`.
+pub fn run_marker(at_ms: i64, pid: u32, version: &str) -> String {
+    format!(
+        "{RUN_MARKER_PREFIX}{} pid {pid} version {version} ===\n",
+        utc_timestamp(at_ms)
+    )
+}
+
+fn is_marker(line: &str) -> bool {
+    line.starts_with(RUN_MARKER_PREFIX)
+}
+
+/// `at_ms` (Unix milliseconds) as an RFC 3339 UTC timestamp with milliseconds.
+pub fn utc_timestamp(at_ms: i64) -> String {
+    let secs = at_ms.div_euclid(1000);
+    let ms = at_ms.rem_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days since 1970-01-01 to a civil date (the proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
 
 /// The last lines of stderr, shared with the status.
 #[derive(Clone, Debug, Default)]
@@ -92,7 +135,17 @@ impl LogFile {
     /// Copy `stderr` into the log and the tail until it ends. Errors writing the log are
     /// logged once and the copy goes on into the tail only: a full disk must not stall the
     /// child (a child blocked on a full stderr pipe would stop answering).
-    pub async fn capture<R: AsyncRead + Unpin>(&self, mut stderr: R, tail: Tail) {
+    pub async fn capture<R: AsyncRead + Unpin>(&self, stderr: R, tail: Tail) {
+        self.capture_run(stderr, tail, None).await
+    }
+
+    /// [`LogFile::capture`], writing `marker` (a [`run_marker`]) first.
+    pub async fn capture_run<R: AsyncRead + Unpin>(
+        &self,
+        mut stderr: R,
+        tail: Tail,
+        marker: Option<String>,
+    ) {
         let mut file = self.open_append().await.ok();
         let mut written = match &file {
             Some(_) => tokio::fs::metadata(&self.path)
@@ -101,6 +154,18 @@ impl LogFile {
                 .unwrap_or(0),
             None => 0,
         };
+        if let Some(m) = marker {
+            if file.is_some() && written >= self.cap {
+                drop(file.take());
+                file = self.rotate().await;
+                written = 0;
+            }
+            if let Some(f) = file.as_mut()
+                && f.write_all(m.as_bytes()).await.is_ok()
+            {
+                written += m.len() as u64;
+            }
+        }
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             let n = match stderr.read(&mut buf).await {
@@ -173,19 +238,41 @@ impl LogFile {
 
     /// The last `n` lines of the log (rotated file included when needed), for `conduit ext logs`.
     pub fn last_lines(&self, n: usize) -> std::io::Result<Vec<String>> {
-        let mut text = std::fs::read(self.rotated_path()).unwrap_or_default();
-        match std::fs::read(&self.path) {
-            Ok(b) => text.extend_from_slice(&b),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !text.is_empty() => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        }
-        let text = String::from_utf8_lossy(&text);
+        let text = self.read_all()?;
         let lines: Vec<&str> = text.lines().collect();
         Ok(lines[lines.len().saturating_sub(n)..]
             .iter()
             .map(|s| s.to_string())
             .collect())
+    }
+
+    /// The last `n` lines of the run before the current (or last) one: from the marker before
+    /// the last marker (or the start of what is kept) up to the last marker, that marker
+    /// excluded. Empty when the log holds one run or none. For `conduit ext logs --previous`.
+    pub fn previous_run(&self, n: usize) -> std::io::Result<Vec<String>> {
+        let text = self.read_all()?;
+        let lines: Vec<&str> = text.lines().collect();
+        let markers: Vec<usize> = (0..lines.len()).filter(|&i| is_marker(lines[i])).collect();
+        let Some(&last) = markers.last() else {
+            return Ok(Vec::new());
+        };
+        let start = markers.len().checked_sub(2).map_or(0, |i| markers[i]);
+        let run = &lines[start..last];
+        Ok(run[run.len().saturating_sub(n)..]
+            .iter()
+            .map(|s| s.to_string())
+            .collect())
+    }
+
+    /// The rotated file and the log, as one text (empty when neither exists).
+    fn read_all(&self) -> std::io::Result<String> {
+        let mut text = std::fs::read(self.rotated_path()).unwrap_or_default();
+        match std::fs::read(&self.path) {
+            Ok(b) => text.extend_from_slice(&b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(String::from_utf8_lossy(&text).into_owned())
     }
 }
 
@@ -234,6 +321,38 @@ mod tests {
         );
         let last = log.last_lines(3).unwrap();
         assert_eq!(last.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn each_run_starts_with_a_marker_and_the_previous_run_reads_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = LogFile::new(dir.path().join("x.log"));
+        for (pid, version, text) in [
+            (11, "0.1.0", "first a\nfirst b\n"),
+            (12, "0.2.0", "second a\nsecond b\nsecond c\n"),
+            (13, "0.2.0", "third\n"),
+        ] {
+            let marker = run_marker(1_796_169_540_123, pid, version);
+            log.capture_run(text.as_bytes(), Tail::default(), Some(marker))
+                .await;
+        }
+        let all = log.last_lines(100).unwrap();
+        assert_eq!(all.len(), 9, "{all:?}");
+        assert_eq!(
+            all[3],
+            "=== conduit: run started 2026-12-01T23:59:00.123Z pid 12 version 0.2.0 ==="
+        );
+        let prev = log.previous_run(100).unwrap();
+        assert_eq!(prev[0], all[3]);
+        assert_eq!(&prev[1..], ["second a", "second b", "second c"]);
+        assert_eq!(log.previous_run(2).unwrap(), ["second b", "second c"]);
+        // One run only: no previous run.
+        let one = LogFile::new(dir.path().join("y.log"));
+        one.capture_run(&b"only\n"[..], Tail::default(), Some(run_marker(0, 1, "1")))
+            .await;
+        assert!(one.previous_run(100).unwrap().is_empty());
+        assert_eq!(utc_timestamp(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc_timestamp(951_782_400_000), "2000-02-29T00:00:00.000Z");
     }
 
     #[test]

@@ -62,8 +62,16 @@ impl Fixture {
         format!("\n--- daemon log ---\n{log}\n--- state dir ---\n{listing}")
     }
 
+    /// `conduit ext install --no-wait --force PKG`, expecting exit 0: the tests that need the
+    /// wait, the rollback or the refusal of a changed reinstall call the CLI themselves.
     pub fn install(&self, pkg: &Path) {
-        let run = self.conduit(&["ext", "install", pkg.to_str().unwrap()]);
+        let run = self.conduit(&[
+            "ext",
+            "install",
+            "--no-wait",
+            "--force",
+            pkg.to_str().unwrap(),
+        ]);
         assert_eq!(run.code(), Some(0), "{}{}", run.context(), self.context());
     }
 
