@@ -635,7 +635,7 @@ class ArtifactWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if self._state == "open":
+        if self._state not in ("done", "aborted"):
             self.abort()
         return False
 
@@ -699,15 +699,14 @@ class ArtifactWriter:
                 "stream_id": self.stream_id, "size": self.size,
                 "sha256": self._sha.hexdigest()}, timeout=self._timeout)
         except BaseException:
-            if self._state in ("open", "closing"):
-                self.abort()
+            self.abort()
             raise
         self._state = "done"
         return stored
 
     def abort(self) -> None:
         """Discard the stream (best effort; nothing waits for the host's answer)."""
-        if self._state == "done":
+        if self._state in ("done", "aborted"):
             return
         self._state = "aborted"
         try:
