@@ -305,3 +305,88 @@ fn both_sdks_run_a_notes_workload_under_the_daemon() {
     );
     assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
 }
+
+// ---- `conduit ext new` ---------------------------------------------------------------------
+
+fn ext_new(name: &str, lang: &str, dir: &Path) -> Run {
+    conduit(&["ext", "new", name, "--lang", lang, "--dir", dir.to_str().unwrap()])
+}
+
+#[test]
+fn a_python_skeleton_passes_the_check_as_generated() {
+    if !have("python3") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("greeter");
+    ext_new("greeter", "python", &dir).expect_code(0);
+    assert!(dir.join("README.md").is_file());
+    assert!(dir.join("conduit_extension/__init__.py").is_file());
+    passes_check(&dir);
+    // -B: checking it wrote no bytecode into the package folder.
+    assert!(!dir.join("conduit_extension/__pycache__").exists());
+}
+
+#[test]
+fn a_node_skeleton_passes_the_check_as_generated() {
+    if !have("node") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("greeter");
+    let run = conduit(&[
+        "ext", "new", "greeter", "--lang", "node", "--dir", dir.to_str().unwrap(), "--json",
+    ]);
+    run.expect_code(0);
+    let v = run.json();
+    assert_eq!(v["lang"], "node");
+    assert_eq!(v["package_dir"], dir.to_str().unwrap());
+    assert!(dir.join("node_modules/conduit-extension/index.d.ts").is_file());
+    passes_check(&dir);
+}
+
+/// Builds the crate against the SDK of this checkout (offline, with the workspace's lock file
+/// so the versions are the ones already downloaded) in a target folder of its own that later
+/// runs reuse, stages it with its own `stage.sh`, and checks the staged folder.
+#[test]
+fn a_rust_skeleton_passes_the_check_once_staged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("greeter");
+    ext_new("greeter", "rust", &dir).expect_code(0);
+    for f in ["Cargo.toml", "src/main.rs", "stage.sh", "README.md"] {
+        assert!(dir.join(f).is_file(), "{f} missing");
+    }
+    std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ext-new-rust-target");
+    let out = Command::new("sh")
+        .arg(dir.join("stage.sh"))
+        .env("PROFILE", "dev")
+        .env("CARGO_TARGET_DIR", &target)
+        .env("CARGO_NET_OFFLINE", "true")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stage.sh failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    passes_check(&dir.join("package"));
+}
+
+#[test]
+fn ext_new_refuses_a_bad_name_and_a_folder_in_use() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = ext_new("Bad_Name", "python", &tmp.path().join("x"));
+    run.expect_code(2);
+    assert!(run.stderr().contains("name"), "{}", run.context());
+    assert!(!tmp.path().join("x").exists());
+    std::fs::write(tmp.path().join("keep.txt"), "mine").unwrap();
+    let run = ext_new("fine", "node", tmp.path());
+    run.expect_code(2);
+    assert!(run.stderr().contains("not empty"), "{}", run.context());
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("keep.txt")).unwrap(),
+        "mine"
+    );
+}
