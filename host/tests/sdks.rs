@@ -390,3 +390,89 @@ fn ext_new_refuses_a_bad_name_and_a_folder_in_use() {
         "mine"
     );
 }
+
+// ---- what the SDKs cost (a benchmark, not a test: it only prints) --------------------------
+
+/// One extension process driven over its pipes: spawn → `initialize` answered (cold start),
+/// then sequential `echo` round trips, without and with `params._meta.remaining_ms`.
+fn measure(argv: &[&str], cwd: &Path, rounds: usize) -> (f64, f64, f64) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::time::Instant;
+    let t0 = Instant::now();
+    let mut child = Command::new(argv[0])
+        .args(&argv[1..])
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut ask = |stdin: &mut std::process::ChildStdin, text: &str| {
+        stdin.write_all(text.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+        line.clear();
+        stdout.read_line(&mut line).unwrap();
+        assert!(line.contains("result"), "{line}");
+    };
+    ask(
+        &mut stdin,
+        "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocol_versions\":[1],\"host\":{\"name\":\"bench\",\"version\":\"0\"}}}\n",
+    );
+    let cold = t0.elapsed().as_secs_f64() * 1e3;
+    let mut p50 = |meta: &str, base: usize| {
+        let mut us: Vec<f64> = (0..rounds)
+            .map(|i| {
+                let t = Instant::now();
+                ask(
+                    &mut stdin,
+                    &format!(
+                        "{{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"echo\",\"params\":{{\"text\":\"hello\"{meta}}}}}\n",
+                        base + i
+                    ),
+                );
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        us[us.len() / 2]
+    };
+    let plain = p50("", 1);
+    let with_meta = p50(",\"_meta\":{\"remaining_ms\":30000}", 1 + rounds);
+    drop(stdin);
+    let _ = child.wait();
+    (cold, plain, with_meta)
+}
+
+/// `cargo nextest run -p conduit-host --test sdks --run-ignored only -E 'test(/bench/)'
+/// --no-capture` (docs/performance.md, "SDK echo and cold start").
+#[test]
+#[ignore = "a benchmark: prints numbers, asserts nothing about them"]
+fn bench_sdk_echo_and_cold_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rust = support::stage_rust_example("echo", tmp.path()).unwrap();
+    let rounds = 2000;
+    let cases: Vec<(&str, Vec<&str>, PathBuf)> = vec![
+        ("rust (examples/echo)", vec!["./conduit-echo"], rust),
+        ("python (examples/python-echo)", vec!["python3", "-B", "echo.py"], example("python-echo")),
+        ("node (examples/node-echo)", vec!["node", "echo.mjs"], example("node-echo")),
+    ];
+    println!("| extension | cold start (spawn → initialize answered) | echo p50 | echo p50 with `_meta.remaining_ms` |");
+    println!("|---|---|---|---|");
+    for (name, argv, dir) in cases {
+        let mut colds = Vec::new();
+        let mut last = (0.0, 0.0);
+        for _ in 0..5 {
+            let (cold, plain, meta) = measure(&argv, &dir, rounds);
+            colds.push(cold);
+            last = (plain, meta);
+        }
+        colds.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        println!(
+            "| {name} | {:.1} ms (median of 5) | {:.1} µs | {:.1} µs |",
+            colds[2], last.0, last.1
+        );
+    }
+}
