@@ -2,20 +2,24 @@
 // source and `echo`. A note is an event whose payload looks like
 // {"thread": "t-42", "author": "ada", "text": "…"}.
 //
-// | call              | name          | what it does                                          |
-// |-------------------|---------------|-------------------------------------------------------|
-// | work_kind.trigger | note          | one Work per thread (`thread:<t>`), started by a post |
-// | recurrence.next   | digest        | `every <N>(s|m|h|d)` or daily `M H * * *` (UTC)       |
-// | dependency.filter | mentions      | satisfied when the note's text mentions `@<subject>`  |
-// | emit.commit       | annotation    | one annotation record built from the payload          |
-// | ingress.poll      | notes-inbox   | notes from the JSON-lines file $CONDUIT_NOTES_INBOX   |
+// | call              | name            | what it does                                          |
+// |-------------------|-----------------|-------------------------------------------------------|
+// | work_kind.trigger | node-note       | one Work per thread (`thread:<t>`), started by a post |
+// | recurrence.next   | node-digest     | `every <N>(s|m|h|d)` or daily `M H * * *` (UTC)       |
+// | dependency.filter | node-mentions   | satisfied when the note's text mentions `@<subject>`  |
+// | emit.commit       | node-annotation | one annotation record built from the payload          |
+// | ingress.poll      | node-inbox      | notes from the JSON-lines file $CONDUIT_NOTES_INBOX   |
+//
+// The names carry a `node-` prefix so that this package and examples/notes can be installed
+// side by side (`make run` installs every example): the same work kind declared by two
+// packages would leave it to chance which one routes its events.
 //
 // Invariant: the four in-transaction handlers compute their answer from their params alone, so
 // the same params always get the same answer (§6) and each answers in microseconds.
 import { readFile } from "node:fs/promises";
 import { Extension, RpcError } from "conduit-extension";
 
-const POSTED = "note.posted";
+const POSTED = "node-note.posted";
 const UNIT_MS = { s: 1000, m: 60000, h: 3600000, d: 86400000 };
 const DAY_MS = UNIT_MS.d;
 const MAX_INTERVAL_MS = 366 * DAY_MS;
@@ -139,17 +143,17 @@ export async function poll(path, p) {
 
 export function extension(inbox = process.env.CONDUIT_NOTES_INBOX || null) {
   return new Extension("node-notes", "0.1.0")
-    .workKind("note", (ctx, p) => group(p.inputs))
-    .recurrence("digest", (ctx, p) => {
+    .workKind("node-note", (ctx, p) => group(p.inputs))
+    .recurrence("node-digest", (ctx, p) => {
       try {
         return { next_at_ms: nextAfter(p.spec, p.fired_at_ms) };
       } catch (e) {
         throw RpcError.invalidParams(`recurrence.next: ${e.message}`);
       }
     })
-    .dependencyFilter("mentions", (ctx, p) => ({ satisfied: mentions(p.event.payload && p.event.payload.text, p.subject) }))
-    .emission("annotation", (ctx, p) => ({ records: [annotate(p)] }))
-    .ingress("notes-inbox", (ctx, p) => poll(inbox, p))
+    .dependencyFilter("node-mentions", (ctx, p) => ({ satisfied: mentions(p.event.payload && p.event.payload.text, p.subject) }))
+    .emission("node-annotation", (ctx, p) => ({ records: [annotate(p)] }))
+    .ingress("node-inbox", (ctx, p) => poll(inbox, p))
     .method("echo", (ctx, params) => {
       if (typeof params.text !== "string") throw RpcError.invalidParams('echo needs params {"text": string}');
       return params;

@@ -10,7 +10,7 @@ import { annotate, group, mentions, nextAfter, poll } from "./notes.mjs";
 const ev = (id, kind, payload) => ({ id, source: "s", delivery_id: `d${id}`, kind, payload, accepted_at_ms: 0 });
 
 test("notes group by thread; a post starts the group; no thread is its own Work", () => {
-  const r = group([ev(1, "note.posted", { thread: "t-1" }), ev(2, "note.edited", { thread: "t-2" }), ev(3, "note.edited", { thread: " t-1 " }), ev(4, "note.posted", {}), ev(1, "note.posted", { thread: "t-1" })]);
+  const r = group([ev(1, "node-note.posted", { thread: "t-1" }), ev(2, "node-note.edited", { thread: "t-2" }), ev(3, "node-note.edited", { thread: " t-1 " }), ev(4, "node-note.posted", {}), ev(1, "node-note.posted", { thread: "t-1" })]);
   assert.deepEqual(r.groups, [
     { key: "thread:t-1", event_ids: [1, 3], start: true },
     { key: "thread:t-2", event_ids: [2], start: false },
@@ -44,7 +44,7 @@ test("the inbox is read after its cursor, complete lines only", async () => {
   const f = join(mkdtempSync(join(tmpdir(), "notes-")), "inbox.jsonl");
   writeFileSync(f, '{"delivery_id":"a","payload":{"thread":"t"}}\nnot json\n{"delivery_id":"b"}\n{"delivery_id":"c"');
   const one = await poll(f, { source: "notes-inbox", limit: 1 });
-  assert.deepEqual(one, { events: [{ delivery_id: "a", kind: "note.posted", payload: { thread: "t" } }], cursor: "1" });
+  assert.deepEqual(one, { events: [{ delivery_id: "a", kind: "node-note.posted", payload: { thread: "t" } }], cursor: "1" });
   const rest = await poll(f, { source: "notes-inbox", cursor: "1", limit: 10 });
   assert.deepEqual(rest.events.map((e) => e.delivery_id), ["b"]);
   assert.equal(rest.cursor, "3");

@@ -76,7 +76,11 @@ fn the_python_echo_example_is_built_on_the_sdk_and_passes_the_check() {
     }
     let src = std::fs::read_to_string(example("python-echo/echo.py")).unwrap();
     assert!(src.contains("from conduit_extension import"), "{src}");
-    assert!(src.lines().count() <= 30, "the echo example is {} lines", src.lines().count());
+    assert!(
+        src.lines().count() <= 30,
+        "the echo example is {} lines",
+        src.lines().count()
+    );
     passes_check(&example("python-echo"));
 }
 
@@ -84,7 +88,11 @@ fn the_python_echo_example_is_built_on_the_sdk_and_passes_the_check() {
 fn the_node_echo_example_is_at_most_30_lines() {
     let src = std::fs::read_to_string(example("node-echo/echo.mjs")).unwrap();
     assert!(src.contains("from \"conduit-extension\""), "{src}");
-    assert!(src.lines().count() <= 30, "the echo example is {} lines", src.lines().count());
+    assert!(
+        src.lines().count() <= 30,
+        "the echo example is {} lines",
+        src.lines().count()
+    );
 }
 
 // ---- the vendored copies are the SDKs ------------------------------------------------------
@@ -232,9 +240,24 @@ fn both_sdks_run_a_notes_workload_under_the_daemon() {
         f.push(src, d, kind, payload)["event_id"].as_i64().unwrap()
     };
     // Node: notes of one thread share a Work; an edit alone only queues.
-    let a = push("notes-inbox", "n1", "note.posted", r#"{"thread":"t-1","text":"one"}"#);
-    let b = push("notes-inbox", "n2", "note.edited", r#"{"thread":"t-1","text":"two"}"#);
-    let c = push("notes-inbox", "n3", "note.posted", r#"{"thread":"t-2","text":"three"}"#);
+    let a = push(
+        "node-inbox",
+        "n1",
+        "node-note.posted",
+        r#"{"thread":"t-1","text":"one"}"#,
+    );
+    let b = push(
+        "node-inbox",
+        "n2",
+        "node-note.edited",
+        r#"{"thread":"t-1","text":"two"}"#,
+    );
+    let c = push(
+        "node-inbox",
+        "n3",
+        "node-note.posted",
+        r#"{"thread":"t-2","text":"three"}"#,
+    );
     // Python: grouped by thread too.
     let p = push("py-inbox", "p1", "pynote.posted", r#"{"thread":"x"}"#);
     let q = push("py-inbox", "p2", "pynote.posted", r#"{"thread":"x"}"#);
@@ -251,7 +274,7 @@ fn both_sdks_run_a_notes_workload_under_the_daemon() {
     assert!(has("thread:x", &[p, q]), "{keys:?}");
 
     // node-notes serves the other three in-transaction calls too.
-    let t = f.json(&["timers", "add", "digest", "every 15m", "--json"]);
+    let t = f.json(&["timers", "add", "node-digest", "every 15m", "--json"]);
     let timer = f.wait_until("the timer to fire", || {
         let t = support::http::get(
             &f.state().join("run/conduit.sock"),
@@ -263,8 +286,13 @@ fn both_sdks_run_a_notes_workload_under_the_daemon() {
         timer["next_at_ms"].as_i64().unwrap() - timer["last_fired_at_ms"].as_i64().unwrap(),
         15 * 60 * 1000
     );
-    let w = f.json(&["waits", "add", "mentions", "dora", "--json"]);
-    let hit = push("notes-inbox", "n4", "note.posted", r#"{"thread":"t-3","text":"thanks @Dora!"}"#);
+    let w = f.json(&["waits", "add", "node-mentions", "dora", "--json"]);
+    let hit = push(
+        "node-inbox",
+        "n4",
+        "node-note.posted",
+        r#"{"thread":"t-3","text":"thanks @Dora!"}"#,
+    );
     let wait = f.wait_until("the wait to be satisfied", || {
         let w = support::http::get(
             &f.state().join("run/conduit.sock"),
@@ -273,7 +301,13 @@ fn both_sdks_run_a_notes_workload_under_the_daemon() {
         (w["state"] == "satisfied").then_some(w)
     });
     assert_eq!(wait["satisfied_by_event_id"], hit);
-    let em = f.json(&["emissions", "add", "annotation", r#"{"text":"a plan #db"}"#, "--json"]);
+    let em = f.json(&[
+        "emissions",
+        "add",
+        "node-annotation",
+        r#"{"text":"a plan #db"}"#,
+        "--json",
+    ]);
     let committed = f.wait_until("the emission to commit", || {
         let e = support::http::get(
             &f.state().join("run/conduit.sock"),
@@ -282,13 +316,19 @@ fn both_sdks_run_a_notes_workload_under_the_daemon() {
         (e["state"] == "committed").then_some(e)
     });
     assert_eq!(committed["records"][0]["kind"], "annotation");
-    assert_eq!(committed["records"][0]["body"]["commit_id"], em["commit_id"]);
+    assert_eq!(
+        committed["records"][0]["body"]["commit_id"],
+        em["commit_id"]
+    );
     assert_eq!(committed["records"][0]["body"]["tags"][0], "db");
 
     for name in ["node-notes", "py-notes"] {
         let s = f.status(name);
         assert!(
-            s["calls"]["work_kind.trigger"]["count"].as_u64().unwrap_or(0) >= 1,
+            s["calls"]["work_kind.trigger"]["count"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 1,
             "{s:#}"
         );
     }
@@ -301,7 +341,7 @@ fn both_sdks_run_a_notes_workload_under_the_daemon() {
         &f,
         "node-notes",
         "work_kind.trigger",
-        r#"{"kind":"note","inputs":[null]}"#,
+        r#"{"kind":"node-note","inputs":[null]}"#,
     );
     assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
 }
@@ -309,7 +349,15 @@ fn both_sdks_run_a_notes_workload_under_the_daemon() {
 // ---- `conduit ext new` ---------------------------------------------------------------------
 
 fn ext_new(name: &str, lang: &str, dir: &Path) -> Run {
-    conduit(&["ext", "new", name, "--lang", lang, "--dir", dir.to_str().unwrap()])
+    conduit(&[
+        "ext",
+        "new",
+        name,
+        "--lang",
+        lang,
+        "--dir",
+        dir.to_str().unwrap(),
+    ])
 }
 
 #[test]
@@ -335,13 +383,23 @@ fn a_node_skeleton_passes_the_check_as_generated() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("greeter");
     let run = conduit(&[
-        "ext", "new", "greeter", "--lang", "node", "--dir", dir.to_str().unwrap(), "--json",
+        "ext",
+        "new",
+        "greeter",
+        "--lang",
+        "node",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--json",
     ]);
     run.expect_code(0);
     let v = run.json();
     assert_eq!(v["lang"], "node");
     assert_eq!(v["package_dir"], dir.to_str().unwrap());
-    assert!(dir.join("node_modules/conduit-extension/index.d.ts").is_file());
+    assert!(
+        dir.join("node_modules/conduit-extension/index.d.ts")
+            .is_file()
+    );
     passes_check(&dir);
 }
 
@@ -456,10 +514,20 @@ fn bench_sdk_echo_and_cold_start() {
     let rounds = 2000;
     let cases: Vec<(&str, Vec<&str>, PathBuf)> = vec![
         ("rust (examples/echo)", vec!["./conduit-echo"], rust),
-        ("python (examples/python-echo)", vec!["python3", "-B", "echo.py"], example("python-echo")),
-        ("node (examples/node-echo)", vec!["node", "echo.mjs"], example("node-echo")),
+        (
+            "python (examples/python-echo)",
+            vec!["python3", "-B", "echo.py"],
+            example("python-echo"),
+        ),
+        (
+            "node (examples/node-echo)",
+            vec!["node", "echo.mjs"],
+            example("node-echo"),
+        ),
     ];
-    println!("| extension | cold start (spawn → initialize answered) | echo p50 | echo p50 with `_meta.remaining_ms` |");
+    println!(
+        "| extension | cold start (spawn → initialize answered) | echo p50 | echo p50 with `_meta.remaining_ms` |"
+    );
     println!("|---|---|---|---|");
     for (name, argv, dir) in cases {
         let mut colds = Vec::new();
