@@ -214,13 +214,6 @@ export function readId(raw) {
   return { key: "n:" + text, text, value };
 }
 
-function idOfValue(v) {
-  if (typeof v === "string") return { key: "s:" + v, text: JSON.stringify(v), value: v };
-  if (typeof v === "bigint") return readId(v.toString());
-  if (Number.isSafeInteger(v)) return readId(String(v));
-  return null;
-}
-
 // ignoreBOM keeps a byte-order mark in the text, so that it is refused (§3.3) rather than stripped.
 const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 
@@ -673,9 +666,11 @@ class Server {
     const { members } = scanMembers(text);
     const count = new Map();
     let idRaw;
+    let paramsRaw;
     for (const m of members) {
       count.set(m.key, (count.get(m.key) || 0) + 1);
       if (m.key === "id") idRaw = m.raw; // the last one, as JSON.parse keeps it
+      if (m.key === "params") paramsRaw = m.raw;
     }
     const dups = [...count].filter(([k, n]) => n > 1 && TOP.has(k)).map(([k]) => k);
     const hasId = count.has("id");
@@ -689,7 +684,7 @@ class Server {
     else if ("result" in msg || "error" in msg) problem = "a request must not carry result or error";
     else if (typeof msg.method !== "string") problem = "method must be a string";
     if (problem) return this.sendError(id ? id.text : "null", ErrorCode.INVALID_REQUEST, `invalid request: ${problem}`);
-    if (!hasId) return this.onNotification(msg.method, msg.params);
+    if (!hasId) return this.onNotification(msg.method, msg.params, paramsRaw);
     this.onRequest(id, msg.method, "params" in msg, msg.params);
   }
 
@@ -707,13 +702,13 @@ class Server {
     this.complete(id.key, msg.result, null);
   }
 
-  onNotification(method, params) {
+  onNotification(method, params, paramsRaw) {
     if (!this.initialized || method !== "$/cancel") return;
     if (params === null || typeof params !== "object" || Array.isArray(params)) return;
-    const id = idOfValue(params.id);
-    // A $/cancel whose id is beyond 2^53 cannot be told apart through JSON.parse; conduit's
-    // ids are small, and such a cancel is ignored rather than matched wrongly.
-    if (!id || (typeof params.id === "number" && !Number.isSafeInteger(params.id))) return;
+    // The id is read from the raw text too, so a cancel names an id beyond 2^53 exactly.
+    const m = scanMembers(paramsRaw).members.filter((x) => x.key === "id").pop();
+    const id = m ? readId(m.raw) : null;
+    if (!id) return; // malformed params: ignored (§3.3)
     const req = this.running.get(id.key);
     if (!req || req.method === "shutdown") return;
     this.cancel(req);

@@ -103,6 +103,14 @@ describe("session", () => {
     assert.equal(dup.msg.error.code, -32600);
     h.sendRaw('{"jsonrpc":"2.0","id":9007199254740992,"method":"echo","params":{}}\n');
     assert.equal((await h.recv()).id, "9007199254740992");
+    // A cancel naming the neighbouring id (equal as a JavaScript number) cancels nothing ...
+    h.sendRaw('{"jsonrpc":"2.0","method":"$/cancel","params":{"id":9007199254740992}}\n');
+    await h.silence(200);
+    // ... and one naming the running id exactly cancels it.
+    h.sendRaw('{"jsonrpc":"2.0","method":"$/cancel","params":{"id":9007199254740993}}\n');
+    const c = await h.recv();
+    assert.equal(c.id, "9007199254740993");
+    assert.equal(c.msg.error.code, -32001);
   });
 
   test("the id and shape rules of §3.3", async () => {
