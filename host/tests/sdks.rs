@@ -544,3 +544,49 @@ fn bench_sdk_echo_and_cold_start() {
         );
     }
 }
+
+/// An installed SDK package imports its vendored SDK at every start; `-B` keeps the interpreter
+/// from writing bytecode into the installed folder, so a restart never finds a file that was
+/// not installed. Three operator restarts, each a new process that answers.
+#[test]
+fn the_python_sdk_package_survives_three_restarts() {
+    if !have("python3") {
+        return;
+    }
+    let mut f = Fixture::new();
+    f.install(&example("python-echo"));
+    f.start_daemon();
+    let mut pid = f.wait_state("python-echo", "ready", PATIENCE)["pid"].clone();
+    for round in 1..=3 {
+        let run = f.conduit(&["ext", "restart", "python-echo"]);
+        assert_eq!(run.code(), Some(0), "{}{}", run.context(), f.context());
+        let s = f.wait_for("python-echo", PATIENCE, |s| {
+            s["state"] == "ready" && s["pid"].is_i64() && s["pid"] != pid
+        });
+        pid = s["pid"].clone();
+        let run = f.conduit(&["ext", "call", "python-echo", "echo", r#"{"text":"again"}"#]);
+        assert_eq!(
+            run.code(),
+            Some(0),
+            "round {round}{}{}",
+            run.context(),
+            f.context()
+        );
+        assert_eq!(run.json()["text"], "again");
+    }
+    let installed = f.state().join("packages/python-echo");
+    assert!(
+        installed.join("conduit_extension/__init__.py").is_file(),
+        "the installed package is not where this test looks{}",
+        f.context()
+    );
+    let cached: Vec<_> = support::fixture::walk(&installed)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("__pycache__"))
+        .collect();
+    assert!(
+        cached.is_empty(),
+        "bytecode in the installed package: {cached:?}"
+    );
+    assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
+}
