@@ -867,7 +867,10 @@ class _Server:
             err["data"] = data
         self.writer.send({"jsonrpc": "2.0", "id": req_id, "error": err}, wait_room=False)
 
-    def finish(self, req, result=None, error=None, final=False):
+    def finish(self, req, result=None, error=None, final=False, wait_room=True):
+        """Answer ``req`` once. ``wait_room=False`` (the reader thread's answers) queues the
+        answer even past the queue's byte bound, so the reader never waits on a host that is
+        not reading its answers."""
         with self.lock:
             if req.answered:
                 return False
@@ -879,12 +882,12 @@ class _Server:
             msg["result"] = result
         try:
             try:
-                self.writer.send(msg, final=final)
+                self.writer.send(msg, final=final, wait_room=wait_room)
             except (TypeError, ValueError) as exc:  # the result is not JSON
                 self.writer.send({"jsonrpc": "2.0", "id": req.id, "error": {
                     "code": ErrorCode.INTERNAL_ERROR,
                     "message": "`%s` returned a result that is not JSON: %s" % (req.method, exc)}},
-                    final=final)
+                    final=final, wait_room=wait_room)
         finally:
             # It stops counting once its answer is on its way (§9, §10).
             with self.lock:
@@ -896,7 +899,8 @@ class _Server:
 
     def cancel(self, req):
         req.ctx.cancelled.set()
-        self.finish(req, error={"code": ErrorCode.CANCELLED, "message": "the request was cancelled"})
+        self.finish(req, error={"code": ErrorCode.CANCELLED, "message": "the request was cancelled"},
+                    wait_room=False)
 
     # -- reading --------------------------------------------------------------------------------
 

@@ -243,11 +243,15 @@ describe("session", () => {
     const seqs = [];
     let received = 0;
     let c;
+    const giveUp = Date.now() + 30000;
     for (;;) {
       try {
         c = await h.nextCall(500);
       } catch {
-        assert.ok(unacked.length, "the stream stalled with nothing unanswered");
+        // Quiet for 0.5 s: the sender waits for an ack (it must not send past the window),
+        // or it is slow on a busy machine.
+        assert.ok(Date.now() < giveUp, "the stream stalled");
+        if (!unacked.length) continue;
         const u = unacked.shift();
         received += Buffer.from(u.params.data, "base64").length;
         h.answer(u, { received });
