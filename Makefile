@@ -33,7 +33,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: man fuzz fuzz-short drill build test test-bench test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry
+.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry
 
 build:
 	$(CARGO) build --workspace --bins
@@ -58,6 +58,18 @@ bench-telemetry: build
 
 test-python:
 	python3 -m unittest discover -s examples/python-echo -p 'test_*.py'
+
+# The SDKs' own tests (extensions/python, extensions/node) and the Node examples' tests.
+test-sdks:
+	python3 -m unittest discover -s extensions/python/tests -p 'test_*.py'
+	node --test extensions/node/test/sdk.test.mjs examples/node-notes/test.mjs
+
+# The SDK examples carry a copy of their SDK (a package folder must run as installed, with
+# nothing outside it): run this after changing extensions/python or extensions/node. A test
+# (host/tests/sdks.rs) fails while a copy differs from its source.
+vendor-sdks:
+	for d in examples/python-echo; do rm -rf $$d/conduit_extension && mkdir -p $$d/conduit_extension && cp extensions/python/conduit_extension/__init__.py extensions/python/conduit_extension/py.typed $$d/conduit_extension/; done
+	for d in examples/node-echo examples/node-notes; do rm -rf $$d/node_modules/conduit-extension && mkdir -p $$d/node_modules/conduit-extension && cp extensions/node/index.js extensions/node/index.d.ts extensions/node/package.json $$d/node_modules/conduit-extension/; done
 
 fmt-check:
 	$(CARGO) fmt --all -- --check

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make test`: runs every suite even when one fails, then prints one line per suite and fails
 # if any failed. Suites: rust (every crate's unit and integration tests, the drills among
-# them; not the benchmarks), doc (the doc tests), python (the Python example's own tests).
+# them; not the benchmarks), doc (the doc tests), python (the Python example's own tests),
+# python-sdk (extensions/python's tests) and node-sdk (extensions/node's and the Node examples').
 # Failure output is printed as it happens and again at the end, never under a progress bar.
 #
 # Usage: scripts/test-all.sh            (CARGO and CARGO_TARGET_DIR are honoured)
@@ -16,7 +17,8 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 
 # Counts the tests a suite's runner reported passed and failed (nextest's Summary line, cargo
-# test's "test result" lines, unittest's "Ran N tests" and "FAILED (failures=F, errors=E)").
+# test's "test result" lines, unittest's "Ran N tests" and "FAILED (failures=F, errors=E)",
+# node --test's "# pass N" and "# fail N").
 count_tests() {
   python3 - "$1" <<'PY'
 import re, sys
@@ -32,6 +34,8 @@ else:
     for n in re.findall(r"^Ran (\d+) tests?", text, re.M):
         bad = sum(int(x) for x in re.findall(r"(?:failures|errors)=(\d+)", text))
         passed += int(n) - bad; failed += bad
+    for p, f in re.findall(r"^# pass (\d+)\n# fail (\d+)", text, re.M):
+        passed += int(p); failed += int(f)
 print(passed, failed)
 PY
 }
@@ -72,6 +76,13 @@ else
 fi
 run_suite doc "$cargo" test --workspace --exclude conduit-bench --doc
 run_suite python python3 -m unittest discover -s examples/python-echo -p 'test_*.py'
+run_suite python-sdk python3 -m unittest discover -s extensions/python/tests -p 'test_*.py'
+if command -v node >/dev/null; then
+  run_suite node-sdk node --test extensions/node/test/sdk.test.mjs examples/node-notes/test.mjs
+else
+  echo "node is not installed: the node-sdk suite is not run (.ci/run installs it)" >&2
+  names+=(node-sdk) times+=(0) results+=("FAILED (node is not installed)")
+fi
 
 if ls "$target"/tmp/drills/*.txt >/dev/null 2>&1; then
   echo
@@ -83,7 +94,7 @@ echo
 echo "=== summary"
 failed=0
 for i in "${!names[@]}"; do
-  printf 'suite %-7s %s in %ss\n' "${names[$i]}" "${results[$i]}" "${times[$i]}"
+  printf 'suite %-10s %s in %ss\n' "${names[$i]}" "${results[$i]}" "${times[$i]}"
   case "${results[$i]}" in passed*) ;; *) failed=$((failed + 1)) ;; esac
 done
 echo "suites: $(( ${#names[@]} - failed )) passed, $failed failed"

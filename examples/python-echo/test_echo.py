@@ -38,7 +38,7 @@ class Extension:
 
     def __init__(self):
         self.proc = subprocess.Popen(
-            [sys.executable, ECHO],
+            [sys.executable, "-B", ECHO],
             cwd=HERE,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

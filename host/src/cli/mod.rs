@@ -26,6 +26,7 @@ mod docs_gen;
 mod ext_check;
 mod ext_logs;
 mod ext_manage;
+mod ext_new;
 mod ext_status;
 mod ext_wait;
 mod metrics;
@@ -48,6 +49,7 @@ Quick start:
   conduit daemon run                    run every enabled package (foreground)
   conduit ext status                    what runs, with pids, restarts and call latencies
   conduit ext check ./my-package        check a package against the protocol's rules
+  conduit ext new NAME --lang python    a new package (rust, python or node) that passes the check
 
 Exit codes: 0 success; 1 the command found a failure; 2 usage error or unusable input;
 3 the command needs a running daemon and none runs. `conduit <command> --help` has more.
@@ -177,6 +179,7 @@ enum ExtCommand {
     Restart(ext_status::RestartArgs),
     Logs(ext_logs::Args),
     Call(ext_status::CallArgs),
+    New(ext_new::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -262,6 +265,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Ext(ExtCommand::Restart(args)) => ext_status::restart(args, &state, quiet),
         Command::Ext(ExtCommand::Logs(args)) => ext_logs::run(args, &state),
         Command::Ext(ExtCommand::Call(args)) => ext_status::call(args, &state),
+        Command::Ext(ExtCommand::New(args)) => ext_new::run(args),
         Command::Daemon(DaemonCommand::Run(args)) => daemon_run::run(args, &state),
         Command::Events(EventsCommand::Push(args)) => core_cmds::push(args, &state),
         Command::Events(EventsCommand::List(args)) => core_cmds::list_events(args, &state),

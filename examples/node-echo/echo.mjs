@@ -1,0 +1,17 @@
+// node-echo: the minimal conduit extension, on the Node SDK (extensions/node).
+//
+// Serves `echo` (params {"text": string}, answered with the params as received) and, like every
+// SDK extension, `check.sleep`. The SDK (vendored as node_modules/conduit-extension) does the
+// protocol: framing, exact ids, the handshake, cancellation, the 64-request limit, shutdown.
+import { Extension, RpcError } from "conduit-extension";
+
+const ext = new Extension("node-echo", "0.1.0");
+
+ext.method("echo", async (ctx, params) => {
+  if (typeof params.text !== "string") {
+    throw RpcError.invalidParams('echo needs params {"text": string}');
+  }
+  return params;
+});
+
+ext.run();

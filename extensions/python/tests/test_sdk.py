@@ -1,0 +1,379 @@
+"""The Python SDK's tests: a sample extension (sample_ext.py) run as a subprocess, driven by a
+host played over its pipes (host.py), plus unit tests of the SDK's pure functions.
+
+Run from the repository root: python3 -m unittest discover -s extensions/python/tests -v
+"""
+import base64
+import hashlib
+import os
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+import conduit_extension as ce  # noqa: E402
+from host import FakeHost  # noqa: E402
+
+SAMPLE = os.path.join(HERE, "sample_ext.py")
+
+
+class Units(unittest.TestCase):
+    def test_ids(self):
+        for ok in ["", "7", 0, 7, -1, 2 ** 63 - 1, -(2 ** 63)]:
+            self.assertTrue(ce.is_valid_id(ok), ok)
+        for bad in [True, False, None, 1.0, 2 ** 63, -(2 ** 63) - 1, [], {}]:
+            self.assertFalse(ce.is_valid_id(bad), bad)
+        self.assertFalse(ce.is_valid_id(ce.parse_json("-0")))
+        self.assertTrue(ce.is_valid_id(ce.parse_json("0")))
+        self.assertFalse(ce.is_valid_id(ce.parse_json("1e2")))
+
+    def test_json_rules(self):
+        for bad in ["NaN", "[Infinity]", '{"a":-Infinity}', "\ufeff{}", "   "]:
+            with self.assertRaises(ValueError, msg=bad):
+                ce.parse_json(bad)
+        m = ce.parse_json('{"id":1,"id":2,"params":{"a":1,"a":2}}')
+        self.assertEqual(m["id"], 2)
+        self.assertEqual(m.dups, frozenset({"id"}))
+        self.assertEqual(m["params"], {"a": 2})
+
+    def test_head_scan(self):
+        self.assertEqual(ce.scan_head(b'{"jsonrpc":"2.0","id":7,"method":"x","params":{"a'), (7, True, True))
+        self.assertEqual(ce.scan_head(b'{"params":{"id":1,"method":"m"},"id":"s"'), ("s", True, False))
+        self.assertEqual(ce.scan_head(b'{"id":12'), (None, False, False))  # might go on
+        self.assertEqual(ce.scan_head(b'{"id":-0,"method":'), (None, False, True))
+        self.assertEqual(ce.scan_head(b'{"id":1,"method"'), (1, True, False))  # no ":" yet
+        self.assertEqual(ce.scan_head(b'{"id":1.5,"method":'), (None, False, True))
+
+    def test_retryable(self):
+        self.assertFalse(ce.ErrorCode.is_retryable(-32000))  # a library's generic server error
+        self.assertFalse(ce.ErrorCode.is_retryable(-32000, {"other": 1}))
+        self.assertTrue(ce.ErrorCode.is_retryable(-32000, {"limit": 64}))
+        self.assertTrue(ce.ErrorCode.is_retryable(-32000, {"held_bytes_limit": 50331648}))
+        self.assertFalse(ce.ErrorCode.is_retryable(-32603))
+        self.assertTrue(ce.ErrorCode.is_retryable(-32008))
+        self.assertFalse(ce.ErrorCode.is_retryable(-39999))  # unknown codes are not
+
+    def test_registration(self):
+        ext = ce.Extension("x", "1.0.0")
+        ext.method("a")(lambda c, p: p)
+        with self.assertRaises(ValueError):
+            ext.method("a")(lambda c, p: p)
+        for reserved in ["$/cancel", "shutdown", "state.event", "work_kind.trigger", "check.sleep"]:
+            with self.assertRaises(ValueError):
+                ext.method(reserved)
+        self.assertEqual(ext.capabilities(), {"methods": ["a", "check.sleep"]})
+
+
+class Session(unittest.TestCase):
+    def setUp(self):
+        self.h = FakeHost([SAMPLE], cwd=HERE)
+
+    def tearDown(self):
+        self.h.stop()
+        self.assertEqual(self.h.violations, [], "non-protocol output on stdout")
+
+    def err(self, msg, code, req_id):
+        self.assertIn("error", msg, msg)
+        self.assertEqual(msg["error"]["code"], code, msg)
+        self.assertIsInstance(msg["error"]["message"], str)
+        self.assertEqual(msg["id"], req_id, msg)
+        self.assertEqual(type(msg["id"]), type(req_id), msg)
+
+    def test_handshake_declares_what_is_registered(self):
+        r = self.h.initialize()
+        self.assertEqual(r["protocol_version"], 1)
+        self.assertEqual(r["extension"], {"name": "sample", "version": "0.2.0"})
+        caps = r["capabilities"]
+        self.assertEqual(caps["work_kinds"], [{"name": "job", "trigger": True}, {"name": "plain", "trigger": False}])
+        self.assertEqual(caps["ingress"], ["feed"])
+        self.assertEqual(caps["methods"][-1], "check.sleep")
+        self.assertIn("echo", caps["methods"])
+
+    def test_version_mismatch_then_retry(self):
+        p = dict(ce.__dict__.get("X", {}))
+        p = {"protocol_versions": [7, 2], "host": {"name": "h", "version": "1"}}
+        a = self.h.call("initialize", p)
+        self.err(a, -32003, a["id"])
+        self.assertEqual(a["error"]["data"], {"host_versions": [7, 2], "extension_versions": [1]})
+        self.err(self.h.call("echo", {"text": "x"}), -32007, self.h.next_id - 1)
+        self.h.initialize()
+        self.err(self.h.call("initialize", p), -32600, self.h.next_id - 1)
+
+    def test_before_the_handshake(self):
+        self.err(self.h.call("shutdown", {}), -32007, 100)
+        self.h.notify("$/cancel", {"id": 100})
+        self.h.silence(0.2)
+        a = self.h.call("initialize", {"protocol_versions": "1", "host": {"name": "h", "version": "1"}})
+        self.err(a, -32602, 101)
+
+    def test_id_and_shape_rules(self):
+        self.h.initialize()
+        cases = [
+            (b'{"jsonrpc":"2.0","id":-0,"method":"echo","params":{}}', -32600, None),
+            (b'{"jsonrpc":"2.0","id":1.0,"method":"echo"}', -32600, None),
+            (b'{"jsonrpc":"2.0","id":1e2,"method":"echo"}', -32600, None),
+            (b'{"jsonrpc":"2.0","id":9223372036854775808,"method":"echo"}', -32600, None),
+            (b'{"jsonrpc":"2.0","id":3,"id":4,"method":"echo"}', -32600, 4),
+            (b'{"jsonrpc":"2.0","id":5,"method":"echo","method":"echo"}', -32600, 5),
+            (b'{"jsonrpc":"2.0","id":6,"method":"echo","result":1}', -32600, 6),
+            (b'{"jsonrpc":"2.0","id":7,"method":"echo","error":{"code":1,"message":"m"}}', -32600, 7),
+            (b'{"jsonrpc":"2.0","id":8,"method":7}', -32600, 8),
+            (b'{"id":9,"method":"echo"}', -32600, 9),
+            (b'{"method":"$/cancel","params":{"id":1}}', -32600, None),
+            (b'[{"jsonrpc":"2.0","id":1,"method":"echo"}]', -32600, None),
+            (b'[]', -32600, None),
+            (b'17', -32600, None),
+            (b'{"jsonrpc":"2.0","id":10,"method":"echo","params":{"n":NaN}}', -32700, None),
+            (b'\xef\xbb\xbf{"jsonrpc":"2.0","id":11,"method":"echo"}', -32700, None),
+            (b'  \t ', -32700, None),
+            (b'{"jsonrpc":"2.0","id":12,"method":"echo","params":"\xff"}', -32700, None),
+            (b'{"jsonrpc":"2.0","id":13,"method":"$/cancel","params":{"id":1}}', -32601, 13),
+            (b'{"jsonrpc":"2.0","id":14,"method":"state.event","params":{}}', -32601, 14),
+            (b'{"jsonrpc":"2.0","id":15,"method":"echo","params":null}', -32602, 15),
+            (b'{"jsonrpc":"2.0","id":16,"method":"echo","params":[1]}', -32602, 16),
+            (b'{"jsonrpc":"2.0","id":17,"method":"nope","params":[1]}', -32601, 17),
+        ]
+        for line, code, req_id in cases:
+            with self.subTest(line=line):
+                self.h.send_raw(line + b"\n")
+                self.err(self.h.recv(), code, req_id)
+        # Never answered: responses, broken responses, unknown notifications, "shutdown" without id.
+        for line in [b'{"jsonrpc":"2.0","id":5,"result":{}}', b'{"jsonrpc":"2.0","id":5}',
+                     b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}',
+                     b'{"jsonrpc":"2.0","method":"shutdown"}', b'{"jsonrpc":"2.0","method":"x/y","extra":1}',
+                     b'', b'\r']:
+            self.h.send_raw(line + b"\n")
+        self.h.silence(0.3)
+        # Strings and the extreme integers are ids; unknown members are ignored.
+        for rid in ["", "7", -(2 ** 63), 2 ** 63 - 1]:
+            a = self.h.call("echo", {"text": "x"}) if False else self.h.wait_for(
+                self.h.request("echo", {"t": 1}, req_id=rid))
+            self.assertEqual(a, {"jsonrpc": "2.0", "id": rid, "result": {"t": 1}})
+        self.h.send_raw(b'{"jsonrpc":"2.0","id":20,"method":"echo","params":{"a":1},"extra":{"b":2}}\r\n')
+        self.assertEqual(self.h.recv()["result"], {"a": 1})
+
+    def test_in_transaction_dispatch(self):
+        self.h.initialize()
+        ev = {"id": 4, "source": "feed", "delivery_id": "d", "kind": "job", "payload": {}, "accepted_at_ms": 1}
+        a = self.h.call("work_kind.trigger", {"kind": "job", "inputs": [ev]})
+        self.assertEqual(a["result"], {"groups": [{"key": "k:4", "event_ids": [4]}]})
+        self.err(self.h.call("work_kind.trigger", {"kind": "other", "inputs": [ev]}), -32602, self.h.next_id - 1)
+        self.err(self.h.call("work_kind.trigger", {"kind": "plain", "inputs": [ev]}), -32602, self.h.next_id - 1)
+        self.err(self.h.call("recurrence.next", {"recurrence": "r"}), -32601, self.h.next_id - 1)
+        self.assertEqual(self.h.call("ingress.poll", {"source": "feed", "limit": 5})["result"], {"events": []})
+        self.err(self.h.call("ingress.poll", {"source": "elsewhere", "limit": 5}), -32602, self.h.next_id - 1)
+
+    def test_handler_errors(self):
+        self.h.initialize()
+        a = self.h.call("boom", {})
+        self.err(a, -32603, a["id"])
+        self.assertIn("KeyError", a["error"]["message"])
+        a = self.h.call("refuse", {"what": "w"})
+        self.err(a, -32010, a["id"])
+        self.assertEqual(a["error"]["data"], {"what": "w"})
+        self.assertEqual(self.h.call("echo", {"text": "still here"})["result"], {"text": "still here"})
+
+    def test_deadline_from_meta(self):
+        self.h.initialize()
+        r = self.h.call("deadline", {"a": 1, "_meta": {"remaining_ms": 2000}})["result"]
+        self.assertEqual(r["params"], {"a": 1})
+        self.assertTrue(r["has_deadline"])
+        self.assertTrue(0 < r["remaining"] <= 2.0, r)
+        r = self.h.call("deadline", {"a": 1})["result"]
+        self.assertEqual(r, {"params": {"a": 1}, "remaining": None, "has_deadline": False})
+        r = self.h.call("deadline", {"_meta": {"other": 1}})["result"]
+        self.assertEqual(r["params"], {})
+        self.assertFalse(r["has_deadline"])
+
+    def test_stray_prints_go_to_stderr(self):
+        self.h.initialize()
+        self.assertEqual(self.h.call("stray-print", {})["result"], {})
+        self.h.call("echo", {})
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any("nor this" in l for l in self.h.stderr):
+            time.sleep(0.01)
+        text = "".join(self.h.stderr)
+        self.assertIn("this must not reach the protocol stream", text)
+        self.assertIn("nor this", text)
+
+    def test_callbacks(self):
+        self.h.initialize()
+        rid = self.h.request("callbacks", {})
+        answers = {
+            "state.event": {"id": 41, "source": "feed", "delivery_id": "a", "kind": "k", "payload": {}, "accepted_at_ms": 1},
+            "state.events": {"events": []},
+            "ingress.push": {"event_id": 3, "duplicate": False},
+            "operation.emit": {"emission_id": 17, "commit_id": "emit-17"},
+        }
+        seen = []
+        for _ in range(5):
+            c = self.h.next_call()
+            seen.append((c["method"], c["params"]))
+            self.assertIsInstance(c["id"], int)
+            # Host requests are still served while the extension waits.
+            self.assertEqual(self.h.call("echo", {"n": len(seen)})["result"], {"n": len(seen)})
+            if c["method"] == "state.work":
+                self.h.answer(c, error={"code": -32010, "message": "no work 999"})
+            else:
+                self.h.answer(c, answers[c["method"]])
+        r = self.h.wait_for(rid)["result"]
+        self.assertEqual(r["event"]["id"], 41)
+        self.assertEqual(r["push"], answers["ingress.push"])
+        self.assertEqual(r["emit"], answers["operation.emit"])
+        self.assertEqual(r["work_error"], -32010)
+        self.assertEqual(seen[1], ("state.events", {"source": "feed", "limit": 2}))
+        self.assertEqual(seen[2], ("ingress.push", {"source": "feed", "delivery_id": "d-1", "kind": "job.run", "payload": {"n": 1}}))
+        self.assertEqual(seen[3], ("operation.emit", {"emission": "note", "work_id": 5, "payload": {"x": 1}}))
+
+    def test_callback_deadline_sends_cancel(self):
+        self.h.initialize()
+        rid = self.h.request("slow-callback", {"timeout": 0.2})
+        c = self.h.next_call()
+        self.assertEqual(c["method"], "state.event")
+        self.assertEqual(self.h.wait_for(rid)["result"], {"code": -32002})
+        cancel = self.h.next_call()
+        self.assertEqual(cancel, {"jsonrpc": "2.0", "method": "$/cancel", "params": {"id": c["id"]}})
+        self.h.answer(c, {"late": True})  # a late answer is ignored
+        self.assertEqual(self.h.call("echo", {})["result"], {})
+
+    def test_artifact_stream_keeps_the_window(self):
+        self.h.initialize()
+        size = 10 * 1024 + 7
+        rid = self.h.request("artifact", {"size": size, "chunk": 1024})
+        op = self.h.next_call()
+        self.assertEqual(op["method"], "artifact.open")
+        self.assertEqual(op["params"], {"name": "out.bin", "media_type": "application/octet-stream"})
+        self.h.answer(op, {"stream_id": "s-1", "max_chunk_bytes": 512, "window": 3})
+        got, unacked, seqs, received = b"", [], [], 0
+        give_up = time.monotonic() + 30
+        while True:
+            try:
+                c = self.h.next_call(timeout=0.5)
+            except AssertionError:
+                # Quiet for 0.5 s: the sender waits for an ack (it must not send past the
+                # window), or it is slow on a busy machine.
+                self.assertLess(time.monotonic(), give_up, "the stream stalled")
+                if not unacked:
+                    continue
+                received += len(base64.b64decode(unacked[0]["params"]["data"]))
+                self.h.answer(unacked.pop(0), {"received": received})
+                continue
+            if c["method"] == "artifact.close":
+                self.assertEqual(unacked, [])
+                break
+            self.assertEqual(c["method"], "artifact.chunk")
+            unacked.append(c)
+            self.assertLessEqual(len(unacked), 3, "more chunks unanswered than the window")
+            data = base64.b64decode(c["params"]["data"])
+            self.assertLessEqual(len(data), 512)
+            got += data
+            seqs.append(c["params"]["seq"])
+        self.assertEqual(seqs, list(range(len(seqs))))
+        self.assertEqual(len(got), size)
+        self.assertEqual(c["params"], {"stream_id": "s-1", "size": size, "sha256": hashlib.sha256(got).hexdigest()})
+        self.h.answer(c, {"artifact_id": "sha256:" + hashlib.sha256(got).hexdigest(), "size": size})
+        self.assertEqual(self.h.wait_for(rid)["result"]["size"], size)
+
+    def test_artifact_failure_aborts(self):
+        self.h.initialize()
+        rid = self.h.request("artifact", {"size": 3000, "chunk": 1000})
+        self.h.answer(self.h.next_call(), {"stream_id": "s-2", "max_chunk_bytes": 1000, "window": 8})
+        c = self.h.next_call()
+        self.h.answer(c, error={"code": -32009, "message": "bad chunk"})
+        while True:
+            c = self.h.next_call()
+            if c["method"] == "artifact.abort":
+                break
+            self.h.answer(c, {"received": 0})
+        self.assertEqual(c["params"], {"stream_id": "s-2"})
+        self.h.answer(c, {})
+        self.err(self.h.wait_for(rid), -32009, rid)
+
+    def test_cancel_duplicate_and_overload(self):
+        self.h.initialize()
+        with tempfile.TemporaryDirectory() as d:
+            marker = os.path.join(d, "m")
+            rid = self.h.request("wait-cancel", {"marker": marker})
+            self.h.call("echo", {})  # the request is running
+            self.err(self.h.wait_for(self.h.request("echo", {}, req_id=rid)), -32600, rid)
+            self.h.notify("$/cancel", {"id": rid})
+            self.err(self.h.wait_for(rid), -32001, rid)
+            end = time.monotonic() + 5
+            while not os.path.exists(marker) and time.monotonic() < end:
+                time.sleep(0.01)
+            with open(marker) as f:
+                self.assertEqual(f.read(), "cancelled")
+        held = [self.h.request("check.sleep", {"ms": 60000}) for _ in range(64)]
+        self.h.call("echo", {}) if False else None
+        extra = self.h.request("check.sleep", {"ms": 1})
+        a = self.h.wait_for(extra)
+        self.err(a, -32000, extra)
+        self.assertEqual(a["error"]["data"], {"limit": 64})
+        # A running id still wins over the limit; shutdown at the limit is overloaded too.
+        self.err(self.h.wait_for(self.h.request("echo", {}, req_id=held[0])), -32600, held[0])
+        self.err(self.h.wait_for(self.h.request("shutdown", {})), -32000, self.h.next_id - 1)
+        self.h.notify("$/cancel", {"id": held[0]})
+        self.err(self.h.wait_for(held[0]), -32001, held[0])
+        self.assertEqual(self.h.call("echo", {"x": 1})["result"], {"x": 1})
+        for r in held[1:]:
+            self.h.notify("$/cancel", {"id": r})
+        for r in held[1:]:
+            self.err(self.h.wait_for(r), -32001, r)
+
+    def test_check_sleep(self):
+        self.h.initialize()
+        a = self.h.call("check.sleep", {"ms": 50})
+        self.assertGreaterEqual(a["result"]["slept_ms"], 50)
+        for bad in [{"ms": -1}, {"ms": 1.5}, {"ms": "100"}, {}]:
+            self.err(self.h.call("check.sleep", bad), -32602, self.h.next_id - 1)
+
+    def test_shutdown_lets_running_requests_finish(self):
+        self.h.initialize()
+        rid = self.h.request("finish-on-shutdown", {})
+        sleeper = self.h.request("check.sleep", {"ms": 60000})
+        self.h.call("echo", {})
+        sid = self.h.request("shutdown", {})
+        self.h.notify("$/cancel", {"id": sid})  # never revokes the stop
+        first = self.h.recv()
+        second = self.h.recv()
+        self.err(first, -32001, sleeper)  # check.sleep is cancelled at once
+        self.assertEqual(second, {"jsonrpc": "2.0", "id": rid, "result": {"finished": True}})
+        self.assertEqual(self.h.recv(), {"jsonrpc": "2.0", "id": sid, "result": {}})
+        self.assertEqual(self.h.proc.wait(timeout=5), 0)
+
+    def test_requests_after_shutdown(self):
+        self.h.initialize()
+        rid = self.h.request("finish-on-shutdown", {})
+        sid = self.h.request("shutdown", {})
+        self.err(self.h.wait_for(self.h.request("echo", {})), -32008, self.h.next_id - 1)
+        self.err(self.h.wait_for(self.h.request("shutdown", {})), -32008, self.h.next_id - 1)
+        self.assertIn("result", self.h.wait_for(rid))
+        self.assertEqual(self.h.wait_for(sid)["result"], {})
+        self.assertEqual(self.h.proc.wait(timeout=5), 0)
+
+    def test_eof_exits_at_once_with_a_callback_pending(self):
+        self.h.initialize()
+        self.h.request("callbacks", {})
+        self.h.next_call()  # the extension now waits for the host
+        t0 = time.monotonic()
+        self.h.proc.stdin.close()
+        self.assertEqual(self.h.proc.wait(timeout=5), 0)
+        self.assertLess(time.monotonic() - t0, 4.0)
+
+    def test_oversized_request(self):
+        self.h.initialize()
+        head = b'{"jsonrpc":"2.0","id":"big","method":"echo","params":{"t":"'
+        line = head + b"a" * (ce.MAX_MESSAGE_BYTES) + b'"}}'
+        self.h.send_raw(line + b"\n")
+        a = self.h.wait_for("big", timeout=20)
+        self.err(a, -32004, "big")
+        self.assertEqual(a["error"]["data"], {"limit": ce.MAX_MESSAGE_BYTES, "size": len(line)})
+        self.assertEqual(self.h.call("echo", {"after": 1})["result"], {"after": 1})
+
+
+if __name__ == "__main__":
+    unittest.main()

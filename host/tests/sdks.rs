@@ -1,0 +1,592 @@
+//! The Python and Node SDKs through the real `conduit`: their examples pass `conduit ext check`,
+//! run a notes-like workload under the daemon, report a handler's exception as a non-retryable
+//! error, and carry an up-to-date copy of their SDK. `conduit ext new` skeletons of every
+//! language pass `ext check` as generated.
+//!
+//! A test whose interpreter (`python3`, `node`) is missing says so on stderr and passes without
+//! checking; `.ci/run` installs both.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use support::fixture::Fixture;
+use support::{PATIENCE, Run, workspace_root};
+
+fn have(program: &str) -> bool {
+    let ok = Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIPPED: `{program}` is not installed, so this test checks nothing");
+    }
+    ok
+}
+
+fn conduit(args: &[&str]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_conduit"))
+        .args(args)
+        .env_remove("CONDUIT_LOG")
+        .output()
+        .expect("the conduit binary runs");
+    Run {
+        cmd: format!("conduit {}", args.join(" ")),
+        out,
+    }
+}
+
+#[track_caller]
+fn passes_check(pkg: &Path) {
+    let run = conduit(&["ext", "check", pkg.to_str().unwrap()]);
+    run.expect_code(0);
+    assert!(
+        run.stdout().contains(": every rule passed"),
+        "{}",
+        run.context()
+    );
+}
+
+fn example(name: &str) -> PathBuf {
+    workspace_root().join("examples").join(name)
+}
+
+// ---- the examples pass `ext check` ---------------------------------------------------------
+
+#[test]
+fn the_node_echo_example_passes_the_check() {
+    if have("node") {
+        passes_check(&example("node-echo"));
+    }
+}
+
+#[test]
+fn the_node_notes_example_passes_the_check() {
+    if have("node") {
+        passes_check(&example("node-notes"));
+    }
+}
+
+#[test]
+fn the_python_echo_example_is_built_on_the_sdk_and_passes_the_check() {
+    if !have("python3") {
+        return;
+    }
+    let src = std::fs::read_to_string(example("python-echo/echo.py")).unwrap();
+    assert!(src.contains("from conduit_extension import"), "{src}");
+    assert!(
+        src.lines().count() <= 30,
+        "the echo example is {} lines",
+        src.lines().count()
+    );
+    passes_check(&example("python-echo"));
+}
+
+#[test]
+fn the_node_echo_example_is_at_most_30_lines() {
+    let src = std::fs::read_to_string(example("node-echo/echo.mjs")).unwrap();
+    assert!(src.contains("from \"conduit-extension\""), "{src}");
+    assert!(
+        src.lines().count() <= 30,
+        "the echo example is {} lines",
+        src.lines().count()
+    );
+}
+
+// ---- the vendored copies are the SDKs ------------------------------------------------------
+
+#[test]
+fn every_vendored_sdk_copy_is_identical_to_its_source() {
+    let root = workspace_root();
+    let mut copies: Vec<(PathBuf, PathBuf)> = Vec::new();
+    for f in ["__init__.py", "py.typed"] {
+        copies.push((
+            root.join("extensions/python/conduit_extension").join(f),
+            root.join("examples/python-echo/conduit_extension").join(f),
+        ));
+    }
+    for ex in ["node-echo", "node-notes"] {
+        for f in ["index.js", "index.d.ts", "package.json"] {
+            copies.push((
+                root.join("extensions/node").join(f),
+                root.join("examples")
+                    .join(ex)
+                    .join("node_modules/conduit-extension")
+                    .join(f),
+            ));
+        }
+    }
+    for (src, copy) in copies {
+        let a = std::fs::read(&src).unwrap();
+        let b = std::fs::read(&copy).unwrap_or_default();
+        assert!(
+            a == b,
+            "{} differs from {}: run `make vendor-sdks`",
+            copy.display(),
+            src.display()
+        );
+    }
+}
+
+// ---- under the daemon ----------------------------------------------------------------------
+
+/// A notes-like Python package on the vendored SDK: work kind `pynote` grouped by thread, a
+/// push-only source, and a method whose handler raises.
+fn python_package(f: &Fixture) -> PathBuf {
+    let pkg = f.dir.path().join("src/py-notes");
+    let sdk = pkg.join("conduit_extension");
+    std::fs::create_dir_all(&sdk).unwrap();
+    for file in ["__init__.py", "py.typed"] {
+        std::fs::copy(
+            workspace_root()
+                .join("extensions/python/conduit_extension")
+                .join(file),
+            sdk.join(file),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        pkg.join("notes.py"),
+        r#"from conduit_extension import Extension
+
+ext = Extension("py-notes", "0.1.0")
+ext.declare_ingress("py-inbox")
+
+
+@ext.work_kind("pynote")
+def group(ctx, p):
+    groups = {}
+    for e in p["inputs"]:
+        key = "thread:%s" % e["payload"].get("thread", e["id"])
+        g = groups.setdefault(key, {"key": key, "event_ids": [], "start": True})
+        g["event_ids"].append(e["id"])
+    return {"groups": list(groups.values())}
+
+
+@ext.method("fail")
+def fail(ctx, params):
+    return {}["missing"]
+
+
+ext.run()
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        pkg.join("conduit-extension.toml"),
+        "name = \"py-notes\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"-B\", \"notes.py\"]\n\n\
+         [capabilities]\nwork_kinds = [{ name = \"pynote\", trigger = true }]\ningress = [\"py-inbox\"]\nmethods = [\"fail\", \"check.sleep\"]\n",
+    )
+    .unwrap();
+    pkg
+}
+
+fn routed(f: &Fixture, id: i64) -> Option<Value> {
+    f.all_events()
+        .into_iter()
+        .find(|e| e["id"] == id && e.get("routed_at_ms").is_some())
+}
+
+fn work_keys(f: &Fixture) -> Vec<(String, Vec<i64>)> {
+    f.json(&["work", "list", "--json"])["work"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["key"].as_str().unwrap().to_owned(),
+                w["event_ids"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i.as_i64().unwrap())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// `conduit ext call` of a method whose handler throws: exit 1 and `internal_error`, which is
+/// not retryable (never `overloaded`).
+#[track_caller]
+fn handler_exception_is_not_retryable(f: &Fixture, name: &str, method: &str, params: &str) {
+    let run = f.conduit(&["ext", "call", name, method, params]);
+    assert_eq!(run.code(), Some(1), "{}{}", run.context(), f.context());
+    let v = run.json();
+    assert_eq!(v["error"]["code"], -32603, "{v:#}");
+    assert_eq!(v["error"]["name"], "internal_error", "{v:#}");
+    if let Some(r) = v["error"].get("retryable") {
+        assert_eq!(r, false, "{v:#}");
+    }
+    // The extension survived its handler's failure.
+    assert_eq!(f.status(name)["state"], "ready");
+}
+
+#[test]
+fn both_sdks_run_a_notes_workload_under_the_daemon() {
+    if !have("python3") || !have("node") {
+        return;
+    }
+    let mut f = Fixture::new();
+    f.install(&example("node-notes"));
+    f.install(&python_package(&f));
+    f.start_daemon();
+    f.wait_state("node-notes", "ready", PATIENCE);
+    f.wait_state("py-notes", "ready", PATIENCE);
+
+    let push = |src: &str, d: &str, kind: &str, payload: &str| {
+        f.push(src, d, kind, payload)["event_id"].as_i64().unwrap()
+    };
+    // Node: notes of one thread share a Work; an edit alone only queues.
+    let a = push(
+        "node-inbox",
+        "n1",
+        "node-note.posted",
+        r#"{"thread":"t-1","text":"one"}"#,
+    );
+    let b = push(
+        "node-inbox",
+        "n2",
+        "node-note.edited",
+        r#"{"thread":"t-1","text":"two"}"#,
+    );
+    let c = push(
+        "node-inbox",
+        "n3",
+        "node-note.posted",
+        r#"{"thread":"t-2","text":"three"}"#,
+    );
+    // Python: grouped by thread too.
+    let p = push("py-inbox", "p1", "pynote.posted", r#"{"thread":"x"}"#);
+    let q = push("py-inbox", "p2", "pynote.posted", r#"{"thread":"x"}"#);
+    for id in [a, b, c, p, q] {
+        f.wait_until("routing", || routed(&f, id));
+    }
+    let keys = work_keys(&f);
+    let has = |key: &str, ids: &[i64]| {
+        keys.iter()
+            .any(|(k, e)| k == key && ids.iter().all(|i| e.contains(i)))
+    };
+    assert!(has("thread:t-1", &[a, b]), "{keys:?}");
+    assert!(has("thread:t-2", &[c]), "{keys:?}");
+    assert!(has("thread:x", &[p, q]), "{keys:?}");
+
+    // node-notes serves the other three in-transaction calls too.
+    let t = f.json(&["timers", "add", "node-digest", "every 15m", "--json"]);
+    let timer = f.wait_until("the timer to fire", || {
+        let t = support::http::get(
+            &f.state().join("run/conduit.sock"),
+            &format!("/v1/timers/{}", t["timer_id"]),
+        );
+        t["last_fired_at_ms"].is_i64().then_some(t)
+    });
+    assert_eq!(
+        timer["next_at_ms"].as_i64().unwrap() - timer["last_fired_at_ms"].as_i64().unwrap(),
+        15 * 60 * 1000
+    );
+    let w = f.json(&["waits", "add", "node-mentions", "dora", "--json"]);
+    let hit = push(
+        "node-inbox",
+        "n4",
+        "node-note.posted",
+        r#"{"thread":"t-3","text":"thanks @Dora!"}"#,
+    );
+    let wait = f.wait_until("the wait to be satisfied", || {
+        let w = support::http::get(
+            &f.state().join("run/conduit.sock"),
+            &format!("/v1/waits/{}", w["wait_id"]),
+        );
+        (w["state"] == "satisfied").then_some(w)
+    });
+    assert_eq!(wait["satisfied_by_event_id"], hit);
+    let em = f.json(&[
+        "emissions",
+        "add",
+        "node-annotation",
+        r#"{"text":"a plan #db"}"#,
+        "--json",
+    ]);
+    let committed = f.wait_until("the emission to commit", || {
+        let e = support::http::get(
+            &f.state().join("run/conduit.sock"),
+            &format!("/v1/emissions/{}", em["emission_id"]),
+        );
+        (e["state"] == "committed").then_some(e)
+    });
+    assert_eq!(committed["records"][0]["kind"], "annotation");
+    assert_eq!(
+        committed["records"][0]["body"]["commit_id"],
+        em["commit_id"]
+    );
+    assert_eq!(committed["records"][0]["body"]["tags"][0], "db");
+
+    for name in ["node-notes", "py-notes"] {
+        let s = f.status(name);
+        assert!(
+            s["calls"]["work_kind.trigger"]["count"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 1,
+            "{s:#}"
+        );
+    }
+    let health = support::http::get(&f.state().join("run/conduit.sock"), "/v1/health");
+    assert_eq!(health["host_loop"]["fallbacks"], 0, "{health:#}");
+
+    // A handler's exception, in each SDK.
+    handler_exception_is_not_retryable(&f, "py-notes", "fail", "{}");
+    handler_exception_is_not_retryable(
+        &f,
+        "node-notes",
+        "work_kind.trigger",
+        r#"{"kind":"node-note","inputs":[null]}"#,
+    );
+    assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
+}
+
+// ---- `conduit ext new` ---------------------------------------------------------------------
+
+fn ext_new(name: &str, lang: &str, dir: &Path) -> Run {
+    conduit(&[
+        "ext",
+        "new",
+        name,
+        "--lang",
+        lang,
+        "--dir",
+        dir.to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn a_python_skeleton_passes_the_check_as_generated() {
+    if !have("python3") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("greeter");
+    ext_new("greeter", "python", &dir).expect_code(0);
+    assert!(dir.join("README.md").is_file());
+    assert!(dir.join("conduit_extension/__init__.py").is_file());
+    passes_check(&dir);
+    // -B: checking it wrote no bytecode into the package folder.
+    assert!(!dir.join("conduit_extension/__pycache__").exists());
+}
+
+#[test]
+fn a_node_skeleton_passes_the_check_as_generated() {
+    if !have("node") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("greeter");
+    let run = conduit(&[
+        "ext",
+        "new",
+        "greeter",
+        "--lang",
+        "node",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    run.expect_code(0);
+    let v = run.json();
+    assert_eq!(v["lang"], "node");
+    assert_eq!(v["package_dir"], dir.to_str().unwrap());
+    assert!(
+        dir.join("node_modules/conduit-extension/index.d.ts")
+            .is_file()
+    );
+    passes_check(&dir);
+}
+
+/// Builds the crate against the SDK of this checkout (offline, with the workspace's lock file
+/// so the versions are the ones already downloaded) in a target folder of its own that later
+/// runs reuse, stages it with its own `stage.sh`, and checks the staged folder.
+#[test]
+fn a_rust_skeleton_passes_the_check_once_staged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("greeter");
+    ext_new("greeter", "rust", &dir).expect_code(0);
+    for f in ["Cargo.toml", "src/main.rs", "stage.sh", "README.md"] {
+        assert!(dir.join(f).is_file(), "{f} missing");
+    }
+    std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ext-new-rust-target");
+    let out = Command::new("sh")
+        .arg(dir.join("stage.sh"))
+        .env("PROFILE", "dev")
+        .env("CARGO_TARGET_DIR", &target)
+        .env("CARGO_NET_OFFLINE", "true")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stage.sh failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    passes_check(&dir.join("package"));
+}
+
+#[test]
+fn ext_new_refuses_a_bad_name_and_a_folder_in_use() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = ext_new("Bad_Name", "python", &tmp.path().join("x"));
+    run.expect_code(2);
+    assert!(run.stderr().contains("name"), "{}", run.context());
+    assert!(!tmp.path().join("x").exists());
+    std::fs::write(tmp.path().join("keep.txt"), "mine").unwrap();
+    let run = ext_new("fine", "node", tmp.path());
+    run.expect_code(2);
+    assert!(run.stderr().contains("not empty"), "{}", run.context());
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("keep.txt")).unwrap(),
+        "mine"
+    );
+}
+
+// ---- what the SDKs cost (a benchmark, not a test: it only prints) --------------------------
+
+/// One extension process driven over its pipes: spawn → `initialize` answered (cold start),
+/// then sequential `echo` round trips, without and with `params._meta.remaining_ms`.
+fn measure(argv: &[&str], cwd: &Path, rounds: usize) -> (f64, f64, f64) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::time::Instant;
+    let t0 = Instant::now();
+    let mut child = Command::new(argv[0])
+        .args(&argv[1..])
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut ask = |stdin: &mut std::process::ChildStdin, text: &str| {
+        stdin.write_all(text.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+        line.clear();
+        stdout.read_line(&mut line).unwrap();
+        assert!(line.contains("result"), "{line}");
+    };
+    ask(
+        &mut stdin,
+        "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocol_versions\":[1],\"host\":{\"name\":\"bench\",\"version\":\"0\"}}}\n",
+    );
+    let cold = t0.elapsed().as_secs_f64() * 1e3;
+    let mut p50 = |meta: &str, base: usize| {
+        let mut us: Vec<f64> = (0..rounds)
+            .map(|i| {
+                let t = Instant::now();
+                ask(
+                    &mut stdin,
+                    &format!(
+                        "{{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"echo\",\"params\":{{\"text\":\"hello\"{meta}}}}}\n",
+                        base + i
+                    ),
+                );
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        us[us.len() / 2]
+    };
+    let plain = p50("", 1);
+    let with_meta = p50(",\"_meta\":{\"remaining_ms\":30000}", 1 + rounds);
+    drop(stdin);
+    let _ = child.wait();
+    (cold, plain, with_meta)
+}
+
+/// `cargo nextest run -p conduit-host --test sdks --run-ignored only -E 'test(/bench/)'
+/// --no-capture` (docs/performance.md, "SDK echo and cold start").
+#[test]
+#[ignore = "a benchmark: prints numbers, asserts nothing about them"]
+fn bench_sdk_echo_and_cold_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rust = support::stage_rust_example("echo", tmp.path()).unwrap();
+    let rounds = 2000;
+    let cases: Vec<(&str, Vec<&str>, PathBuf)> = vec![
+        ("rust (examples/echo)", vec!["./conduit-echo"], rust),
+        (
+            "python (examples/python-echo)",
+            vec!["python3", "-B", "echo.py"],
+            example("python-echo"),
+        ),
+        (
+            "node (examples/node-echo)",
+            vec!["node", "echo.mjs"],
+            example("node-echo"),
+        ),
+    ];
+    println!(
+        "| extension | cold start (spawn → initialize answered) | echo p50 | echo p50 with `_meta.remaining_ms` |"
+    );
+    println!("|---|---|---|---|");
+    for (name, argv, dir) in cases {
+        let mut colds = Vec::new();
+        let mut last = (0.0, 0.0);
+        for _ in 0..5 {
+            let (cold, plain, meta) = measure(&argv, &dir, rounds);
+            colds.push(cold);
+            last = (plain, meta);
+        }
+        colds.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        println!(
+            "| {name} | {:.1} ms (median of 5) | {:.1} µs | {:.1} µs |",
+            colds[2], last.0, last.1
+        );
+    }
+}
+
+/// An installed SDK package imports its vendored SDK at every start; `-B` keeps the interpreter
+/// from writing bytecode into the installed folder, so a restart never finds a file that was
+/// not installed. Three operator restarts, each a new process that answers.
+#[test]
+fn the_python_sdk_package_survives_three_restarts() {
+    if !have("python3") {
+        return;
+    }
+    let mut f = Fixture::new();
+    f.install(&example("python-echo"));
+    f.start_daemon();
+    let mut pid = f.wait_state("python-echo", "ready", PATIENCE)["pid"].clone();
+    for round in 1..=3 {
+        let run = f.conduit(&["ext", "restart", "python-echo"]);
+        assert_eq!(run.code(), Some(0), "{}{}", run.context(), f.context());
+        let s = f.wait_for("python-echo", PATIENCE, |s| {
+            s["state"] == "ready" && s["pid"].is_i64() && s["pid"] != pid
+        });
+        pid = s["pid"].clone();
+        let run = f.conduit(&["ext", "call", "python-echo", "echo", r#"{"text":"again"}"#]);
+        assert_eq!(
+            run.code(),
+            Some(0),
+            "round {round}{}{}",
+            run.context(),
+            f.context()
+        );
+        assert_eq!(run.json()["text"], "again");
+    }
+    let installed = f.state().join("packages/python-echo");
+    assert!(
+        installed.join("conduit_extension/__init__.py").is_file(),
+        "the installed package is not where this test looks{}",
+        f.context()
+    );
+    let cached: Vec<_> = support::fixture::walk(&installed)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("__pycache__"))
+        .collect();
+    assert!(
+        cached.is_empty(),
+        "bytecode in the installed package: {cached:?}"
+    );
+    assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
+}
