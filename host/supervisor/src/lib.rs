@@ -21,10 +21,14 @@
 //! an [`ExtensionSpec`] per package and a [`CallbackHandlers`] factory for the callbacks.
 
 pub mod backoff;
+pub mod cgroup;
+pub mod limits;
 pub mod log;
 pub mod process;
+pub mod sandbox;
 mod stats;
 pub mod tree;
+pub mod usage;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -47,7 +51,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{Jitter, RestartPolicy, RestartTracker, RunFacts};
 use crate::log::{LogFile, Tail};
-use crate::process::{ChildCommand, ExitInfo};
+use crate::limits::Limits;
+use crate::process::{ChildCommand, Confinement, ExitInfo};
+use crate::sandbox::SandboxStatus;
+use crate::usage::{CpuBudget, Duty, SAMPLE_INTERVAL, Usage};
 pub use crate::stats::MethodStats;
 use crate::tree::{Ledger, ProcId, TRACK_INTERVAL};
 
@@ -73,6 +80,11 @@ pub struct ExtensionSpec {
     /// every descendant seen), so that the next daemon can kill what is left after a crash of
     /// this one ([`tree::sweep_ledgers`]). Removed once a stop has killed them all.
     pub ledger: Option<PathBuf>,
+    /// Limits, sandbox and cgroup of every run ([`process::spawn_confined`]); the supervisor
+    /// enforces the tree-wide limits (see [`usage`]).
+    pub confine: Confinement,
+    /// Lines for people about the limits (asks of the package not granted), shown in status.
+    pub limit_notes: Vec<String>,
     pub host_version: String,
 }
 
@@ -105,6 +117,8 @@ impl ExtensionSpec {
             preflight: None,
             declared: None,
             ledger: None,
+            confine: Confinement::none(),
+            limit_notes: Vec::new(),
             host_version: env!("CARGO_PKG_VERSION").into(),
         }
     }
@@ -193,6 +207,26 @@ pub struct Status {
     /// in flight at that moment. Kept across restarts, upgrades and disable.
     #[serde(default)]
     pub recent_exits: Vec<ExitRecord>,
+    /// The limits and sandbox in force and the current use; absent for a child with none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+}
+
+/// The limits and sandbox of an extension, how they are enforced, and what it uses now.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct Resources {
+    pub limits: Limits,
+    /// How the limits are enforced: `cgroup v2 (...)` or `rlimits + supervisor (...)`.
+    pub mechanism: String,
+    pub sandbox: SandboxStatus,
+    /// Of the current run, while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// How many runs the host stopped for exceeding a limit (kept across restarts).
+    #[serde(default)]
+    pub limit_stops: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Why a child ended.
@@ -207,6 +241,8 @@ pub enum ExitCause {
     ClosedStdout,
     /// The host stopped it (see `reason`).
     StoppedByHost,
+    /// The host stopped it for exceeding a limit (`reason` names it and the use).
+    OverLimit,
 }
 
 /// A call that was in flight when a child ended.
@@ -254,6 +290,10 @@ impl ExitRecord {
                 "stopped by the host after {} ({how})",
                 reason.as_deref().unwrap_or("a request")
             ),
+            ExitCause::OverLimit => format!(
+                "stopped: {} ({how})",
+                reason.as_deref().unwrap_or("over a limit")
+            ),
         };
         ExitRecord {
             at_ms: exit.map_or_else(now_ms, |e| e.at_ms),
@@ -291,6 +331,7 @@ impl Status {
             calls: BTreeMap::new(),
             descendants: Vec::new(),
             recent_exits: Vec::new(),
+            resources: None,
         }
     }
 
@@ -305,6 +346,9 @@ impl Status {
         }
         if self.last_error.is_none() {
             self.last_error = earlier.last_error.clone();
+        }
+        if let (Some(now), Some(then)) = (&mut self.resources, &earlier.resources) {
+            now.limit_stops = now.limit_stops.max(then.limit_stops);
         }
     }
 
@@ -982,8 +1026,25 @@ async fn run_once(
         s.pid = None;
         s.descendants.clear();
     });
-    let mut child = match process::spawn(&spec.command) {
-        Ok(c) => c,
+    let mut child = match process::spawn_confined(&spec.command, &spec.confine) {
+        Ok((c, applied)) => {
+            if let Some(limits) = spec.confine.limits {
+                let mechanism = mechanism(&spec.confine);
+                let notes = spec.limit_notes.clone();
+                ext.update(|s| {
+                    let stops = s.resources.as_ref().map_or(0, |r| r.limit_stops);
+                    s.resources = Some(Resources {
+                        limits,
+                        mechanism,
+                        sandbox: applied.sandbox,
+                        usage: None,
+                        limit_stops: stops,
+                        notes,
+                    });
+                });
+            }
+            c
+        }
         Err(e) => {
             let error = format!("cannot start `{}`: {e}", spec.command.program.display());
             return Outcome::Failed {
@@ -1104,8 +1165,17 @@ async fn run_once(
     let watch = session_peer(&run);
     let mut tick = tokio::time::interval(TRACK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sample = tokio::time::interval(SAMPLE_INTERVAL);
+    sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut enforcer = spec.confine.limits.map(Enforcer::new);
     loop {
         tokio::select! {
+            _ = sample.tick(), if enforcer.is_some() => {
+                let e = enforcer.as_mut().expect("ticks only with an enforcer");
+                if let Some(why) = e.sample(ext, run.pid) {
+                    return over_limit(ext, run, Some(ready_at), why).await;
+                }
+            }
             status = run.child.wait() => {
                 let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
                 return finish_failed(ext, run, exit, Some(ready_at), String::new()).await;
@@ -1257,7 +1327,12 @@ async fn end_run(ext: &Extension, mut run: Run) {
     } else if let Some(l) = &run.ledger {
         l.remove();
     }
-    ext.update(|s| s.descendants.clear());
+    ext.update(|s| {
+        s.descendants.clear();
+        if let Some(r) = &mut s.resources {
+            r.usage = None;
+        }
+    });
     drop(run.child);
     process::release_leader(run.pid);
 }
@@ -1289,6 +1364,8 @@ async fn finish_stderr(task: JoinHandle<()>) {
 /// step bounded; then every process recorded in its tree is killed, wherever it moved.
 async fn stop_run(ext: &Extension, mut run: Run, grace: Duration, why: &str) {
     use nix::sys::signal::Signal;
+    // A tree stopped for its CPU share could not answer `shutdown` or see SIGTERM.
+    signal_tree(run.pid, Signal::SIGCONT);
     ext.update(|s| s.state = State::Stopping);
     // What runs now is recorded before the child can exit and orphan it.
     track(ext, &run);
@@ -1336,4 +1413,109 @@ async fn stop_run(ext: &Extension, mut run: Run, grace: Duration, why: &str) {
     );
     ext.update(|s| s.record_exit(rec));
     end_run(ext, run).await;
+}
+
+/// How the limits of `c` are enforced, for `ext status`.
+fn mechanism(c: &Confinement) -> String {
+    if c.cgroup.is_some() {
+        "cgroup v2 (memory.max, cpu.max, pids.max) + RLIMIT_NOFILE".into()
+    } else if cfg!(target_os = "linux") {
+        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA) + supervisor (tree RSS and tasks from /proc, CPU share by SIGSTOP/SIGCONT)".into()
+    } else {
+        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA); no /proc here, so memory, tasks and CPU share are not enforced".into()
+    }
+}
+
+/// Send `sig` to every live process of the tree rooted at `pid`.
+fn signal_tree(pid: u32, sig: nix::sys::signal::Signal) {
+    for p in tree::tree(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.id.pid as i32), sig);
+    }
+}
+
+/// The supervisor's side of the limits for one run: samples the tree, holds it to its CPU
+/// share, and says when it is over its memory or task limit.
+struct Enforcer {
+    limits: Limits,
+    budget: CpuBudget,
+    ticks: f64,
+    throttled: bool,
+    throttles: u64,
+}
+
+impl Enforcer {
+    fn new(limits: Limits) -> Self {
+        Enforcer {
+            limits,
+            budget: CpuBudget::new(limits.cpu),
+            ticks: usage::ticks_per_second() as f64,
+            throttled: false,
+            throttles: 0,
+        }
+    }
+
+    /// One sample; `Some(why)` when the tree must be stopped for a limit.
+    fn sample(&mut self, ext: &Extension, pid: u32) -> Option<String> {
+        use nix::sys::signal::Signal;
+        let procs = tree::tree(pid);
+        let u = usage::tree_use(procs.iter().map(|p| p.id.pid));
+        if let Some((_, why)) = usage::over_limit(&u, &self.limits) {
+            return Some(why);
+        }
+        match self
+            .budget
+            .step(Instant::now(), u.cpu_ticks as f64 / self.ticks)
+        {
+            Duty::Stop => {
+                if !self.throttled {
+                    self.throttles += 1;
+                }
+                self.throttled = true;
+                // Every tick: a process forked just before the last SIGSTOP is stopped too.
+                signal_tree(pid, Signal::SIGSTOP);
+            }
+            Duty::Run if self.throttled => {
+                self.throttled = false;
+                signal_tree(pid, Signal::SIGCONT);
+            }
+            Duty::Run => {}
+        }
+        let now = Usage {
+            rss_bytes: u.rss_bytes,
+            cpu: self.budget.recent_share(),
+            tasks: u.tasks,
+            processes: u.processes,
+            throttled: self.throttled,
+            throttles: self.throttles,
+        };
+        // Written without waking state waiters: use changes every tick, the state does not.
+        let mut core = ext.inner.core.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = &mut core.status.resources {
+            r.usage = Some(now);
+        }
+        None
+    }
+}
+
+/// The tree went over a limit: kill it (a tree over its memory is owed no grace), record why,
+/// count it; the actor restarts it with backoff.
+async fn over_limit(ext: &Extension, mut run: Run, ready_at: Option<Instant>, why: String) -> Outcome {
+    ext.inner.peer.send_replace(None);
+    let in_flight = ext.in_flight();
+    track(ext, &run);
+    tracing::warn!(extension = %ext.name(), reason = %why, "stopping the extension: it is over a limit");
+    let exit = kill_run(&mut run).await;
+    let rec = ExitRecord::new(run.pid, ExitCause::OverLimit, Some(why.clone()), exit, in_flight);
+    ext.update(|s| {
+        s.record_exit(rec);
+        if let Some(r) = &mut s.resources {
+            r.limit_stops += 1;
+            r.usage = None;
+        }
+    });
+    end_run(ext, run).await;
+    Outcome::Failed {
+        ready_at,
+        error: Some(format!("stopped: {why}")),
+    }
 }
