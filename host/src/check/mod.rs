@@ -113,9 +113,23 @@ pub struct PackageInfo {
     pub description: Option<String>,
 }
 
+/// The limits and sandbox the package was checked under: those the daemon would give it with
+/// no operator settings.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunUnder {
+    pub limits: conduit_supervisor::limits::Limits,
+    /// One line (`Landlock (ABI 7): …`, `none: …`); absent when no instance started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
+    /// Asks of the package an operator would have to grant.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
 /// The outcome of a whole check.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
+    pub run_under: RunUnder,
     pub package: PackageInfo,
     /// True when no rule failed (skips do not count against it).
     pub passed: bool,
@@ -158,6 +172,11 @@ pub(crate) struct Ctx<'a> {
     pub(crate) host: CheckHost,
     pub(crate) now_ms: i64,
     pub(crate) source: String,
+    /// How every instance is started: as the daemon would start the package (see
+    /// `packages::launch`), with scratch data and temporary folders.
+    pub(crate) launch: conduit_supervisor::process::PackageLaunch,
+    /// The sandbox the first instance ran in.
+    pub(crate) sandbox: std::sync::Mutex<Option<conduit_supervisor::sandbox::SandboxStatus>>,
 }
 
 impl Ctx<'_> {
@@ -184,12 +203,40 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
         .cloned()
         .unwrap_or_else(|| "check".to_owned());
     let host = CheckHost::new(callbacks::synthetic_events(&source, now_ms));
+    // Scratch folders for the package's data and temporary files, gone with the check.
+    let scratch = tempfile::Builder::new()
+        .prefix("conduit-check-")
+        .tempdir()
+        .map_err(|e| ManifestError::Read {
+            path: std::env::temp_dir(),
+            source: e,
+            hint: "the check needs a scratch folder in the temporary directory",
+        })?;
+    let folders = crate::packages::launch::Folders {
+        package: dir.canonicalize().unwrap_or_else(|_| dir.to_owned()),
+        data: scratch.path().join("data"),
+        tmp: scratch.path().join("tmp"),
+    };
+    let plan = crate::packages::launch::plan(
+        &manifest,
+        cmd.program.clone(),
+        cmd.args.clone(),
+        &folders,
+        &crate::packages::settings::PackageSettings::default(),
+    )
+    .map_err(|e| ManifestError::Read {
+        path: scratch.path().to_owned(),
+        source: e,
+        hint: "the check needs a scratch folder in the temporary directory",
+    })?;
     let ctx = Ctx {
         manifest: &manifest,
         opts,
         host,
         now_ms,
         source,
+        launch: plan.launch.clone(),
+        sandbox: std::sync::Mutex::new(None),
     };
 
     let mut results: Vec<RuleResult> = Vec::new();
@@ -255,7 +302,14 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
     };
     results.sort_by_key(|r| order(r.id));
     let passed = results.iter().all(|r| r.status != Status::Fail);
+    let sandbox = ctx.sandbox.lock().unwrap().clone();
+    let run_under = RunUnder {
+        limits: plan.limits.limits,
+        sandbox: sandbox.map(|s| s.summary()),
+        notes: plan.notes.clone(),
+    };
     Ok(Report {
+        run_under,
         package: PackageInfo {
             name: manifest.name.clone(),
             version: manifest.version.clone(),
@@ -284,7 +338,12 @@ fn start(
         max_outgoing: 2 * conduit_protocol::MAX_CONCURRENT_REQUESTS,
         ..SessionConfig::default()
     };
-    Instance::spawn(cmd, dir, label, ctx.host.clone(), config).map_err(|e| {
+    let _ = dir;
+    let spawned = Instance::spawn(&ctx.launch, label, ctx.host.clone(), config);
+    spawned.map(|(inst, sandbox)| {
+        ctx.sandbox.lock().unwrap().get_or_insert(sandbox);
+        inst
+    }).map_err(|e| {
         RuleResult::fail(
             rules::HANDSHAKE,
             format!("could not start `{}`: {e}", cmd.program.display()),

@@ -65,6 +65,9 @@ pub(crate) fn install(args: InstallArgs, state: &StateArgs) -> Result<ExitCode, 
             .map(|()| ExitCode::SUCCESS);
     }
     print(&format!("{outcome}\n"))?;
+    for note in super::ext_set::install_notes(&outcome.record) {
+        eprintln!("note: {note}");
+    }
     if daemon.is_none() {
         eprintln!(
             "(no daemon is running on {}; `conduit daemon run` starts it)",

@@ -258,6 +258,9 @@ fn detail(out: &mut String, v: &ExtensionView) {
         let pids: Vec<String> = s.descendants.iter().map(u32::to_string).collect();
         let _ = writeln!(out, "  descendants   {}", pids.join(" "));
     }
+    if let Some(r) = &s.resources {
+        super::ext_set::write_resources(out, r);
+    }
     if !s.recent_exits.is_empty() {
         let _ = writeln!(out, "  recent exits  (newest first)");
         for r in &s.recent_exits {

@@ -15,6 +15,7 @@ mod daemon_run;
 mod ext_check;
 mod ext_logs;
 mod ext_manage;
+mod ext_set;
 mod ext_status;
 mod metrics;
 mod service;
@@ -136,6 +137,7 @@ enum ExtCommand {
     Restart(ext_status::RestartArgs),
     Logs(ext_logs::Args),
     Call(ext_status::CallArgs),
+    Set(ext_set::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -211,6 +213,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Ext(ExtCommand::Restart(args)) => ext_status::restart(args, &state),
         Command::Ext(ExtCommand::Logs(args)) => ext_logs::run(args, &state),
         Command::Ext(ExtCommand::Call(args)) => ext_status::call(args, &state),
+        Command::Ext(ExtCommand::Set(args)) => ext_set::run(args, &state),
         Command::Daemon(DaemonCommand::Run(args)) => daemon_run::run(args, &state),
         Command::Events(EventsCommand::Push(args)) => core_cmds::push(args, &state),
         Command::Events(EventsCommand::List(args)) => core_cmds::list_events(args, &state),

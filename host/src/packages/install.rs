@@ -367,6 +367,12 @@ pub fn install(
         files,
     };
     swap(state, registry, staging, &root, &record, &origin)?;
+    // Installed read-only (see `readonly`); a failure here leaves a working, writable package,
+    // which is logged rather than undone.
+    let target = package_dir(state, &record.name);
+    if let Err(e) = super::readonly::make_read_only(&target) {
+        tracing::warn!(package = %record.name, error = %e, "cannot make the installed package read-only");
+    }
     Ok(InstallOutcome { change, record })
 }
 
@@ -531,6 +537,8 @@ fn swap(
         path: path.to_owned(),
         source,
     };
+    // The installed version is read-only; moving a folder to another parent needs its write bit.
+    super::readonly::make_writable(&target).map_err(|e| write_err(&target, e))?;
     let had_old = match fs::rename(&target, &aside) {
         Ok(()) => true,
         Err(e) if e.kind() == io::ErrorKind::NotFound => false,

@@ -35,7 +35,10 @@
 
 mod archive;
 mod install;
+pub mod launch;
+mod readonly;
 mod registry;
+pub mod settings;
 mod tree;
 mod verify;
 

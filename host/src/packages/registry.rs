@@ -305,6 +305,8 @@ pub fn remove(state: &StateDir, name: &str) -> Result<PackageRecord, PackageErro
         .tempdir_in(state.tmp_dir())
         .map_err(|e| PackageError::io("create a folder in", &state.tmp_dir(), e))?;
     let aside = trash.path().join(name);
+    // The installed folder is read-only; moving and deleting it needs its write bits.
+    super::readonly::make_writable(&dir).map_err(|e| PackageError::io("make writable", &dir, e))?;
     let moved = match fs::rename(&dir, &aside) {
         Ok(()) => true,
         // A record without its folder (a crash mid-install, or a hand-deleted folder): removing
@@ -333,6 +335,8 @@ pub fn remove(state: &StateDir, name: &str) -> Result<PackageRecord, PackageErro
 /// serde of its own; this mirror keeps the registry's shape under this module's control.
 mod manifest_serde {
     use super::*;
+    use crate::manifest::SandboxAsk;
+    use conduit_supervisor::limits::LimitSet;
 
     #[derive(Serialize, Deserialize)]
     struct Stored {
@@ -344,6 +348,10 @@ mod manifest_serde {
         description: Option<String>,
         #[serde(default)]
         capabilities: Capabilities,
+        #[serde(default, skip_serializing_if = "LimitSet::is_empty")]
+        limits: LimitSet,
+        #[serde(default, skip_serializing_if = "SandboxAsk::is_empty")]
+        sandbox: SandboxAsk,
     }
 
     pub(super) fn serialize<S: serde::Serializer>(m: &Manifest, s: S) -> Result<S::Ok, S::Error> {
@@ -354,6 +362,8 @@ mod manifest_serde {
             command: m.command.clone(),
             description: m.description.clone(),
             capabilities: m.capabilities.clone(),
+            limits: m.limits.clone(),
+            sandbox: m.sandbox.clone(),
         }
         .serialize(s)
     }
@@ -369,6 +379,8 @@ mod manifest_serde {
             command: s.command,
             description: s.description,
             capabilities: s.capabilities,
+            limits: s.limits,
+            sandbox: s.sandbox,
         })
     }
 }

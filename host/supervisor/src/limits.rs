@@ -317,6 +317,9 @@ pub struct LimitSet {
     pub open_files: Option<u32>,
 }
 
+// Every value in a set has passed `parse_value`, which refuses NaN.
+impl Eq for LimitSet {}
+
 impl LimitSet {
     pub fn is_empty(&self) -> bool {
         self == &LimitSet::default()
