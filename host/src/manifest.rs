@@ -633,19 +633,34 @@ impl Validator<'_> {
             let field = format!("sandbox.{k}");
             let fix = "list absolute paths or paths under the home folder, e.g. [\"~/.config/notes\", \"/var/cache/notes\"]";
             let Some(items) = v.as_array() else {
-                return Err(self.invalid(field, format!("must be a list of paths, not {}", kind(v)), fix));
+                return Err(self.invalid(
+                    field,
+                    format!("must be a list of paths, not {}", kind(v)),
+                    fix,
+                ));
             };
             let mut out = Vec::new();
             for (i, item) in items.iter().enumerate() {
                 let Some(p) = item.as_str() else {
-                    return Err(self.invalid(format!("{field}[{i}]"), format!("must be a string, not {}", kind(item)), fix));
+                    return Err(self.invalid(
+                        format!("{field}[{i}]"),
+                        format!("must be a string, not {}", kind(item)),
+                        fix,
+                    ));
                 };
                 let rel = p.strip_prefix("~/").unwrap_or(p);
                 let absolute = p.starts_with('/') || p.starts_with("~/");
-                if !absolute || rel.is_empty() || Path::new(rel).components().any(|c| c == Component::ParentDir) {
+                if !absolute
+                    || rel.is_empty()
+                    || Path::new(rel)
+                        .components()
+                        .any(|c| c == Component::ParentDir)
+                {
                     return Err(self.invalid(
                         format!("{field}[{i}]"),
-                        format!("is {p:?}, which is not an absolute path or one under `~/` without `..`"),
+                        format!(
+                            "is {p:?}, which is not an absolute path or one under `~/` without `..`"
+                        ),
                         fix,
                     ));
                 }

@@ -84,7 +84,10 @@ fn an_extension_over_its_memory_limit_is_stopped_named_and_restarted_while_other
     let calm_now = f.status("calm");
     assert_eq!(calm_now["pid"], calm["pid"], "{calm_now:#}");
     assert_eq!(calm_now["restarts"], 0);
-    assert_eq!(call(&f, "calm", "echo", r#"{"still":"here"}"#)["still"], "here");
+    assert_eq!(
+        call(&f, "calm", "echo", r#"{"still":"here"}"#)["still"],
+        "here"
+    );
     let u = &calm_now["resources"]["usage"];
     assert!(u["rss_bytes"].as_u64().unwrap() > 0, "{calm_now:#}");
     assert!(u["tasks"].as_u64().unwrap() >= 1, "{calm_now:#}");
@@ -128,24 +131,41 @@ fn descriptors_stop_at_open_files_exactly() {
 
 #[test]
 fn a_spinner_is_held_to_its_cpu_share_measured_from_proc() {
+    // A share well below what a spinner gets even on a loaded machine, so the duty cycle must
+    // act (and says so: `throttles`); a second spinner with the default share runs beside it.
     let mut f = Fixture::new();
-    f.install(&hog(&f, "spinner", "spin", "[limits]\ncpu = 0.2\n"));
+    f.install(&hog(&f, "spinner", "spin", "[limits]\ncpu = 0.1\n"));
+    f.install(&hog(&f, "free", "spin", ""));
     f.start_daemon();
-    let s = f.wait_state("spinner", "ready", PATIENCE);
-    let pid = s["pid"].as_i64().unwrap();
-    let (t0, c0) = (Instant::now(), cpu_seconds(pid));
+    let pid = f.wait_state("spinner", "ready", PATIENCE)["pid"]
+        .as_i64()
+        .unwrap();
+    let free = f.wait_state("free", "ready", PATIENCE)["pid"]
+        .as_i64()
+        .unwrap();
+    let (t0, c0, f0) = (Instant::now(), cpu_seconds(pid), cpu_seconds(free));
     // A window of at least 4 s of wall time, measured, not slept for a fixed time.
-    f.wait_until("4 s of the spinner's life", || {
+    f.wait_until("4 s of the spinners' life", || {
         (t0.elapsed() >= Duration::from_secs(4)).then_some(())
     });
-    let share = (cpu_seconds(pid) - c0) / t0.elapsed().as_secs_f64();
-    eprintln!("spinner with cpu = 0.2 used {share:.3} of one CPU over {:?}", t0.elapsed());
-    assert!(share <= 0.3, "share {share} is over 0.2 (+ margin)");
-    assert!(share >= 0.05, "share {share}: it should still run");
+    let wall = t0.elapsed().as_secs_f64();
+    let share = (cpu_seconds(pid) - c0) / wall;
+    let free_share = (cpu_seconds(free) - f0) / wall;
+    eprintln!(
+        "over {wall:.1} s: the spinner with cpu = 0.1 used {share:.3} of one CPU, the one with the default share {free_share:.3}"
+    );
+    // Its share, plus at most one 100 ms sample at full speed and the half second of share it
+    // may save up, spread over the window.
+    assert!(share <= 0.2, "share {share} is over 0.1 (+ margin)");
+    assert!(share >= 0.02, "share {share}: it should still run");
     let s = f.status("spinner");
     let u = &s["resources"]["usage"];
     assert!(u["throttles"].as_u64().unwrap() > 0, "{s:#}");
-    assert_eq!(s["pid"].as_i64(), Some(pid), "never restarted for its CPU: {s:#}");
+    assert_eq!(
+        s["pid"].as_i64(),
+        Some(pid),
+        "never restarted for its CPU: {s:#}"
+    );
     f.stop_daemon();
 }
 
@@ -196,7 +216,8 @@ fn declared_sandbox_paths_are_granted_only_by_the_operator_and_off_is_the_operat
     let run = f.conduit(&["ext", "install", pkg.to_str().unwrap()]);
     assert_eq!(run.code(), Some(0), "{}", run.context());
     assert!(
-        run.stderr().contains("conduit ext set asker sandbox.grant=yes"),
+        run.stderr()
+            .contains("conduit ext set asker sandbox.grant=yes"),
         "shown at install: {}",
         run.stderr()
     );
@@ -208,11 +229,15 @@ fn declared_sandbox_paths_are_granted_only_by_the_operator_and_off_is_the_operat
     assert_eq!(call(&f, "asker", "probe", &probe)[key], "EACCES");
     let pid = f.status("asker")["pid"].clone();
     f.json(&["ext", "set", "asker", "sandbox.grant=yes", "--json"]);
-    let s = f.wait_for("asker", PATIENCE, |s| s["state"] == "ready" && s["pid"] != pid);
+    let s = f.wait_for("asker", PATIENCE, |s| {
+        s["state"] == "ready" && s["pid"] != pid
+    });
     assert_eq!(call(&f, "asker", "probe", &probe)[key], "ok", "{s:#}");
     let pid = s["pid"].clone();
     f.json(&["ext", "set", "asker", "sandbox=off", "--json"]);
-    let s = f.wait_for("asker", PATIENCE, |s| s["state"] == "ready" && s["pid"] != pid);
+    let s = f.wait_for("asker", PATIENCE, |s| {
+        s["state"] == "ready" && s["pid"] != pid
+    });
     assert_eq!(s["resources"]["sandbox"]["state"], "off", "{s:#}");
     f.stop_daemon();
 }
@@ -226,12 +251,24 @@ fn ext_set_changes_the_limits_in_force_and_refuses_bad_values_changing_nothing()
     // The package asked for more than the default: not granted, and the status says how.
     assert_eq!(s["resources"]["limits"]["memory"], 1u64 << 30, "{s:#}");
     let notes = s["resources"]["notes"].to_string();
-    assert!(notes.contains("conduit ext set tuned limits.memory=4GiB"), "{notes}");
+    assert!(
+        notes.contains("conduit ext set tuned limits.memory=4GiB"),
+        "{notes}"
+    );
     let pid = s["pid"].clone();
-    let v = f.json(&["ext", "set", "tuned", "limits.memory=256MiB", "limits.open_files=128", "--json"]);
+    let v = f.json(&[
+        "ext",
+        "set",
+        "tuned",
+        "limits.memory=256MiB",
+        "limits.open_files=128",
+        "--json",
+    ]);
     assert_eq!(v["limits"]["memory"], 256u64 << 20, "{v}");
     assert_eq!(v["sources"]["memory"], "operator", "{v}");
-    let s = f.wait_for("tuned", PATIENCE, |s| s["state"] == "ready" && s["pid"] != pid);
+    let s = f.wait_for("tuned", PATIENCE, |s| {
+        s["state"] == "ready" && s["pid"] != pid
+    });
     assert_eq!(s["resources"]["limits"]["memory"], 256u64 << 20, "{s:#}");
     assert_eq!(s["resources"]["limits"]["open_files"], 128, "{s:#}");
     // One past a bound, an unknown key, a missing `=`: exit 2, and the file is unchanged.
@@ -241,7 +278,11 @@ fn ext_set_changes_the_limits_in_force_and_refuses_bad_values_changing_nothing()
         assert_eq!(run.code(), Some(2), "{bad}: {}", run.context());
     }
     let run = f.conduit(&["ext", "set", "tuned", "limits.open_files=15"]);
-    assert!(run.stderr().contains("below the least, 16"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("below the least, 16"),
+        "{}",
+        run.stderr()
+    );
     assert_eq!(
         std::fs::read_to_string(f.state().join("settings.toml")).unwrap(),
         before
@@ -261,9 +302,10 @@ fn a_vendored_python_package_survives_three_restarts_from_its_read_only_install(
     )
     .unwrap();
     // The hog fixture, importing its vendored dependency first (as a real package would).
-    let hog_src =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hog.py"))
-            .unwrap();
+    let hog_src = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hog.py"),
+    )
+    .unwrap();
     std::fs::write(
         pkg.join("main.py"),
         format!(
@@ -294,7 +336,9 @@ fn a_vendored_python_package_survives_three_restarts_from_its_read_only_install(
         pid = s["pid"].clone();
     }
     assert!(
-        !f.state().join("packages/vendored/vendor/tinydep/__pycache__").exists(),
+        !f.state()
+            .join("packages/vendored/vendor/tinydep/__pycache__")
+            .exists(),
         "no bytecode cache was written into the installed package"
     );
     // Removing a read-only package works.

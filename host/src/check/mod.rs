@@ -21,6 +21,7 @@
 
 mod callbacks;
 mod instance;
+mod readonly;
 mod rules;
 
 use std::collections::BTreeMap;
@@ -179,6 +180,22 @@ pub(crate) struct Ctx<'a> {
     pub(crate) sandbox: std::sync::Mutex<Option<conduit_supervisor::sandbox::SandboxStatus>>,
 }
 
+/// A launch for unit tests of rules that never start a package.
+#[cfg(test)]
+pub(crate) fn test_launch() -> conduit_supervisor::process::PackageLaunch {
+    conduit_supervisor::process::PackageLaunch {
+        name: "test".into(),
+        dir: "/nonexistent".into(),
+        program: "/nonexistent/x".into(),
+        args: Vec::new(),
+        data_dir: "/nonexistent/data".into(),
+        tmp_dir: "/nonexistent/tmp".into(),
+        limits: conduit_supervisor::limits::Limits::DEFAULT,
+        sandbox: None,
+        cgroup: None,
+    }
+}
+
 impl Ctx<'_> {
     /// For answers the protocol wants at once (a parse error, `overloaded` …): generous enough
     /// for a loaded machine, short enough that a package that never answers costs little.
@@ -222,7 +239,12 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
         cmd.program.clone(),
         cmd.args.clone(),
         &folders,
-        &crate::packages::settings::PackageSettings::default(),
+        // As the daemon would once the operator granted the package's declared sandbox paths:
+        // the check tests the package under the sandbox it asks for (the asks are reported).
+        &crate::packages::settings::PackageSettings {
+            grant: true,
+            ..Default::default()
+        },
     )
     .map_err(|e| ManifestError::Read {
         path: scratch.path().to_owned(),
@@ -242,6 +264,7 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
     let mut results: Vec<RuleResult> = Vec::new();
     let mut instances: Vec<Instance> = Vec::new();
     let mut chosen = None;
+    let mut main_ready = false;
     match start(&ctx, &cmd, dir, "main") {
         Err(res) => {
             results.push(res);
@@ -256,6 +279,7 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
             chosen = hs.chosen;
             match &hs.init {
                 Some(init) => {
+                    main_ready = true;
                     ctx.host.set_capabilities(&init.capabilities);
                     results.push(rules::handshake::capabilities_match(&ctx, init));
                     session_rules(&ctx, &mut main, init, &mut results).await;
@@ -273,6 +297,13 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
         }
     }
     results.push(version(&ctx, &cmd, dir, chosen, &mut instances).await);
+    // Without a handshake on the main instance, the session rules (this one among them) were
+    // skipped above.
+    if main_ready {
+        let (res, inst) = readonly::read_only_restart(&ctx, dir).await;
+        results.push(res);
+        instances.extend(inst);
+    }
 
     let logs: Vec<(&'static str, Vec<instance::Seen>)> = instances
         .iter()
@@ -303,10 +334,17 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
     results.sort_by_key(|r| order(r.id));
     let passed = results.iter().all(|r| r.status != Status::Fail);
     let sandbox = ctx.sandbox.lock().unwrap().clone();
+    let mut notes = plan.notes.clone();
+    if !manifest.sandbox.is_empty() {
+        notes.push(crate::packages::launch::sandbox_ask(
+            &manifest.name,
+            &manifest,
+        ));
+    }
     let run_under = RunUnder {
         limits: plan.limits.limits,
         sandbox: sandbox.map(|s| s.summary()),
-        notes: plan.notes.clone(),
+        notes,
     };
     Ok(Report {
         run_under,

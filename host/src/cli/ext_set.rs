@@ -109,7 +109,10 @@ pub(crate) fn install_notes(rec: &packages::PackageRecord) -> Vec<String> {
             .map(|k| format!("{k} {}", r.limits.show(*k)))
             .collect();
         if !shown.is_empty() {
-            notes.push(format!("limits in force from the package: {}", shown.join(", ")));
+            notes.push(format!(
+                "limits in force from the package: {}",
+                shown.join(", ")
+            ));
         }
         notes.extend(r.not_granted);
     }
@@ -146,7 +149,11 @@ pub(crate) fn write_resources(out: &mut String, r: &conduit_supervisor::Resource
             u.cpu,
             u.tasks,
             u.processes,
-            if u.throttled { " (held to its CPU share now)" } else { "" }
+            if u.throttled {
+                " (held to its CPU share now)"
+            } else {
+                ""
+            }
         );
     }
     if r.limit_stops > 0 {

@@ -547,7 +547,12 @@ fn swap(
     // Puts the previous version back after `cause`. If even that fails, the previous version must
     // outlive staging's cleanup, and the error says where it is.
     let undo = |staging: tempfile::TempDir, cause: InstallError| -> InstallError {
-        match had_old.then(|| fs::rename(&aside, &target)) {
+        let back = had_old.then(|| fs::rename(&aside, &target));
+        if let Some(Ok(())) = back {
+            // It was made writable to be moved aside; it goes back read-only.
+            let _ = super::readonly::make_read_only(&target);
+        }
+        match back {
             Some(Err(e)) => {
                 let kept = super::registry::keep_out_of_sweep(staging.keep()).join("previous");
                 PackageError::Stranded {

@@ -36,7 +36,7 @@
 mod archive;
 mod install;
 pub mod launch;
-mod readonly;
+pub(crate) mod readonly;
 mod registry;
 pub mod settings;
 mod tree;

@@ -27,7 +27,9 @@ pub(crate) fn make_writable(root: &Path) -> io::Result<()> {
         Err(e) => return Err(e),
         Ok(_) => {}
     }
-    set_modes(root, &|mode, dir| mode | 0o200 | if dir { 0o100 } else { 0 })
+    set_modes(root, &|mode, dir| {
+        mode | 0o200 | if dir { 0o100 } else { 0 }
+    })
 }
 
 fn set_modes(path: &Path, f: &dyn Fn(u32, bool) -> u32) -> io::Result<()> {

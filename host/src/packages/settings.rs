@@ -107,9 +107,9 @@ fn load_from(p: &Path) -> Result<BTreeMap<String, PackageSettings>, SettingsErro
         problem,
         fix: "fix it by hand or change it with `conduit ext set NAME KEY=VALUE`".into(),
     };
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| invalid(format!("not valid TOML: {}", e.to_string().trim())))?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        invalid(format!("not valid TOML: {}", e.to_string().trim()))
+    })?;
     let mut out = BTreeMap::new();
     for (name, v) in table {
         let t = v
@@ -169,14 +169,13 @@ fn render(all: &BTreeMap<String, PackageSettings>) -> String {
             out.push_str(&format!("[{name}.limits]\n"));
             for key in LimitKey::ALL {
                 match s.limits.get(key) {
-                    Some(LimitValue::Memory(b)) => {
-                        out.push_str(&format!("memory = \"{}\"\n", format_bytes(b).replace(' ', "")))
-                    }
+                    Some(LimitValue::Memory(b)) => out.push_str(&format!(
+                        "memory = \"{}\"\n",
+                        format_bytes(b).replace(' ', "")
+                    )),
                     Some(LimitValue::Cpu(c)) => out.push_str(&format!("cpu = {c:?}\n")),
                     Some(LimitValue::Tasks(n)) => out.push_str(&format!("tasks = {n}\n")),
-                    Some(LimitValue::OpenFiles(n)) => {
-                        out.push_str(&format!("open_files = {n}\n"))
-                    }
+                    Some(LimitValue::OpenFiles(n)) => out.push_str(&format!("open_files = {n}\n")),
                     None => {}
                 }
             }
@@ -273,8 +272,13 @@ mod tests {
     fn bad_keys_and_values_are_refused_naming_what_to_use() {
         let mut s = PackageSettings::default();
         let e = apply(&mut s, "limits.disk", "1").unwrap_err().to_string();
-        assert!(e.contains("unknown setting `limits.disk`") && e.contains("limits.memory"), "{e}");
-        let e = apply(&mut s, "limits.memory", "15MiB").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown setting `limits.disk`") && e.contains("limits.memory"),
+            "{e}"
+        );
+        let e = apply(&mut s, "limits.memory", "15MiB")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("below the least, 16 MiB"), "{e}");
         let e = apply(&mut s, "sandbox", "maybe").unwrap_err().to_string();
         assert!(e.contains("`on` or `off`"), "{e}");
@@ -282,6 +286,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join(SETTINGS_FILE);
         std::fs::write(&p, "[x]\nsandbox = \"sometimes\"\n").unwrap();
-        assert!(load_from(&p).unwrap_err().to_string().contains("is not a setting"));
+        assert!(
+            load_from(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("is not a setting")
+        );
     }
 }

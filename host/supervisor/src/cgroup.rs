@@ -187,7 +187,11 @@ mod tests {
     /// A scratch folder laid out like a delegated cgroup v2 subtree.
     fn scratch() -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        std::fs::write(
+            d.path().join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .unwrap();
         std::fs::write(d.path().join("cgroup.subtree_control"), "").unwrap();
         std::fs::write(d.path().join("cgroup.procs"), "").unwrap();
         d
@@ -243,8 +247,11 @@ mod tests {
         std::fs::write(dir.join("memory.current"), "1048576\n").unwrap();
         std::fs::write(dir.join("pids.current"), "3\n").unwrap();
         std::fs::write(dir.join("cpu.stat"), "usage_usec 12345\nuser_usec 10000\n").unwrap();
-        std::fs::write(dir.join("memory.events"), "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
-            .unwrap();
+        std::fs::write(
+            dir.join("memory.events"),
+            "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n",
+        )
+        .unwrap();
         assert_eq!(
             read_use(&dir),
             CgroupUse {

@@ -50,13 +50,13 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{Jitter, RestartPolicy, RestartTracker, RunFacts};
-use crate::log::{LogFile, Tail};
 use crate::limits::Limits;
+use crate::log::{LogFile, Tail};
 use crate::process::{ChildCommand, Confinement, ExitInfo};
 use crate::sandbox::SandboxStatus;
-use crate::usage::{CpuBudget, Duty, SAMPLE_INTERVAL, Usage};
 pub use crate::stats::MethodStats;
 use crate::tree::{Ledger, ProcId, TRACK_INTERVAL};
+use crate::usage::{CpuBudget, Duty, SAMPLE_INTERVAL, Usage};
 
 /// How many exits an extension's status keeps, newest first.
 pub const RECENT_EXITS: usize = 5;
@@ -1168,6 +1168,12 @@ async fn run_once(
     let mut sample = tokio::time::interval(SAMPLE_INTERVAL);
     sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut enforcer = spec.confine.limits.map(Enforcer::new);
+    // In a cgroup the kernel enforces memory.max itself: its OOM kills are counted there.
+    let ooms = spec
+        .confine
+        .cgroup
+        .as_deref()
+        .map(|d| cgroup::read_use(d).oom_kills);
     loop {
         tokio::select! {
             _ = sample.tick(), if enforcer.is_some() => {
@@ -1178,6 +1184,12 @@ async fn run_once(
             }
             status = run.child.wait() => {
                 let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
+                if let (Some(before), Some(dir), Some(l)) = (ooms, spec.confine.cgroup.as_deref(), spec.confine.limits)
+                    && cgroup::read_use(dir).oom_kills > before
+                {
+                    let why = format!("over its {} memory limit (killed by the kernel at the cgroup's memory.max)", limits::format_bytes(l.memory));
+                    return over_limit(ext, run, Some(ready_at), why).await;
+                }
                 return finish_failed(ext, run, exit, Some(ready_at), String::new()).await;
             }
             _ = watch.closed() => {
@@ -1499,13 +1511,24 @@ impl Enforcer {
 
 /// The tree went over a limit: kill it (a tree over its memory is owed no grace), record why,
 /// count it; the actor restarts it with backoff.
-async fn over_limit(ext: &Extension, mut run: Run, ready_at: Option<Instant>, why: String) -> Outcome {
+async fn over_limit(
+    ext: &Extension,
+    mut run: Run,
+    ready_at: Option<Instant>,
+    why: String,
+) -> Outcome {
     ext.inner.peer.send_replace(None);
     let in_flight = ext.in_flight();
     track(ext, &run);
     tracing::warn!(extension = %ext.name(), reason = %why, "stopping the extension: it is over a limit");
     let exit = kill_run(&mut run).await;
-    let rec = ExitRecord::new(run.pid, ExitCause::OverLimit, Some(why.clone()), exit, in_flight);
+    let rec = ExitRecord::new(
+        run.pid,
+        ExitCause::OverLimit,
+        Some(why.clone()),
+        exit,
+        in_flight,
+    );
     ext.update(|s| {
         s.record_exit(rec);
         if let Some(r) = &mut s.resources {

@@ -459,7 +459,10 @@ mod tests {
         assert!(bad(OpenFiles, "15").contains("below the least, 16"));
         assert!(bad(OpenFiles, "1048577").contains("above the most"));
         let msg = bad(Memory, "lots");
-        assert!(msg.contains("`limits.memory`") && msg.contains("256MiB"), "{msg}");
+        assert!(
+            msg.contains("`limits.memory`") && msg.contains("256MiB"),
+            "{msg}"
+        );
     }
 
     #[test]

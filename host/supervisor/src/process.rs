@@ -94,7 +94,10 @@ impl ChildCommand {
     pub fn for_package(p: &PackageLaunch) -> (ChildCommand, Confinement) {
         let env: Vec<(OsString, OsString)> = vec![
             ("CONDUIT_EXTENSION".into(), p.name.clone().into()),
-            ("CONDUIT_DATA_DIR".into(), p.data_dir.clone().into_os_string()),
+            (
+                "CONDUIT_DATA_DIR".into(),
+                p.data_dir.clone().into_os_string(),
+            ),
             (
                 "CONDUIT_PROTOCOL_VERSION".into(),
                 conduit_protocol::PROTOCOL_VERSION.to_string().into(),

@@ -129,13 +129,18 @@ pub fn landlock_abi() -> Result<u32, String> {
         let e = std::io::Error::last_os_error();
         Err(match e.raw_os_error() {
             Some(libc::ENOSYS) => "this kernel has no Landlock (Linux 5.13 or later has it)".into(),
-            Some(libc::EOPNOTSUPP) => "Landlock is disabled on this system (see the `lsm=` boot parameter)".into(),
+            Some(libc::EOPNOTSUPP) => {
+                "Landlock is disabled on this system (see the `lsm=` boot parameter)".into()
+            }
             _ => format!("Landlock cannot be queried: {e}"),
         })
     }
     #[cfg(not(target_os = "linux"))]
     {
-        Err("Landlock exists only on Linux; this system has no filesystem sandbox for extensions".into())
+        Err(
+            "Landlock exists only on Linux; this system has no filesystem sandbox for extensions"
+                .into(),
+        )
     }
 }
 
@@ -204,7 +209,11 @@ mod tests {
         let r = SandboxRules::defaults(Path::new("/p"), Path::new("/d"), Path::new("/t"));
         assert!(r.read.contains(&PathBuf::from("/p")));
         assert!(r.read.contains(&PathBuf::from("/usr")));
-        assert!(!r.read.iter().any(|p| p.starts_with("/home") || p.starts_with("/root")));
+        assert!(
+            !r.read
+                .iter()
+                .any(|p| p.starts_with("/home") || p.starts_with("/root"))
+        );
         let w: Vec<_> = r.write.iter().filter(|p| !p.starts_with("/dev")).collect();
         assert_eq!(w, [Path::new("/d"), Path::new("/t")]);
     }

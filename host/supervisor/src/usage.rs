@@ -239,15 +239,9 @@ mod tests {
         b.step(t0, 0.0);
         // Idle for a minute, then 0.3 s of CPU in one sample: within the burst, it runs.
         assert_eq!(b.step(t0 + Duration::from_secs(60), 0.0), Duty::Run);
-        assert_eq!(
-            b.step(t0 + Duration::from_millis(60_100), 0.3),
-            Duty::Run
-        );
+        assert_eq!(b.step(t0 + Duration::from_millis(60_100), 0.3), Duty::Run);
         // Another 0.3 s: past the 0.25 s saved, it is stopped.
-        assert_eq!(
-            b.step(t0 + Duration::from_millis(60_200), 0.6),
-            Duty::Stop
-        );
+        assert_eq!(b.step(t0 + Duration::from_millis(60_200), 0.6), Duty::Stop);
     }
 
     #[test]
