@@ -294,7 +294,7 @@ pub fn format_bytes(n: u64) -> String {
     for (unit, size) in [("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)] {
         if n >= size {
             let v = n as f64 / size as f64;
-            return if n % size == 0 {
+            return if n.is_multiple_of(size) {
                 format!("{} {unit}", n / size)
             } else {
                 format!("{v:.1} {unit}")
