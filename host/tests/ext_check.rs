@@ -510,3 +510,23 @@ fn a_package_that_writes_into_its_own_folder_fails_read_only_folder() {
     );
     assert!(fix.contains("$CONDUIT_DATA_DIR"), "{fix}");
 }
+
+#[test]
+fn the_check_says_the_limits_and_sandbox_it_ran_the_package_under() {
+    let run = check(&fixture("good"), true);
+    let report = run.json();
+    let under = &report["run_under"];
+    assert_eq!(under["limits"]["memory"], 1u64 << 30, "{}", run.context());
+    assert_eq!(under["limits"]["open_files"], 1024, "{}", run.context());
+    let sandbox = under["sandbox"].as_str().unwrap();
+    match conduit_supervisor::sandbox::landlock_abi() {
+        Ok(abi) => assert!(
+            sandbox.starts_with(&format!("Landlock (ABI {abi})")),
+            "{sandbox}"
+        ),
+        Err(_) => {
+            assert!(sandbox.starts_with("none: "), "{sandbox}");
+            eprintln!("skipped: no Landlock (the report says so: {sandbox})");
+        }
+    }
+}

@@ -105,11 +105,18 @@ fn an_extension_that_forks_without_bound_is_stopped_at_its_task_limit() {
         s["recent_exits"][0]["cause"] == "over-limit"
     });
     let summary = s["recent_exits"][0]["summary"].as_str().unwrap();
+    // Forking every 20 ms, it is seen at 9 or a few more within one 100 ms sample.
     assert!(
-        summary.starts_with("stopped: over its limit of 8 tasks (9 processes and threads)")
-            || summary.contains("over its limit of 8 tasks"),
+        summary.starts_with("stopped: over its limit of 8 tasks ("),
         "{summary}"
     );
+    let seen: u32 = summary["stopped: over its limit of 8 tasks (".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((9..=20).contains(&seen), "{summary}");
     // The whole tree went with it: nothing of it outlives the stop (the ledger is empty).
     f.stop_daemon();
 }
@@ -131,10 +138,11 @@ fn descriptors_stop_at_open_files_exactly() {
 
 #[test]
 fn a_spinner_is_held_to_its_cpu_share_measured_from_proc() {
-    // A share well below what a spinner gets even on a loaded machine, so the duty cycle must
-    // act (and says so: `throttles`); a second spinner with the default share runs beside it.
+    // A share well below what a spinner gets even on a loaded machine (a whole test suite on
+    // two cores left a free spinner 0.1 of a CPU), so the duty cycle must act, and says so
+    // (`throttles`); a second spinner with the default share runs beside it.
     let mut f = Fixture::new();
-    f.install(&hog(&f, "spinner", "spin", "[limits]\ncpu = 0.1\n"));
+    f.install(&hog(&f, "spinner", "spin", "[limits]\ncpu = 0.02\n"));
     f.install(&hog(&f, "free", "spin", ""));
     f.start_daemon();
     let pid = f.wait_state("spinner", "ready", PATIENCE)["pid"]
@@ -152,12 +160,12 @@ fn a_spinner_is_held_to_its_cpu_share_measured_from_proc() {
     let share = (cpu_seconds(pid) - c0) / wall;
     let free_share = (cpu_seconds(free) - f0) / wall;
     eprintln!(
-        "over {wall:.1} s: the spinner with cpu = 0.1 used {share:.3} of one CPU, the one with the default share {free_share:.3}"
+        "over {wall:.1} s: the spinner with cpu = 0.02 used {share:.3} of one CPU, the one with the default share {free_share:.3}"
     );
     // Its share, plus at most one 100 ms sample at full speed and the half second of share it
-    // may save up, spread over the window.
-    assert!(share <= 0.2, "share {share} is over 0.1 (+ margin)");
-    assert!(share >= 0.02, "share {share}: it should still run");
+    // may save up, spread over the window: 0.02 + 0.025 + 0.0025.
+    assert!(share <= 0.06, "share {share} is over 0.02 (+ margin)");
+    assert!(share > 0.0, "share {share}: it should still run");
     let s = f.status("spinner");
     let u = &s["resources"]["usage"];
     assert!(u["throttles"].as_u64().unwrap() > 0, "{s:#}");
