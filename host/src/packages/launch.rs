@@ -82,28 +82,43 @@ pub fn plan(
     })
 }
 
-/// The installation a program found on `PATH` belongs to, readable (and executable) in the
-/// sandbox: an interpreter installed under the home folder (pyenv's shims, nvm's node) is
-/// outside the system folders but must run. For a program in a folder named `bin` or `shims`
-/// that is the folder above it (`~/.pyenv` for `~/.pyenv/shims/python3`), else its own folder;
-/// for a link, the same for what it leads to as well.
+/// What of the installation a program found on `PATH` belongs to is readable (and executable)
+/// in the sandbox: an interpreter installed under the home folder (pyenv's shims, a virtualenv,
+/// nvm's node) is outside the system folders but must run. For a program in a folder named
+/// `shims` (pyenv) that is the folder above it (`~/.pyenv`: the shim runs pyenv, which runs a
+/// version under it); in a folder named `bin`, that folder and its siblings `lib`, `lib64` and
+/// `pyvenv.cfg` (a virtualenv's, nvm's), never the whole parent — `~/.cargo/bin`'s parent holds
+/// credentials, `~/.local/bin`'s the keyrings; elsewhere, the program's own folder. For a link,
+/// the same for what it leads to as well. Only paths that exist are given.
 pub fn interpreter_roots(program: &Path) -> Vec<PathBuf> {
-    let root = |p: &Path| -> Option<PathBuf> {
-        let dir = p.parent()?;
-        let named = dir.file_name().and_then(|n| n.to_str());
-        Some(match named {
-            Some("bin" | "shims") => dir.parent().unwrap_or(dir).to_owned(),
-            _ => dir.to_owned(),
-        })
+    let roots = |p: &Path| -> Vec<PathBuf> {
+        let Some(dir) = p.parent() else {
+            return Vec::new();
+        };
+        match (dir.file_name().and_then(|n| n.to_str()), dir.parent()) {
+            (Some("shims"), Some(up)) => vec![up.to_owned()],
+            (Some("bin"), Some(up)) => {
+                let mut v = vec![dir.to_owned()];
+                v.extend(
+                    ["lib", "lib64", "pyvenv.cfg"]
+                        .iter()
+                        .map(|s| up.join(s))
+                        .filter(|p| p.exists()),
+                );
+                v
+            }
+            _ => vec![dir.to_owned()],
+        }
     };
-    let mut out: Vec<PathBuf> = root(program).into_iter().collect();
-    if let Ok(real) = program.canonicalize()
-        && let Some(r) = root(&real)
-        && !out.contains(&r)
-    {
-        out.push(r);
+    let mut out = roots(program);
+    if let Ok(real) = program.canonicalize() {
+        for r in roots(&real) {
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
     }
-    // A program in a system folder needs nothing more; `/` itself is never granted.
+    // `/` itself is never granted.
     out.retain(|p| p.parent().is_some());
     out
 }
@@ -147,4 +162,40 @@ pub fn delegated() -> Option<&'static Delegated> {
 /// The temporary folder of package `name` under `run_dir`.
 pub fn tmp_dir(run_dir: &Path, name: &str) -> PathBuf {
     run_dir.join("tmp").join(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interpreter_s_installation_is_readable_but_never_a_whole_home_folder() {
+        let d = tempfile::tempdir().unwrap();
+        let home = d.path();
+        for dir in [".pyenv/shims", ".cargo/bin", "venv/bin", "venv/lib"] {
+            std::fs::create_dir_all(home.join(dir)).unwrap();
+        }
+        std::fs::write(home.join("venv/pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        std::fs::write(home.join(".cargo/credentials.toml"), "token\n").unwrap();
+        assert_eq!(
+            interpreter_roots(&home.join(".pyenv/shims/python3")),
+            [home.join(".pyenv")]
+        );
+        assert_eq!(
+            interpreter_roots(&home.join(".cargo/bin/tool")),
+            [home.join(".cargo/bin")]
+        );
+        assert_eq!(
+            interpreter_roots(&home.join("venv/bin/python")),
+            [
+                home.join("venv/bin"),
+                home.join("venv/lib"),
+                home.join("venv/pyvenv.cfg")
+            ]
+        );
+        assert_eq!(
+            interpreter_roots(Path::new("/python3")),
+            Vec::<PathBuf>::new()
+        );
+    }
 }
