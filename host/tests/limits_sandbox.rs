@@ -332,8 +332,13 @@ fn a_vendored_python_package_survives_three_restarts_from_its_read_only_install(
         let mode = std::fs::metadata(&p).unwrap().permissions().mode();
         assert_eq!(mode & 0o222, 0, "{} is writable ({mode:o})", p.display());
     }
+    // Without the sandbox, which would refuse the cache's write on its own: what keeps the
+    // folder unwritten here is PYTHONDONTWRITEBYTECODE (for root, which ignores write bits).
+    f.json(&["ext", "set", "vendored", "sandbox=off", "--json"]);
     f.start_daemon();
-    let mut pid = f.wait_state("vendored", "ready", PATIENCE)["pid"].clone();
+    let s = f.wait_state("vendored", "ready", PATIENCE);
+    assert_eq!(s["resources"]["sandbox"]["state"], "off", "{s:#}");
+    let mut pid = s["pid"].clone();
     for n in 1..=3 {
         let run = f.conduit(&["ext", "restart", "vendored"]);
         assert_eq!(run.code(), Some(0), "{}", run.context());
