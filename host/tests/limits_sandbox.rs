@@ -95,6 +95,31 @@ fn an_extension_over_its_memory_limit_is_stopped_named_and_restarted_while_other
 }
 
 #[test]
+fn the_memory_limit_holds_before_the_handshake_too() {
+    let mut f = Fixture::new();
+    f.install(&hog(
+        &f,
+        "eager",
+        "alloc-early",
+        "[limits]\nmemory = \"64MiB\"\n",
+    ));
+    f.start_daemon();
+    let s = f.wait_for("eager", PATIENCE, |s| {
+        s["recent_exits"][0]["cause"] == "over-limit"
+    });
+    let summary = s["recent_exits"][0]["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("stopped: over its 64 MiB memory limit"),
+        "{summary}"
+    );
+    assert!(
+        s["ready_since_ms"].is_null(),
+        "it never became ready: {s:#}"
+    );
+    f.stop_daemon();
+}
+
+#[test]
 fn an_extension_that_forks_without_bound_is_stopped_at_its_task_limit() {
     // RLIMIT_NPROC counts every process of the user and is not enforced for root (these tests
     // run as root), so the supervisor counts the tree's tasks itself.

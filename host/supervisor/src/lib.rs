@@ -1086,20 +1086,40 @@ async fn run_once(
     ext.update(|s| s.pid = Some(pid));
 
     // The handshake, bounded by the start timeout; the child dying meanwhile ends it early.
+    // The limits hold from the start: a package that allocates before it answers is stopped
+    // there too.
     let peer = session_peer(&run);
     let init = InitializeParams::current(&spec.host_version);
-    let handshake = tokio::select! {
-        r = tokio::time::timeout(spec.start_timeout, peer.call::<_, InitializeResult>(methods::host::INITIALIZE, &init, None)) => r,
-        status = run.child.wait() => {
-            let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
-            return finish_failed(ext, run, exit, None, "exited during the handshake".into()).await;
-        }
-        () = shutdown.cancelled() => { stop_run(ext, run, spec.stop_grace, "the daemon stopping").await; return Outcome::Stop; }
-        // A stop or restart asked for during the handshake is not kept waiting for it.
-        cmd = cmds.recv() => {
-            let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
-            stop_run(ext, run, spec.stop_grace, why).await;
-            return outcome;
+    let mut sample = tokio::time::interval(SAMPLE_INTERVAL);
+    sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut enforcer = spec.confine.limits.map(Enforcer::new);
+    let handshake = {
+        let call = tokio::time::timeout(
+            spec.start_timeout,
+            peer.call::<_, InitializeResult>(methods::host::INITIALIZE, &init, None),
+        );
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                r = &mut call => break r,
+                status = run.child.wait() => {
+                    let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
+                    return finish_failed(ext, run, exit, None, "exited during the handshake".into()).await;
+                }
+                () = shutdown.cancelled() => { stop_run(ext, run, spec.stop_grace, "the daemon stopping").await; return Outcome::Stop; }
+                // A stop or restart asked for during the handshake is not kept waiting for it.
+                cmd = cmds.recv() => {
+                    let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
+                    stop_run(ext, run, spec.stop_grace, why).await;
+                    return outcome;
+                }
+                _ = sample.tick(), if enforcer.is_some() => {
+                    let e = enforcer.as_mut().expect("ticks only with an enforcer");
+                    if let Some(why) = e.sample(ext, run.pid) {
+                        return over_limit(ext, run, None, why).await;
+                    }
+                }
+            }
         }
     };
     let result = match handshake {
@@ -1167,9 +1187,6 @@ async fn run_once(
     let watch = session_peer(&run);
     let mut tick = tokio::time::interval(TRACK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sample = tokio::time::interval(SAMPLE_INTERVAL);
-    sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut enforcer = spec.confine.limits.map(Enforcer::new);
     // In a cgroup the kernel enforces memory.max itself: its OOM kills are counted there.
     let ooms = spec
         .confine
