@@ -293,6 +293,7 @@ impl Daemon {
         spec.declared = Some(rec.manifest.capabilities.clone());
         spec.confine = confine;
         spec.limit_notes = plan.notes;
+        spec.limit_sources = plan.limits.sources;
         let state = self.state.clone();
         let name = rec.name.clone();
         let resolve_error = resolved.err().map(|e| e.to_string());

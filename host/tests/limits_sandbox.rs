@@ -304,6 +304,8 @@ fn ext_set_changes_the_limits_in_force_and_refuses_bad_values_changing_nothing()
     });
     assert_eq!(s["resources"]["limits"]["memory"], 256u64 << 20, "{s:#}");
     assert_eq!(s["resources"]["limits"]["open_files"], 128, "{s:#}");
+    assert_eq!(s["resources"]["sources"]["memory"], "operator", "{s:#}");
+    assert_eq!(s["resources"]["sources"]["cpu"], "default", "{s:#}");
     // One past a bound, an unknown key, a missing `=`: exit 2, and the file is unchanged.
     let before = std::fs::read_to_string(f.state().join("settings.toml")).unwrap();
     for bad in ["limits.open_files=15", "limits.disk=1", "limits.memory"] {

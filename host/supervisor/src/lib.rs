@@ -87,6 +87,8 @@ pub struct ExtensionSpec {
     pub confine: Confinement,
     /// Lines for people about the limits (asks of the package not granted), shown in status.
     pub limit_notes: Vec<String>,
+    /// Where each limit in force came from (default, package, operator), shown in status.
+    pub limit_sources: BTreeMap<limits::LimitKey, limits::LimitSource>,
     pub host_version: String,
 }
 
@@ -121,6 +123,7 @@ impl ExtensionSpec {
             ledger: None,
             confine: Confinement::none(),
             limit_notes: Vec::new(),
+            limit_sources: BTreeMap::new(),
             host_version: env!("CARGO_PKG_VERSION").into(),
         }
     }
@@ -218,6 +221,9 @@ pub struct Status {
 #[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct Resources {
     pub limits: Limits,
+    /// Where each limit came from: `default`, `package` (its ask) or `operator`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sources: BTreeMap<limits::LimitKey, limits::LimitSource>,
     /// How the limits are enforced: `cgroup v2 (...)` or `rlimits + supervisor (...)`.
     pub mechanism: String,
     pub sandbox: SandboxStatus,
@@ -1033,10 +1039,12 @@ async fn run_once(
             if let Some(limits) = spec.confine.limits {
                 let mechanism = mechanism(&spec.confine);
                 let notes = spec.limit_notes.clone();
+                let sources = spec.limit_sources.clone();
                 ext.update(|s| {
                     let stops = s.resources.as_ref().map_or(0, |r| r.limit_stops);
                     s.resources = Some(Resources {
                         limits,
+                        sources,
                         mechanism,
                         sandbox: applied.sandbox,
                         usage: None,
