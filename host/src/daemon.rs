@@ -12,7 +12,6 @@
 //! (bounded) for its report.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -222,7 +221,11 @@ impl Daemon {
             }
         }
         for (name, rec) in wanted {
-            let fingerprint = format!("{}@{}", rec.version, rec.installed_at_ms);
+            // The operator's settings are part of it: `ext set` restarts the package.
+            let settings = packages::settings::for_package(&self.state, &name)
+                .map(|s| s.fingerprint())
+                .unwrap_or_default();
+            let fingerprint = format!("{}@{}@{settings}", rec.version, rec.installed_at_ms);
             let before = self
                 .started_from
                 .lock()
@@ -266,8 +269,6 @@ impl Daemon {
     fn spec(&self, rec: &PackageRecord) -> anyhow::Result<ExtensionSpec> {
         let dir = packages::package_dir(&self.state, &rec.name);
         let data_dir = self.state.path().join("data").join(&rec.name);
-        std::fs::create_dir_all(&data_dir)
-            .with_context(|| format!("cannot create {}", data_dir.display()))?;
         // A command that does not resolve is reported by the preflight (state `refused`, with
         // the reason) rather than here, so that it shows in the status like any other refusal.
         let resolved = rec.manifest.resolve_command(&dir);
@@ -278,23 +279,21 @@ impl Daemon {
                 rec.manifest.command[1..].to_vec(),
             ),
         };
-        let env: Vec<(OsString, OsString)> = vec![
-            ("CONDUIT_EXTENSION".into(), rec.name.clone().into()),
-            ("CONDUIT_DATA_DIR".into(), data_dir.into_os_string()),
-            (
-                "CONDUIT_PROTOCOL_VERSION".into(),
-                conduit_protocol::PROTOCOL_VERSION.to_string().into(),
-            ),
-        ];
-        let command = ChildCommand {
-            program,
-            args: args.into_iter().map(OsString::from).collect(),
-            cwd: dir.clone(),
-            env,
+        let settings = packages::settings::for_package(&self.state, &rec.name)?;
+        let folders = packages::launch::Folders {
+            package: dir.clone(),
+            tmp: packages::launch::tmp_dir(&self.state.run_dir(), &rec.name),
+            data: data_dir,
         };
+        let plan = packages::launch::plan(&rec.manifest, program, args, &folders, &settings)
+            .with_context(|| format!("cannot prepare the folders of {}", rec.name))?;
+        let (command, confine) = ChildCommand::for_package(&plan.launch);
         let log = self.state.logs_dir().join(format!("{}.log", rec.name));
         let mut spec = ExtensionSpec::new(&rec.name, &rec.version, command, log);
         spec.declared = Some(rec.manifest.capabilities.clone());
+        spec.confine = confine;
+        spec.limit_notes = plan.notes;
+        spec.limit_sources = plan.limits.sources;
         let state = self.state.clone();
         let name = rec.name.clone();
         let resolve_error = resolved.err().map(|e| e.to_string());

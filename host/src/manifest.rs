@@ -10,6 +10,11 @@
 //! [capabilities]             # optional; the shape of `conduit_protocol::Capabilities`
 //! work_kinds = [{ name = "triage", trigger = true }]
 //! methods = ["echo", "check.sleep"]
+//! [limits]                   # optional; asks, the operator decides (docs/operations.md)
+//! memory = "256MiB"          # bytes, or a size with a unit; also cpu, tasks, open_files
+//! [sandbox]                  # optional; paths beyond the defaults, granted by the operator
+//! read = ["~/.config/notes"] # absolute, or under the home folder with `~/`
+//! write = ["/var/cache/notes"]
 //! ```
 //!
 //! Unlike the wire types, which ignore unknown fields so the protocol can grow, the manifest
@@ -26,6 +31,7 @@ use std::path::{Component, Path, PathBuf};
 
 use conduit_protocol::Capabilities;
 use conduit_protocol::handshake::WorkKind;
+use conduit_supervisor::limits::{LimitKey, LimitSet};
 
 /// The manifest's file name inside a package folder.
 pub const MANIFEST_FILE: &str = "conduit-extension.toml";
@@ -60,7 +66,15 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "command",
     "description",
     "capabilities",
+    "limits",
+    "sandbox",
 ];
+
+/// The keys of `[limits]` (see `conduit_supervisor::limits`).
+pub const LIMIT_KEYS: &[&str] = &["memory", "cpu", "tasks", "open_files"];
+
+/// The keys of `[sandbox]`.
+pub const SANDBOX_KEYS: &[&str] = &["read", "write"];
 
 /// The keys of `[capabilities]`.
 pub const CAPABILITY_KEYS: &[&str] = &[
@@ -89,6 +103,40 @@ pub struct Manifest {
     pub description: Option<String>,
     /// What the package declares it serves; the handshake must declare the same.
     pub capabilities: Capabilities,
+    /// The limits the package asks for (the operator decides; see
+    /// `conduit_supervisor::limits::resolve`).
+    pub limits: LimitSet,
+    /// Paths beyond the sandbox's defaults the package asks for, as written (`/abs` or `~/rel`).
+    pub sandbox: SandboxAsk,
+}
+
+/// What a package's `[sandbox]` asks for; nothing is granted until the operator says so.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SandboxAsk {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub write: Vec<String>,
+}
+
+impl SandboxAsk {
+    pub fn is_empty(&self) -> bool {
+        self.read.is_empty() && self.write.is_empty()
+    }
+
+    /// The paths, with `~/` taken as under `home`.
+    pub fn expand(&self, home: Option<&Path>) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let one = |p: &String| -> Option<PathBuf> {
+            match p.strip_prefix("~/") {
+                Some(rel) => home.map(|h| h.join(rel)),
+                None => Some(PathBuf::from(p)),
+            }
+        };
+        (
+            self.read.iter().filter_map(one).collect(),
+            self.write.iter().filter_map(one).collect(),
+        )
+    }
 }
 
 /// The program and arguments [`Manifest::resolve_command`] found.
@@ -242,6 +290,14 @@ impl Manifest {
             None => Capabilities::default(),
             Some(c) => v.capabilities(c)?,
         };
+        let limits = match table.get("limits") {
+            None => LimitSet::default(),
+            Some(l) => v.limits(l)?,
+        };
+        let sandbox = match table.get("sandbox") {
+            None => SandboxAsk::default(),
+            Some(sb) => v.sandbox(sb)?,
+        };
         Ok(Manifest {
             name,
             version,
@@ -249,6 +305,8 @@ impl Manifest {
             command,
             description,
             capabilities,
+            limits,
+            sandbox,
         })
     }
 
@@ -562,6 +620,98 @@ impl Validator<'_> {
             return Err(self.invalid("command[0]", "is empty", "name the program to run"));
         }
         Ok(argv)
+    }
+
+    fn limits(&self, value: &toml::Value) -> Result<LimitSet, ManifestError> {
+        let Some(table) = value.as_table() else {
+            return Err(self.invalid(
+                "limits",
+                format!("must be a table, not {}", kind(value)),
+                "write `[limits]` with keys memory, cpu, tasks, open_files",
+            ));
+        };
+        self.known_keys(table, "limits", LIMIT_KEYS)?;
+        let mut set = LimitSet::default();
+        for (k, v) in table {
+            let key = LimitKey::from_name(k).expect("known_keys passed");
+            let text = match v {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                other => {
+                    return Err(self.invalid(
+                        format!("limits.{k}"),
+                        format!("must be a number or a string, not {}", kind(other)),
+                        format!("use {}", key.rule()),
+                    ));
+                }
+            };
+            let parsed = conduit_supervisor::limits::parse_value(key, &text).map_err(|e| {
+                self.invalid(
+                    format!("limits.{k}"),
+                    format!("is {text:?}: {}", e.problem),
+                    format!("use {}", key.rule()),
+                )
+            })?;
+            set.put(parsed);
+        }
+        Ok(set)
+    }
+
+    fn sandbox(&self, value: &toml::Value) -> Result<SandboxAsk, ManifestError> {
+        let Some(table) = value.as_table() else {
+            return Err(self.invalid(
+                "sandbox",
+                format!("must be a table of paths, not {}", kind(value)),
+                "a package cannot turn its sandbox off (only the operator can, with `conduit ext set NAME sandbox=off`); declare the paths it needs as `[sandbox]` read = [...] and write = [...]",
+            ));
+        };
+        self.known_keys(table, "sandbox", SANDBOX_KEYS)?;
+        let mut ask = SandboxAsk::default();
+        for (k, v) in table {
+            let field = format!("sandbox.{k}");
+            let fix = "list absolute paths or paths under the home folder, e.g. [\"~/.config/notes\", \"/var/cache/notes\"]";
+            let Some(items) = v.as_array() else {
+                return Err(self.invalid(
+                    field,
+                    format!("must be a list of paths, not {}", kind(v)),
+                    fix,
+                ));
+            };
+            let mut out = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                let Some(p) = item.as_str() else {
+                    return Err(self.invalid(
+                        format!("{field}[{i}]"),
+                        format!("must be a string, not {}", kind(item)),
+                        fix,
+                    ));
+                };
+                let rel = p.strip_prefix("~/").unwrap_or(p);
+                let absolute = p.starts_with('/') || p.starts_with("~/");
+                if !absolute
+                    || rel.is_empty()
+                    || Path::new(rel)
+                        .components()
+                        .any(|c| c == Component::ParentDir)
+                {
+                    return Err(self.invalid(
+                        format!("{field}[{i}]"),
+                        format!(
+                            "is {p:?}, which is not an absolute path or one under `~/` without `..`"
+                        ),
+                        fix,
+                    ));
+                }
+                out.push(p.to_owned());
+            }
+            if k == "read" {
+                ask.read = out;
+            } else {
+                ask.write = out;
+            }
+        }
+        Ok(ask)
     }
 
     fn description(&self, value: &toml::Value) -> Result<String, ManifestError> {

@@ -32,6 +32,7 @@ const ALL_RULES: &[&str] = &[
     "overload",
     "shutdown",
     "stdout-only-protocol",
+    "read-only-folder",
 ];
 
 /// A test package: its folder's manifest plus the one shared `serve.py`, staged together.
@@ -247,6 +248,11 @@ fn nothing_the_package_started_outlives_the_check() {
             ),
         );
     assert!(manifest.contains("--grandchild"), "{manifest}");
+    // The check runs the package in its sandbox, with the paths it declares granted.
+    let manifest = format!(
+        "{manifest}\n[sandbox]\nwrite = [\"{}\"]\n",
+        tmp.path().display()
+    );
     std::fs::write(pkg.join("conduit-extension.toml"), manifest).unwrap();
 
     let run = check(&pkg, false);
@@ -256,14 +262,18 @@ fn nothing_the_package_started_outlives_the_check() {
         .lines()
         .map(|l| l.parse().unwrap())
         .collect();
-    assert_eq!(pids.len(), 3, "one per instance (main, version, overload)");
+    assert_eq!(
+        pids.len(),
+        4,
+        "one per instance (main, version, overload, read-only)"
+    );
     for pid in pids {
         // A killed process may linger for a moment as a zombie of init; give it a few.
         let gone = (0..50).any(|_| {
-            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let running = state
-                .rsplit(')')
-                .next()
+            // Gone from /proc (reaped) is gone too, not running.
+            let running = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|state| state.rsplit(')').next().map(str::to_owned))
                 .is_some_and(|rest| !rest.trim_start().starts_with('Z'));
             if running {
                 std::thread::sleep(std::time::Duration::from_millis(100));
@@ -454,4 +464,69 @@ fn the_python_echo_example_passes() {
         return;
     }
     passes(&pkg);
+}
+
+#[test]
+fn a_package_that_writes_into_its_own_folder_fails_read_only_folder() {
+    // The good package behind a wrapper that first writes a file beside itself (ignoring a
+    // refusal, as a cache would): in the sandbox the write is refused unseen, so the check
+    // starts it again from a read-only copy without the sandbox and compares the folder.
+    if !nix::unistd::geteuid().is_root() {
+        // Then the write bits refuse the write, the wrapper ignores it, and nothing is written.
+        eprintln!("skipped: only root can write into a read-only copy");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pkg = tmp.path().join("pkg");
+    std::fs::create_dir(&pkg).unwrap();
+    std::fs::copy(
+        support::python_package("good").join("serve.py"),
+        pkg.join("serve.py"),
+    )
+    .unwrap();
+    std::fs::write(
+        pkg.join("wrap.py"),
+        "import os, runpy, sys\n\
+         here = os.path.dirname(os.path.abspath(__file__))\n\
+         try:\n    open(os.path.join(here, 'cache.txt'), 'a').write('x')\n\
+         except OSError as e:\n    sys.stderr.write(f'cannot write beside myself: {e}\\n')\n\
+         sys.argv = ['serve.py', '--name', 'good']\n\
+         runpy.run_path(os.path.join(here, 'serve.py'), run_name='__main__')\n",
+    )
+    .unwrap();
+    let manifest = std::fs::read_to_string(fixture("good").join("conduit-extension.toml"))
+        .unwrap()
+        .replace(
+            "[\"python3\", \"serve.py\", \"--name\", \"good\"]",
+            "[\"python3\", \"wrap.py\"]",
+        );
+    assert!(manifest.contains("wrap.py"), "{manifest}");
+    std::fs::write(pkg.join("conduit-extension.toml"), manifest).unwrap();
+    let run = check(&pkg, true);
+    let (detail, fix) = fails_exactly(&run, "read-only-folder", &[]);
+    assert!(
+        detail.contains("wrote into it: cache.txt was added"),
+        "{detail}"
+    );
+    assert!(fix.contains("$CONDUIT_DATA_DIR"), "{fix}");
+}
+
+#[test]
+fn the_check_says_the_limits_and_sandbox_it_ran_the_package_under() {
+    let run = check(&fixture("good"), true);
+    let report = run.json();
+    let under = &report["run_under"];
+    assert_eq!(under["limits"]["memory"], 1u64 << 30, "{}", run.context());
+    assert_eq!(under["limits"]["open_files"], 1024, "{}", run.context());
+    let sandbox = under["sandbox"].as_str().unwrap();
+    match conduit_supervisor::sandbox::landlock_abi() {
+        Ok(abi) => assert!(
+            sandbox.starts_with(&format!("Landlock (ABI {abi})")),
+            "{sandbox}"
+        ),
+        Err(_) => {
+            assert!(sandbox.starts_with("none: "), "{sandbox}");
+            eprintln!("skipped: no Landlock (the report says so: {sandbox})");
+        }
+    }
 }

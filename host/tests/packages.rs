@@ -276,7 +276,8 @@ fn install_from_a_folder_records_every_file() {
             .permissions()
             .mode()
             & 0o777,
-        0o755
+        // Installed read-only: the source's mode without its write bits.
+        0o555
     );
     assert_eq!(
         fs::metadata(dir.join("data.txt"))
@@ -284,7 +285,7 @@ fn install_from_a_folder_records_every_file() {
             .permissions()
             .mode()
             & 0o777,
-        0o644
+        0o444
     );
 
     assert_eq!(packages::get(&f.state, "notes").unwrap(), *rec);

@@ -22,8 +22,7 @@
 //! failing that, `Drop` — kills the whole group, so nothing the package started outlives the check.
 
 use std::collections::VecDeque;
-use std::path::Path;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,7 +34,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use crate::manifest::ResolvedCommand;
+use conduit_supervisor::process::{self, ChildCommand, PackageLaunch};
+use conduit_supervisor::sandbox::SandboxStatus;
 
 /// The longest line the tap keeps to classify; longer ones are recorded by length and first
 /// bytes only. Every answer a rule waits for is far shorter.
@@ -217,35 +217,21 @@ pub(crate) fn describe_exit(status: &ExitStatus) -> String {
 }
 
 impl Instance {
-    /// Start the package in `dir` and a session over its pipes.
+    /// Start the package as the daemon would ([`ChildCommand::for_package`]: the same scrubbed
+    /// environment, data and temporary folders, limits and sandbox) and a session over its
+    /// pipes. Returns the sandbox it runs in too.
     pub(crate) fn spawn(
-        cmd: &ResolvedCommand,
-        dir: &Path,
+        launch: &PackageLaunch,
         label: &'static str,
         handler: impl Handler,
         config: SessionConfig,
-    ) -> std::io::Result<Instance> {
-        let mut command = tokio::process::Command::new(&cmd.program);
-        command
-            .args(&cmd.args)
-            .current_dir(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own process group, so that killing the group at the end also stops whatever
-            // the package started.
-            .process_group(0)
-            .kill_on_drop(true);
-        #[cfg(target_os = "linux")]
-        // SAFETY: the closure runs in the forked child before exec and only makes one
-        // async-signal-safe system call (prctl). The parent-death signal fires when the thread
-        // that forked exits; that is a runtime worker, which lives as long as the check.
-        unsafe {
-            command.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-            });
-        }
-        let mut child = command.spawn()?;
+    ) -> std::io::Result<(Instance, SandboxStatus)> {
+        let (command, confine) = ChildCommand::for_package(launch);
+        // The daemon's own spawn: its own process group (killing the group at the end stops
+        // whatever the package started), a parent-death signal, rlimits and Landlock before
+        // exec. The parent-death signal fires when the thread that forked exits; that is a
+        // runtime worker, which lives as long as the check.
+        let (mut child, applied) = process::spawn_confined(&command, &confine)?;
         let pid = child.id().expect("a just-spawned child has a pid");
         let pgid = Pid::from_raw(pid as i32);
 
@@ -265,7 +251,7 @@ impl Instance {
         ];
 
         let session = Session::new(session_read, session_write, handler, config);
-        Ok(Instance {
+        let inst = Instance {
             label,
             session: Some(session),
             stdout: log,
@@ -276,7 +262,8 @@ impl Instance {
             readers,
             exit: None,
             group_killed: false,
-        })
+        };
+        Ok((inst, applied.sandbox))
     }
 
     /// The session's peer. Panics after [`Instance::close_session`].
@@ -340,6 +327,9 @@ impl Instance {
             self.kill_group();
         }
         let status = self.exit_status(Duration::from_secs(5)).await;
+        if status.is_some() {
+            process::release_leader(self.pgid.as_raw() as u32);
+        }
         // Every process of the group is gone, so both pipes reach EOF at once; the bound is
         // for a process that escaped the group with a copy of them.
         for reader in std::mem::take(&mut self.readers) {

@@ -21,6 +21,7 @@
 
 mod callbacks;
 mod instance;
+mod readonly;
 mod rules;
 
 use std::collections::BTreeMap;
@@ -113,9 +114,23 @@ pub struct PackageInfo {
     pub description: Option<String>,
 }
 
+/// The limits and sandbox the package was checked under: those the daemon would give it with
+/// no operator settings.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunUnder {
+    pub limits: conduit_supervisor::limits::Limits,
+    /// One line (`Landlock (ABI 7): …`, `none: …`); absent when no instance started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
+    /// Asks of the package an operator would have to grant.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
 /// The outcome of a whole check.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
+    pub run_under: RunUnder,
     pub package: PackageInfo,
     /// True when no rule failed (skips do not count against it).
     pub passed: bool,
@@ -158,6 +173,27 @@ pub(crate) struct Ctx<'a> {
     pub(crate) host: CheckHost,
     pub(crate) now_ms: i64,
     pub(crate) source: String,
+    /// How every instance is started: as the daemon would start the package (see
+    /// `packages::launch`), with scratch data and temporary folders.
+    pub(crate) launch: conduit_supervisor::process::PackageLaunch,
+    /// The sandbox the first instance ran in.
+    pub(crate) sandbox: std::sync::Mutex<Option<conduit_supervisor::sandbox::SandboxStatus>>,
+}
+
+/// A launch for unit tests of rules that never start a package.
+#[cfg(test)]
+pub(crate) fn test_launch() -> conduit_supervisor::process::PackageLaunch {
+    conduit_supervisor::process::PackageLaunch {
+        name: "test".into(),
+        dir: "/nonexistent".into(),
+        program: "/nonexistent/x".into(),
+        args: Vec::new(),
+        data_dir: "/nonexistent/data".into(),
+        tmp_dir: "/nonexistent/tmp".into(),
+        limits: conduit_supervisor::limits::Limits::DEFAULT,
+        sandbox: None,
+        cgroup: None,
+    }
 }
 
 impl Ctx<'_> {
@@ -184,17 +220,51 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
         .cloned()
         .unwrap_or_else(|| "check".to_owned());
     let host = CheckHost::new(callbacks::synthetic_events(&source, now_ms));
+    // Scratch folders for the package's data and temporary files, gone with the check.
+    let scratch = tempfile::Builder::new()
+        .prefix("conduit-check-")
+        .tempdir()
+        .map_err(|e| ManifestError::Read {
+            path: std::env::temp_dir(),
+            source: e,
+            hint: "the check needs a scratch folder in the temporary directory",
+        })?;
+    let folders = crate::packages::launch::Folders {
+        package: dir.canonicalize().unwrap_or_else(|_| dir.to_owned()),
+        data: scratch.path().join("data"),
+        tmp: scratch.path().join("tmp"),
+    };
+    let plan = crate::packages::launch::plan(
+        &manifest,
+        cmd.program.clone(),
+        cmd.args.clone(),
+        &folders,
+        // As the daemon would once the operator granted the package's declared sandbox paths:
+        // the check tests the package under the sandbox it asks for (the asks are reported).
+        &crate::packages::settings::PackageSettings {
+            grant: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| ManifestError::Read {
+        path: scratch.path().to_owned(),
+        source: e,
+        hint: "the check needs a scratch folder in the temporary directory",
+    })?;
     let ctx = Ctx {
         manifest: &manifest,
         opts,
         host,
         now_ms,
         source,
+        launch: plan.launch.clone(),
+        sandbox: std::sync::Mutex::new(None),
     };
 
     let mut results: Vec<RuleResult> = Vec::new();
     let mut instances: Vec<Instance> = Vec::new();
     let mut chosen = None;
+    let mut main_ready = false;
     match start(&ctx, &cmd, dir, "main") {
         Err(res) => {
             results.push(res);
@@ -209,6 +279,7 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
             chosen = hs.chosen;
             match &hs.init {
                 Some(init) => {
+                    main_ready = true;
                     ctx.host.set_capabilities(&init.capabilities);
                     results.push(rules::handshake::capabilities_match(&ctx, init));
                     session_rules(&ctx, &mut main, init, &mut results).await;
@@ -226,6 +297,13 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
         }
     }
     results.push(version(&ctx, &cmd, dir, chosen, &mut instances).await);
+    // Without a handshake on the main instance, the session rules (this one among them) were
+    // skipped above.
+    if main_ready {
+        let (res, inst) = readonly::read_only_restart(&ctx, dir).await;
+        results.push(res);
+        instances.extend(inst);
+    }
 
     let logs: Vec<(&'static str, Vec<instance::Seen>)> = instances
         .iter()
@@ -255,7 +333,21 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
     };
     results.sort_by_key(|r| order(r.id));
     let passed = results.iter().all(|r| r.status != Status::Fail);
+    let sandbox = ctx.sandbox.lock().unwrap().clone();
+    let mut notes = plan.notes.clone();
+    if !manifest.sandbox.is_empty() {
+        notes.push(crate::packages::launch::sandbox_ask(
+            &manifest.name,
+            &manifest,
+        ));
+    }
+    let run_under = RunUnder {
+        limits: plan.limits.limits,
+        sandbox: sandbox.map(|s| s.summary()),
+        notes,
+    };
     Ok(Report {
+        run_under,
         package: PackageInfo {
             name: manifest.name.clone(),
             version: manifest.version.clone(),
@@ -284,7 +376,12 @@ fn start(
         max_outgoing: 2 * conduit_protocol::MAX_CONCURRENT_REQUESTS,
         ..SessionConfig::default()
     };
-    Instance::spawn(cmd, dir, label, ctx.host.clone(), config).map_err(|e| {
+    let _ = dir;
+    let spawned = Instance::spawn(&ctx.launch, label, ctx.host.clone(), config);
+    spawned.map(|(inst, sandbox)| {
+        ctx.sandbox.lock().unwrap().get_or_insert(sandbox);
+        inst
+    }).map_err(|e| {
         RuleResult::fail(
             rules::HANDSHAKE,
             format!("could not start `{}`: {e}", cmd.program.display()),

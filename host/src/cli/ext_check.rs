@@ -102,6 +102,20 @@ fn render(report: &Report) -> String {
         p.version,
         p.path.display()
     );
+    let l = &report.run_under.limits;
+    use conduit_supervisor::limits::LimitKey;
+    let _ = writeln!(
+        out,
+        "runs under: limits memory {}, cpu {}, tasks {}, open files {}; sandbox {}",
+        l.show(LimitKey::Memory),
+        l.show(LimitKey::Cpu),
+        l.tasks,
+        l.open_files,
+        report.run_under.sandbox.as_deref().unwrap_or("not started")
+    );
+    for n in &report.run_under.notes {
+        let _ = writeln!(out, "  note: {n}");
+    }
     for r in &report.rules {
         let _ = match (r.status, &r.fix) {
             (Status::Pass, _) => writeln!(out, "PASS {}", r.id),

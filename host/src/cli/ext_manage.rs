@@ -172,6 +172,9 @@ pub(crate) fn install(
     }
     if !args.json {
         print(&format!("{outcome}\n"))?;
+        for note in super::ext_set::install_notes(&outcome.record) {
+            eprintln!("note: {note}");
+        }
     }
     let wait = wait.filter(|_| outcome.record.enabled);
     let (Some(timeout), Some(_)) = (wait, &daemon_report) else {

@@ -33,7 +33,9 @@ pub(crate) struct StatusArgs {
     name: Option<String>,
     /// Print as JSON (one object for NAME, else {"daemon_running", "extensions": [...]}), with at
     /// least name, version, state, pid, restarts, last_exit, recent_exits (newest first: at_ms,
-    /// pid, cause, reason, exit, summary, in_flight [{method, age_ms}]) and descendants.
+    /// pid, cause, reason, exit, summary, in_flight [{method, age_ms}]), descendants, and
+    /// resources (limits, mechanism, sandbox, usage {rss_bytes, cpu, tasks, processes,
+    /// throttled, throttles}, limit_stops, notes).
     #[arg(long)]
     json: bool,
 }
@@ -265,6 +267,9 @@ fn detail(out: &mut String, v: &ExtensionView) {
     if !s.descendants.is_empty() {
         let pids: Vec<String> = s.descendants.iter().map(u32::to_string).collect();
         let _ = writeln!(out, "  descendants   {}", pids.join(" "));
+    }
+    if let Some(r) = &s.resources {
+        super::ext_set::write_resources(out, r);
     }
     if !s.recent_exits.is_empty() {
         let _ = writeln!(out, "  recent exits  (newest first)");

@@ -27,6 +27,7 @@ mod ext_check;
 mod ext_logs;
 mod ext_manage;
 mod ext_new;
+mod ext_set;
 mod ext_status;
 mod ext_wait;
 mod metrics;
@@ -180,6 +181,7 @@ enum ExtCommand {
     Logs(ext_logs::Args),
     Call(ext_status::CallArgs),
     New(ext_new::Args),
+    Set(ext_set::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -266,6 +268,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Ext(ExtCommand::Logs(args)) => ext_logs::run(args, &state),
         Command::Ext(ExtCommand::Call(args)) => ext_status::call(args, &state),
         Command::Ext(ExtCommand::New(args)) => ext_new::run(args),
+        Command::Ext(ExtCommand::Set(args)) => ext_set::run(args, &state),
         Command::Daemon(DaemonCommand::Run(args)) => daemon_run::run(args, &state),
         Command::Events(EventsCommand::Push(args)) => core_cmds::push(args, &state),
         Command::Events(EventsCommand::List(args)) => core_cmds::list_events(args, &state),

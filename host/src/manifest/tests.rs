@@ -442,3 +442,60 @@ mod resolve {
         assert!(msg.contains("was not found on PATH"), "{msg}");
     }
 }
+
+#[test]
+fn limits_are_asks_in_the_limits_own_units_and_bounds() {
+    let m = parse(&format!(
+        "{GOOD}\n[limits]\nmemory = \"256MiB\"\ncpu = 0.5\ntasks = 32\nopen_files = 16\n"
+    ))
+    .unwrap();
+    assert_eq!(m.limits.memory, Some(256 << 20));
+    assert_eq!(m.limits.cpu, Some(0.5));
+    assert_eq!((m.limits.tasks, m.limits.open_files), (Some(32), Some(16)));
+    let bytes = parse(&format!("{GOOD}\n[limits]\nmemory = 16777216\n")).unwrap();
+    assert_eq!(bytes.limits.memory, Some(16 << 20));
+    let msg = refused(
+        &format!("{GOOD}\n[limits]\nopen_files = 15\n"),
+        "limits.open_files",
+        "below the least, 16",
+    );
+    assert!(msg.contains("16 to 1048576"), "{msg}");
+    refused(
+        &format!("{GOOD}\n[limits]\nmemory = \"lots\"\n"),
+        "limits.memory",
+        "not a size",
+    );
+    refused(
+        &format!("{GOOD}\n[limits]\ncpu = true\n"),
+        "limits.cpu",
+        "must be a number",
+    );
+    let e = parse(&format!("{GOOD}\n[limits]\ndisk = 1\n")).unwrap_err();
+    assert_eq!(e.field().as_deref(), Some("limits.disk"));
+}
+
+#[test]
+fn sandbox_paths_are_absolute_or_under_home_and_the_sandbox_cannot_be_turned_off() {
+    let m = parse(&format!(
+        "{GOOD}\n[sandbox]\nread = [\"~/.config/notes\", \"/srv/notes\"]\nwrite = [\"/var/cache/notes\"]\n"
+    ))
+    .unwrap();
+    let (read, write) = m.sandbox.expand(Some(Path::new("/home/op")));
+    assert_eq!(
+        read,
+        [
+            PathBuf::from("/home/op/.config/notes"),
+            PathBuf::from("/srv/notes")
+        ]
+    );
+    assert_eq!(write, [PathBuf::from("/var/cache/notes")]);
+    for bad in ["relative/path", "~/../etc", "/srv/../etc", "~/"] {
+        refused(
+            &format!("{GOOD}\n[sandbox]\nread = [\"{bad}\"]\n"),
+            "sandbox.read[0]",
+            "not an absolute path",
+        );
+    }
+    let msg = refused(&with("sandbox", "\"off\""), "sandbox", "must be a table");
+    assert!(msg.contains("only the operator can"), "{msg}");
+}

@@ -407,6 +407,12 @@ pub fn install(
         files,
     };
     swap(state, registry, staging, &root, &record, &origin)?;
+    // Installed read-only (see `readonly`); a failure here leaves a working, writable package,
+    // which is logged rather than undone.
+    let target = package_dir(state, &record.name);
+    if let Err(e) = super::readonly::make_read_only(&target) {
+        tracing::warn!(package = %record.name, error = %e, "cannot make the installed package read-only");
+    }
     Ok(InstallOutcome {
         change,
         record,
@@ -629,6 +635,8 @@ fn swap(
         path: path.to_owned(),
         source,
     };
+    // The installed version is read-only; moving a folder to another parent needs its write bit.
+    super::readonly::make_writable(&target).map_err(|e| write_err(&target, e))?;
     let had_old = match fs::rename(&target, &aside) {
         Ok(()) => true,
         Err(e) if e.kind() == io::ErrorKind::NotFound => false,
@@ -637,7 +645,12 @@ fn swap(
     // Puts the previous version back after `cause`. If even that fails, the previous version must
     // outlive staging's cleanup, and the error says where it is.
     let undo = |staging: tempfile::TempDir, cause: InstallError| -> InstallError {
-        match had_old.then(|| fs::rename(&aside, &target)) {
+        let back = had_old.then(|| fs::rename(&aside, &target));
+        if let Some(Ok(())) = back {
+            // It was made writable to be moved aside; it goes back read-only.
+            let _ = super::readonly::make_read_only(&target);
+        }
+        match back {
             Some(Err(e)) => {
                 let kept = super::registry::keep_out_of_sweep(staging.keep()).join("previous");
                 PackageError::Stranded {

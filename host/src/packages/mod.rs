@@ -37,7 +37,10 @@
 
 mod archive;
 mod install;
+pub mod launch;
+pub(crate) mod readonly;
 mod registry;
+pub mod settings;
 mod tree;
 mod verify;
 

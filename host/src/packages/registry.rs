@@ -315,6 +315,8 @@ pub fn remove(state: &StateDir, name: &str) -> Result<PackageRecord, PackageErro
         .tempdir_in(state.tmp_dir())
         .map_err(|e| PackageError::io("create a folder in", &state.tmp_dir(), e))?;
     let aside = trash.path().join(name);
+    // The installed folder is read-only; moving and deleting it needs its write bits.
+    super::readonly::make_writable(&dir).map_err(|e| PackageError::io("make writable", &dir, e))?;
     let moved = match fs::rename(&dir, &aside) {
         Ok(()) => true,
         // A record without its folder (a crash mid-install, or a hand-deleted folder): removing
@@ -351,6 +353,8 @@ pub(crate) fn previous_dir(state: &StateDir, name: &str) -> PathBuf {
 /// After an install saved the registry: move the replaced version's folder (`aside`, inside
 /// `staging`) to [`previous_dir`], dropping the one kept before, then drop `staging`. If the
 /// folder cannot be kept, its record is dropped too, so a rollback never finds half of it.
+/// The kept folder stays writable (the install made it so to move it aside): nothing runs from it,
+/// and a rollback or remove moves or deletes it.
 pub(crate) fn keep_previous(
     state: &StateDir,
     registry: &mut Registry,
@@ -417,10 +421,17 @@ pub fn rollback(state: &StateDir, name: &str) -> Result<Rollback, PackageError> 
         .tempdir_in(state.tmp_dir())
         .map_err(|e| PackageError::io("create a folder in", &state.tmp_dir(), e))?;
     let aside = scratch.path().join("current");
+    // The installed version is read-only, and moving a folder to another parent needs its write
+    // bit; the kept version is writable (see `keep_previous`) and goes in read-only.
+    super::readonly::make_writable(&dir).map_err(|e| PackageError::io("make writable", &dir, e))?;
     fs::rename(&dir, &aside).map_err(|e| PackageError::io("move aside", &dir, e))?;
     if let Err(e) = fs::rename(&kept, &dir) {
         let _ = fs::rename(&aside, &dir);
+        let _ = super::readonly::make_read_only(&dir);
         return Err(PackageError::io("move into place", &kept, e));
+    }
+    if let Err(e) = super::readonly::make_read_only(&dir) {
+        tracing::warn!(package = name, error = %e, "cannot make the rolled-back package read-only");
     }
     registry.packages.insert(name.to_owned(), previous.clone());
     registry.previous.insert(name.to_owned(), current.clone());
@@ -454,6 +465,8 @@ pub fn previous(state: &StateDir, name: &str) -> Result<Option<PackageRecord>, P
 /// serde of its own; this mirror keeps the registry's shape under this module's control.
 mod manifest_serde {
     use super::*;
+    use crate::manifest::SandboxAsk;
+    use conduit_supervisor::limits::LimitSet;
 
     #[derive(Serialize, Deserialize)]
     struct Stored {
@@ -465,6 +478,10 @@ mod manifest_serde {
         description: Option<String>,
         #[serde(default)]
         capabilities: Capabilities,
+        #[serde(default, skip_serializing_if = "LimitSet::is_empty")]
+        limits: LimitSet,
+        #[serde(default, skip_serializing_if = "SandboxAsk::is_empty")]
+        sandbox: SandboxAsk,
     }
 
     pub(super) fn serialize<S: serde::Serializer>(m: &Manifest, s: S) -> Result<S::Ok, S::Error> {
@@ -475,6 +492,8 @@ mod manifest_serde {
             command: m.command.clone(),
             description: m.description.clone(),
             capabilities: m.capabilities.clone(),
+            limits: m.limits.clone(),
+            sandbox: m.sandbox.clone(),
         }
         .serialize(s)
     }
@@ -490,6 +509,8 @@ mod manifest_serde {
             command: s.command,
             description: s.description,
             capabilities: s.capabilities,
+            limits: s.limits,
+            sandbox: s.sandbox,
         })
     }
 }

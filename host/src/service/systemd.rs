@@ -82,7 +82,12 @@ TimeoutStartSec=120
 # stop is under way.
 TimeoutStopSec={STOP_TIMEOUT_SECS}
 # Extensions are third-party code: none of them may gain privileges through setuid programs.
-NoNewPrivileges=yes"
+NoNewPrivileges=yes
+# The daemon's cgroup is its own to divide: one cgroup per extension, with its memory, CPU and
+# task limits (memory.max, cpu.max, pids.max); the variable tells the daemon it may.
+Delegate=yes
+Environment={}=delegated",
+        conduit_supervisor::cgroup::DELEGATED_ENV
     );
     match cfg.scope {
         Scope::System => {

@@ -21,10 +21,15 @@
 //! an [`ExtensionSpec`] per package and a [`CallbackHandlers`] factory for the callbacks.
 
 pub mod backoff;
+pub mod cgroup;
+mod enforce;
+pub mod limits;
 pub mod log;
 pub mod process;
+pub mod sandbox;
 mod stats;
 pub mod tree;
+pub mod usage;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -47,10 +52,14 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{Jitter, RestartPolicy, RestartTracker, RunFacts};
+use crate::enforce::{Enforcer, mechanism, over_limit, signal_tree};
+use crate::limits::Limits;
 use crate::log::{LogFile, Tail};
-use crate::process::{ChildCommand, ExitInfo};
+use crate::process::{ChildCommand, Confinement, ExitInfo};
+use crate::sandbox::SandboxStatus;
 pub use crate::stats::{LatencyHistogram, MethodStats, Traffic};
 use crate::tree::{Ledger, ProcId, TRACK_INTERVAL};
+use crate::usage::{SAMPLE_INTERVAL, Usage};
 
 /// How many exits an extension's status keeps, newest first.
 pub const RECENT_EXITS: usize = 5;
@@ -74,6 +83,13 @@ pub struct ExtensionSpec {
     /// every descendant seen), so that the next daemon can kill what is left after a crash of
     /// this one ([`tree::sweep_ledgers`]). Removed once a stop has killed them all.
     pub ledger: Option<PathBuf>,
+    /// Limits, sandbox and cgroup of every run ([`process::spawn_confined`]); the supervisor
+    /// enforces the tree-wide limits (see [`usage`]).
+    pub confine: Confinement,
+    /// Lines for people about the limits (asks of the package not granted), shown in status.
+    pub limit_notes: Vec<String>,
+    /// Where each limit in force came from (default, package, operator), shown in status.
+    pub limit_sources: BTreeMap<limits::LimitKey, limits::LimitSource>,
     pub host_version: String,
 }
 
@@ -106,6 +122,9 @@ impl ExtensionSpec {
             preflight: None,
             declared: None,
             ledger: None,
+            confine: Confinement::none(),
+            limit_notes: Vec::new(),
+            limit_sources: BTreeMap::new(),
             host_version: env!("CARGO_PKG_VERSION").into(),
         }
     }
@@ -194,6 +213,29 @@ pub struct Status {
     /// in flight at that moment. Kept across restarts, upgrades and disable.
     #[serde(default)]
     pub recent_exits: Vec<ExitRecord>,
+    /// The limits and sandbox in force and the current use; absent for a child with none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+}
+
+/// The limits and sandbox of an extension, how they are enforced, and what it uses now.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct Resources {
+    pub limits: Limits,
+    /// Where each limit came from: `default`, `package` (its ask) or `operator`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sources: BTreeMap<limits::LimitKey, limits::LimitSource>,
+    /// How the limits are enforced: `cgroup v2 (...)` or `rlimits + supervisor (...)`.
+    pub mechanism: String,
+    pub sandbox: SandboxStatus,
+    /// Of the current run, while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// How many runs the host stopped for exceeding a limit (kept across restarts).
+    #[serde(default)]
+    pub limit_stops: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Why a child ended.
@@ -208,6 +250,8 @@ pub enum ExitCause {
     ClosedStdout,
     /// The host stopped it (see `reason`).
     StoppedByHost,
+    /// The host stopped it for exceeding a limit (`reason` names it and the use).
+    OverLimit,
 }
 
 /// A call that was in flight when a child ended.
@@ -255,6 +299,10 @@ impl ExitRecord {
                 "stopped by the host after {} ({how})",
                 reason.as_deref().unwrap_or("a request")
             ),
+            ExitCause::OverLimit => format!(
+                "stopped: {} ({how})",
+                reason.as_deref().unwrap_or("over a limit")
+            ),
         };
         ExitRecord {
             at_ms: exit.map_or_else(now_ms, |e| e.at_ms),
@@ -292,6 +340,7 @@ impl Status {
             calls: BTreeMap::new(),
             descendants: Vec::new(),
             recent_exits: Vec::new(),
+            resources: None,
         }
     }
 
@@ -306,6 +355,9 @@ impl Status {
         }
         if self.last_error.is_none() {
             self.last_error = earlier.last_error.clone();
+        }
+        if let (Some(now), Some(then)) = (&mut self.resources, &earlier.resources) {
+            now.limit_stops = now.limit_stops.max(then.limit_stops);
         }
     }
 
@@ -1023,8 +1075,27 @@ async fn run_once(
         s.pid = None;
         s.descendants.clear();
     });
-    let mut child = match process::spawn(&spec.command) {
-        Ok(c) => c,
+    let mut child = match process::spawn_confined(&spec.command, &spec.confine) {
+        Ok((c, applied)) => {
+            if let Some(limits) = spec.confine.limits {
+                let mechanism = mechanism(&spec.confine);
+                let notes = spec.limit_notes.clone();
+                let sources = spec.limit_sources.clone();
+                ext.update(|s| {
+                    let stops = s.resources.as_ref().map_or(0, |r| r.limit_stops);
+                    s.resources = Some(Resources {
+                        limits,
+                        sources,
+                        mechanism,
+                        sandbox: applied.sandbox,
+                        usage: None,
+                        limit_stops: stops,
+                        notes,
+                    });
+                });
+            }
+            c
+        }
         Err(e) => {
             let error = format!("cannot start `{}`: {e}", spec.command.program.display());
             return Outcome::Failed {
@@ -1069,20 +1140,40 @@ async fn run_once(
     ext.update(|s| s.pid = Some(pid));
 
     // The handshake, bounded by the start timeout; the child dying meanwhile ends it early.
+    // The limits hold from the start: a package that allocates before it answers is stopped
+    // there too.
     let peer = session_peer(&run);
     let init = InitializeParams::current(&spec.host_version);
-    let handshake = tokio::select! {
-        r = tokio::time::timeout(spec.start_timeout, peer.call::<_, InitializeResult>(methods::host::INITIALIZE, &init, None)) => r,
-        status = run.child.wait() => {
-            let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
-            return finish_failed(ext, run, exit, None, "exited during the handshake".into()).await;
-        }
-        () = shutdown.cancelled() => { stop_run(ext, run, spec.stop_grace, "the daemon stopping").await; return Outcome::Stop; }
-        // A stop or restart asked for during the handshake is not kept waiting for it.
-        cmd = cmds.recv() => {
-            let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
-            stop_run(ext, run, spec.stop_grace, why).await;
-            return outcome;
+    let mut sample = tokio::time::interval(SAMPLE_INTERVAL);
+    sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut enforcer = spec.confine.limits.map(Enforcer::new);
+    let handshake = {
+        let call = tokio::time::timeout(
+            spec.start_timeout,
+            peer.call::<_, InitializeResult>(methods::host::INITIALIZE, &init, None),
+        );
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                r = &mut call => break r,
+                status = run.child.wait() => {
+                    let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
+                    return finish_failed(ext, run, exit, None, "exited during the handshake".into()).await;
+                }
+                () = shutdown.cancelled() => { stop_run(ext, run, spec.stop_grace, "the daemon stopping").await; return Outcome::Stop; }
+                // A stop or restart asked for during the handshake is not kept waiting for it.
+                cmd = cmds.recv() => {
+                    let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
+                    stop_run(ext, run, spec.stop_grace, why).await;
+                    return outcome;
+                }
+                _ = sample.tick(), if enforcer.is_some() => {
+                    let e = enforcer.as_mut().expect("ticks only with an enforcer");
+                    if let Some(why) = e.sample(ext, run.pid) {
+                        return over_limit(ext, run, None, why).await;
+                    }
+                }
+            }
         }
     };
     let result = match handshake {
@@ -1150,10 +1241,28 @@ async fn run_once(
     let watch = session_peer(&run);
     let mut tick = tokio::time::interval(TRACK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // In a cgroup the kernel enforces memory.max itself: its OOM kills are counted there.
+    let ooms = spec
+        .confine
+        .cgroup
+        .as_deref()
+        .map(|d| cgroup::read_use(d).oom_kills);
     loop {
         tokio::select! {
+            _ = sample.tick(), if enforcer.is_some() => {
+                let e = enforcer.as_mut().expect("ticks only with an enforcer");
+                if let Some(why) = e.sample(ext, run.pid) {
+                    return over_limit(ext, run, Some(ready_at), why).await;
+                }
+            }
             status = run.child.wait() => {
                 let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
+                if let (Some(before), Some(dir), Some(l)) = (ooms, spec.confine.cgroup.as_deref(), spec.confine.limits)
+                    && cgroup::read_use(dir).oom_kills > before
+                {
+                    let why = format!("over its {} memory limit (killed by the kernel at the cgroup's memory.max)", limits::format_bytes(l.memory));
+                    return over_limit(ext, run, Some(ready_at), why).await;
+                }
                 return finish_failed(ext, run, exit, Some(ready_at), String::new()).await;
             }
             _ = watch.closed() => {
@@ -1303,7 +1412,12 @@ async fn end_run(ext: &Extension, mut run: Run) {
     } else if let Some(l) = &run.ledger {
         l.remove();
     }
-    ext.update(|s| s.descendants.clear());
+    ext.update(|s| {
+        s.descendants.clear();
+        if let Some(r) = &mut s.resources {
+            r.usage = None;
+        }
+    });
     drop(run.child);
     process::release_leader(run.pid);
 }
@@ -1335,6 +1449,8 @@ async fn finish_stderr(task: JoinHandle<()>) {
 /// step bounded; then every process recorded in its tree is killed, wherever it moved.
 async fn stop_run(ext: &Extension, mut run: Run, grace: Duration, why: &str) {
     use nix::sys::signal::Signal;
+    // A tree stopped for its CPU share could not answer `shutdown` or see SIGTERM.
+    signal_tree(run.pid, Signal::SIGCONT);
     ext.update(|s| s.state = State::Stopping);
     // What runs now is recorded before the child can exit and orphan it.
     track(ext, &run);

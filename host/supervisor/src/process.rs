@@ -23,6 +23,9 @@ use std::process::Stdio;
 use std::sync::Mutex;
 
 use nix::sys::signal::{Signal, killpg};
+
+use crate::limits::Limits;
+use crate::sandbox::{SandboxRules, SandboxStatus};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
@@ -40,6 +43,90 @@ pub struct ChildCommand {
     pub cwd: PathBuf,
     /// Extra variables (the `CONDUIT_*` ones); set after the allow-list.
     pub env: Vec<(OsString, OsString)>,
+}
+
+/// What confines one child besides the isolation every child gets: its limits (the per-process
+/// part, rlimits, is applied in the child; the supervisor enforces the rest), its filesystem
+/// sandbox, and the cgroup it joins where cgroups are delegated.
+#[derive(Clone, Debug, Default)]
+pub struct Confinement {
+    pub limits: Option<Limits>,
+    /// `None`: no sandbox (the operator's `sandbox = "off"`, or a child that is no package).
+    pub sandbox: Option<SandboxRules>,
+    /// A cgroup v2 folder the child moves itself into before exec ([`crate::cgroup`]).
+    pub cgroup: Option<PathBuf>,
+}
+
+impl Confinement {
+    /// No limits, no sandbox, no cgroup: what [`spawn`] gives.
+    pub fn none() -> Self {
+        Confinement::default()
+    }
+}
+
+/// Everything that decides how a package's extension is started. The daemon and `conduit ext
+/// check` both build one and call [`ChildCommand::for_package`], so the checker runs exactly
+/// what the daemon runs: the same environment, data and temporary folders, limits and sandbox.
+#[derive(Clone, Debug)]
+pub struct PackageLaunch {
+    pub name: String,
+    /// The package folder: the working directory, readable in the sandbox.
+    pub dir: PathBuf,
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    /// Its data directory (`CONDUIT_DATA_DIR`), writable in the sandbox.
+    pub data_dir: PathBuf,
+    /// Its temporary folder (`TMPDIR`), writable in the sandbox.
+    pub tmp_dir: PathBuf,
+    pub limits: Limits,
+    /// `None` when the operator turned the sandbox off; else the paths granted beyond the
+    /// defaults (read, write).
+    pub sandbox: Option<(Vec<PathBuf>, Vec<PathBuf>)>,
+    pub cgroup: Option<PathBuf>,
+}
+
+impl ChildCommand {
+    /// The command and confinement of a package's extension (see [`PackageLaunch`]). Besides
+    /// the allow-listed environment it gets `CONDUIT_EXTENSION`, `CONDUIT_DATA_DIR`,
+    /// `CONDUIT_PROTOCOL_VERSION`, `TMPDIR` (its own temporary folder) and
+    /// `PYTHONDONTWRITEBYTECODE=1`: an installed package is read-only, and an interpreter's
+    /// cache written into it would be refused as tampering at the next start.
+    pub fn for_package(p: &PackageLaunch) -> (ChildCommand, Confinement) {
+        let env: Vec<(OsString, OsString)> = vec![
+            ("CONDUIT_EXTENSION".into(), p.name.clone().into()),
+            (
+                "CONDUIT_DATA_DIR".into(),
+                p.data_dir.clone().into_os_string(),
+            ),
+            (
+                "CONDUIT_PROTOCOL_VERSION".into(),
+                conduit_protocol::PROTOCOL_VERSION.to_string().into(),
+            ),
+            ("TMPDIR".into(), p.tmp_dir.clone().into_os_string()),
+            ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
+        ];
+        let cmd = ChildCommand {
+            program: p.program.clone(),
+            args: p.args.clone(),
+            cwd: p.dir.clone(),
+            env,
+        };
+        let sandbox = p.sandbox.as_ref().map(|(read, write)| {
+            SandboxRules::defaults(&p.dir, &p.data_dir, &p.tmp_dir).grant(read, write)
+        });
+        let confine = Confinement {
+            limits: Some(p.limits),
+            sandbox,
+            cgroup: p.cgroup.clone(),
+        };
+        (cmd, confine)
+    }
+}
+
+/// What confined a child that [`spawn_confined`] started.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    pub sandbox: SandboxStatus,
 }
 
 /// The environment a child gets: the allow-listed part of ours, then `extra`.
@@ -136,6 +223,13 @@ pub fn reap_orphans(keep: impl Fn(crate::tree::ProcId) -> bool) -> (usize, usize
 
 /// Spawn `cmd` with piped stdio, in its own process group, isolated as the module docs say.
 pub fn spawn(cmd: &ChildCommand) -> io::Result<Child> {
+    spawn_confined(cmd, &Confinement::none()).map(|(c, _)| c)
+}
+
+/// [`spawn`], confined by `confine`: rlimits, then the cgroup, then the sandbox, each applied
+/// in the child before exec. A sandbox asked for where Landlock is missing is reported in
+/// [`Applied`], not an error; one that cannot be built where Landlock exists is an error.
+pub fn spawn_confined(cmd: &ChildCommand, confine: &Confinement) -> io::Result<(Child, Applied)> {
     let mut c = Command::new(&cmd.program);
     c.args(&cmd.args)
         .current_dir(&cmd.cwd)
@@ -147,8 +241,41 @@ pub fn spawn(cmd: &ChildCommand) -> io::Result<Child> {
         .process_group(0)
         .kill_on_drop(true);
     let parent = nix::unistd::getpid();
+    let (prepared, sandbox) = match &confine.sandbox {
+        None => (None, SandboxStatus::Off),
+        Some(rules) => match crate::sandbox::landlock_abi() {
+            Err(reason) => (None, SandboxStatus::Unavailable { reason }),
+            Ok(_) => {
+                let p = crate::sandbox::prepare(rules).map_err(io::Error::other)?;
+                let status = SandboxStatus::Landlock {
+                    abi: p.abi,
+                    read: rules.read.clone(),
+                    write: rules.write.clone(),
+                };
+                (Some(p), status)
+            }
+        },
+    };
+    #[cfg(target_os = "linux")]
+    let ruleset_fd = prepared
+        .as_ref()
+        .map(|p| std::os::fd::AsRawFd::as_raw_fd(&p.fd));
+    let limits = confine.limits;
+    let cgroup_procs = match &confine.cgroup {
+        Some(dir) => Some(
+            std::ffi::CString::new(
+                dir.join("cgroup.procs")
+                    .into_os_string()
+                    .into_encoded_bytes(),
+            )
+            .map_err(io::Error::other)?,
+        ),
+        None => None,
+    };
     // SAFETY: the closure runs in the child between fork and exec and only makes
-    // async-signal-safe system calls (prctl, getppid, close_range/fcntl); it allocates nothing.
+    // async-signal-safe system calls (prctl, getppid, setrlimit, open/write/close,
+    // landlock_restrict_self, close_range/fcntl); it allocates nothing: everything it needs was
+    // built above, in the parent.
     unsafe {
         c.pre_exec(move || {
             #[cfg(target_os = "linux")]
@@ -165,6 +292,16 @@ pub fn spawn(cmd: &ChildCommand) -> io::Result<Child> {
             }
             #[cfg(not(target_os = "linux"))]
             let _ = parent;
+            if let Some(l) = &limits {
+                l.apply_rlimits()?;
+            }
+            if let Some(path) = &cgroup_procs {
+                crate::cgroup::join_in_child(path)?;
+            }
+            #[cfg(target_os = "linux")]
+            if let Some(fd) = ruleset_fd {
+                crate::sandbox::restrict_self(fd)?;
+            }
             mark_inherited_fds_cloexec();
             Ok(())
         });
@@ -175,7 +312,10 @@ pub fn spawn(cmd: &ChildCommand) -> io::Result<Child> {
     if let Some(pid) = child.id() {
         leaders.insert(pid);
     }
-    Ok(child)
+    drop(leaders);
+    // The child has its copy of the ruleset (or has exec'd); ours closes here.
+    drop(prepared);
+    Ok((child, Applied { sandbox }))
 }
 
 /// Make every descriptor above stderr close on exec. Closing them here instead would also

@@ -377,6 +377,8 @@ mod tests {
             host: CheckHost::new(vec![]),
             now_ms: 0,
             source: "check".into(),
+            launch: crate::check::test_launch(),
+            sandbox: std::sync::Mutex::new(None),
         };
         let same = Capabilities {
             work_kinds: vec![WorkKind {

@@ -76,6 +76,10 @@ pub const RULES: &[(&str, &str)] = &[
         STDOUT_ONLY,
         "everything the package wrote to stdout was a JSON-RPC message",
     ),
+    (
+        crate::check::readonly::READ_ONLY_FOLDER,
+        "starts again from a read-only copy of its folder and writes nothing into it",
+    ),
 ];
 
 /// Why the rules that hold requests open were skipped.

@@ -1,0 +1,296 @@
+//! The operator's settings per package, `<state>/settings.toml`: the limits the operator sets,
+//! whether the package's declared sandbox paths are granted, and whether its sandbox is off.
+//!
+//! ```toml
+//! [notes]
+//! sandbox = "off"          # "on" (the default) or "off": an operator's choice, never a package's
+//! grant = true             # grant the paths the package's [sandbox] declares
+//! [notes.limits]
+//! memory = "256MiB"        # as in a manifest's [limits]; these win over the package's asks
+//! ```
+//!
+//! Written by `conduit ext set NAME KEY=VALUE` (aside, then renamed, so a reader never sees half
+//! a file) and readable by hand; every value goes through the same parser as the manifest's.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use conduit_supervisor::limits::{LimitKey, LimitSet, LimitValue, format_bytes, parse_value};
+
+use crate::state_dir::StateDir;
+
+/// The file's name in the state directory.
+pub const SETTINGS_FILE: &str = "settings.toml";
+
+/// The keys `conduit ext set` takes.
+pub const SETTING_KEYS: &[&str] = &[
+    "limits.memory",
+    "limits.cpu",
+    "limits.tasks",
+    "limits.open_files",
+    "sandbox",
+    "sandbox.grant",
+];
+
+/// What the operator decided for one package.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PackageSettings {
+    pub limits: LimitSet,
+    /// `sandbox = "off"`.
+    pub sandbox_off: bool,
+    /// The package's declared `[sandbox]` paths are granted.
+    pub grant: bool,
+}
+
+impl PackageSettings {
+    /// A short text that changes whenever the settings do (the daemon restarts a package whose
+    /// settings changed).
+    pub fn fingerprint(&self) -> String {
+        format!("{:?}", self)
+    }
+}
+
+/// Why the settings file cannot be used or changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SettingsError {
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {problem}; {fix}", path.display())]
+    Invalid {
+        path: PathBuf,
+        problem: String,
+        fix: String,
+    },
+    #[error("unknown setting `{key}`; the settings are {}", SETTING_KEYS.join(", "))]
+    UnknownKey { key: String },
+    #[error("`{key}` cannot be {value:?}: {problem}")]
+    BadValue {
+        key: String,
+        value: String,
+        problem: String,
+    },
+}
+
+fn path(state: &StateDir) -> PathBuf {
+    state.path().join(SETTINGS_FILE)
+}
+
+/// Every package's settings (none when the file does not exist).
+pub fn load(state: &StateDir) -> Result<BTreeMap<String, PackageSettings>, SettingsError> {
+    load_from(&path(state))
+}
+
+/// One package's settings.
+pub fn for_package(state: &StateDir, name: &str) -> Result<PackageSettings, SettingsError> {
+    Ok(load(state)?.remove(name).unwrap_or_default())
+}
+
+fn load_from(p: &Path) -> Result<BTreeMap<String, PackageSettings>, SettingsError> {
+    let text = match std::fs::read_to_string(p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(source) => {
+            return Err(SettingsError::Io {
+                action: "read",
+                path: p.to_owned(),
+                source,
+            });
+        }
+    };
+    let invalid = |problem: String| SettingsError::Invalid {
+        path: p.to_owned(),
+        problem,
+        fix: "fix it by hand or change it with `conduit ext set NAME KEY=VALUE`".into(),
+    };
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        invalid(format!("not valid TOML: {}", e.to_string().trim()))
+    })?;
+    let mut out = BTreeMap::new();
+    for (name, v) in table {
+        let t = v
+            .as_table()
+            .ok_or_else(|| invalid(format!("`{name}` must be a table of settings")))?;
+        let mut s = PackageSettings::default();
+        for (k, v) in t {
+            match (k.as_str(), v) {
+                ("sandbox", toml::Value::String(x)) if x == "on" || x == "off" => {
+                    s.sandbox_off = x == "off";
+                }
+                ("grant", toml::Value::Boolean(b)) => s.grant = *b,
+                ("limits", toml::Value::Table(l)) => {
+                    for (lk, lv) in l {
+                        let key = LimitKey::from_name(lk).ok_or_else(|| {
+                            invalid(format!("`{name}.limits.{lk}` is not a limit (memory, cpu, tasks, open_files)"))
+                        })?;
+                        let text = match lv {
+                            toml::Value::String(x) => x.clone(),
+                            toml::Value::Integer(i) => i.to_string(),
+                            toml::Value::Float(f) => f.to_string(),
+                            other => other.to_string(),
+                        };
+                        let value = parse_value(key, &text)
+                            .map_err(|e| invalid(format!("`{name}.limits.{lk}`: {e}")))?;
+                        s.limits.put(value);
+                    }
+                }
+                _ => {
+                    return Err(invalid(format!(
+                        "`{name}.{k}` is not a setting (sandbox = \"on\"|\"off\", grant = true|false, [{name}.limits])"
+                    )));
+                }
+            }
+        }
+        out.insert(name, s);
+    }
+    Ok(out)
+}
+
+fn render(all: &BTreeMap<String, PackageSettings>) -> String {
+    let mut out = String::from(
+        "# The operator's settings per package; `conduit ext set NAME KEY=VALUE` changes them.\n",
+    );
+    for (name, s) in all {
+        if s == &PackageSettings::default() {
+            continue;
+        }
+        out.push_str(&format!("\n[{name}]\n"));
+        if s.sandbox_off {
+            out.push_str("sandbox = \"off\"\n");
+        }
+        if s.grant {
+            out.push_str("grant = true\n");
+        }
+        if !s.limits.is_empty() {
+            out.push_str(&format!("[{name}.limits]\n"));
+            for key in LimitKey::ALL {
+                match s.limits.get(key) {
+                    Some(LimitValue::Memory(b)) => out.push_str(&format!(
+                        "memory = \"{}\"\n",
+                        format_bytes(b).replace(' ', "")
+                    )),
+                    Some(LimitValue::Cpu(c)) => out.push_str(&format!("cpu = {c:?}\n")),
+                    Some(LimitValue::Tasks(n)) => out.push_str(&format!("tasks = {n}\n")),
+                    Some(LimitValue::OpenFiles(n)) => out.push_str(&format!("open_files = {n}\n")),
+                    None => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Apply `key=value` to `s`. `default` clears a limit; `sandbox` takes `on`/`off`;
+/// `sandbox.grant` takes `yes`/`no`.
+pub fn apply(s: &mut PackageSettings, key: &str, value: &str) -> Result<(), SettingsError> {
+    let bad = |problem: &str| SettingsError::BadValue {
+        key: key.to_owned(),
+        value: value.to_owned(),
+        problem: problem.to_owned(),
+    };
+    match key {
+        "sandbox" => match value {
+            "on" => s.sandbox_off = false,
+            "off" => s.sandbox_off = true,
+            _ => return Err(bad("use `on` or `off`")),
+        },
+        "sandbox.grant" => match value {
+            "yes" | "true" => s.grant = true,
+            "no" | "false" => s.grant = false,
+            _ => return Err(bad("use `yes` or `no`")),
+        },
+        _ => {
+            let key_name = key.strip_prefix("limits.").unwrap_or("");
+            let Some(lk) = LimitKey::from_name(key_name) else {
+                return Err(SettingsError::UnknownKey {
+                    key: key.to_owned(),
+                });
+            };
+            if value == "default" {
+                s.limits.clear(lk);
+            } else {
+                let v = parse_value(lk, value).map_err(|e| bad(&e.to_string()))?;
+                s.limits.put(v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Set `key=value` for package `name` and write the file; returns the package's new settings.
+pub fn set(
+    state: &StateDir,
+    name: &str,
+    key: &str,
+    value: &str,
+) -> Result<PackageSettings, SettingsError> {
+    let p = path(state);
+    let mut all = load_from(&p)?;
+    let mut s = all.remove(name).unwrap_or_default();
+    apply(&mut s, key, value)?;
+    all.insert(name.to_owned(), s.clone());
+    let io = |action, source| SettingsError::Io {
+        action,
+        path: p.clone(),
+        source,
+    };
+    let tmp = p.with_extension("toml.tmp");
+    std::fs::write(&tmp, render(&all)).map_err(|e| io("write", e))?;
+    std::fs::rename(&tmp, &p).map_err(|e| io("replace", e))?;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_round_trip_through_the_file_and_hand_written_sizes_parse() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(SETTINGS_FILE);
+        let mut all = BTreeMap::new();
+        let mut s = PackageSettings::default();
+        apply(&mut s, "limits.memory", "256MiB").unwrap();
+        apply(&mut s, "limits.cpu", "0.5").unwrap();
+        apply(&mut s, "sandbox", "off").unwrap();
+        apply(&mut s, "sandbox.grant", "yes").unwrap();
+        all.insert("notes".to_owned(), s.clone());
+        std::fs::write(&p, render(&all)).unwrap();
+        assert_eq!(load_from(&p).unwrap(), all);
+        std::fs::write(&p, "[x.limits]\nmemory = \"1GiB\"\ntasks = 12\n").unwrap();
+        let x = &load_from(&p).unwrap()["x"];
+        assert_eq!((x.limits.memory, x.limits.tasks), (Some(1 << 30), Some(12)));
+        apply(&mut s, "limits.memory", "default").unwrap();
+        assert_eq!(s.limits.memory, None);
+    }
+
+    #[test]
+    fn bad_keys_and_values_are_refused_naming_what_to_use() {
+        let mut s = PackageSettings::default();
+        let e = apply(&mut s, "limits.disk", "1").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown setting `limits.disk`") && e.contains("limits.memory"),
+            "{e}"
+        );
+        let e = apply(&mut s, "limits.memory", "15MiB")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("below the least, 16 MiB"), "{e}");
+        let e = apply(&mut s, "sandbox", "maybe").unwrap_err().to_string();
+        assert!(e.contains("`on` or `off`"), "{e}");
+        assert_eq!(s, PackageSettings::default());
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(SETTINGS_FILE);
+        std::fs::write(&p, "[x]\nsandbox = \"sometimes\"\n").unwrap();
+        assert!(
+            load_from(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("is not a setting")
+        );
+    }
+}

@@ -1,0 +1,128 @@
+//! The supervisor's side of an extension's limits, for one run: the tree sampled from `/proc`
+//! every [`crate::usage::SAMPLE_INTERVAL`], held to its CPU share by SIGSTOP/SIGCONT, and
+//! stopped — killed, recorded as `over-limit`, counted — when it is over its memory or task
+//! limit. The decisions are pure ([`crate::usage`]); this module gathers the facts and applies
+//! them.
+
+use std::time::Instant;
+
+use crate::limits::Limits;
+use crate::process::Confinement;
+use crate::usage::{self, CpuBudget, Duty, Usage};
+use crate::{ExitCause, ExitRecord, Extension, Outcome, Run, end_run, kill_run, track, tree};
+
+/// How the limits of `c` are enforced, for `ext status`.
+pub(crate) fn mechanism(c: &Confinement) -> String {
+    if c.cgroup.is_some() {
+        "cgroup v2 (memory.max, cpu.max, pids.max) + RLIMIT_NOFILE".into()
+    } else if cfg!(target_os = "linux") {
+        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA) + supervisor (tree RSS and tasks from /proc, CPU share by SIGSTOP/SIGCONT)".into()
+    } else {
+        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA); no /proc here, so memory, tasks and CPU share are not enforced".into()
+    }
+}
+
+/// Send `sig` to every live process of the tree rooted at `pid`.
+pub(crate) fn signal_tree(pid: u32, sig: nix::sys::signal::Signal) {
+    for p in tree::tree(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.id.pid as i32), sig);
+    }
+}
+
+/// The supervisor's side of the limits for one run: samples the tree, holds it to its CPU
+/// share, and says when it is over its memory or task limit.
+pub(crate) struct Enforcer {
+    limits: Limits,
+    budget: CpuBudget,
+    ticks: f64,
+    throttled: bool,
+    throttles: u64,
+}
+
+impl Enforcer {
+    pub(crate) fn new(limits: Limits) -> Self {
+        Enforcer {
+            limits,
+            budget: CpuBudget::new(limits.cpu),
+            ticks: usage::ticks_per_second() as f64,
+            throttled: false,
+            throttles: 0,
+        }
+    }
+
+    /// One sample; `Some(why)` when the tree must be stopped for a limit.
+    pub(crate) fn sample(&mut self, ext: &Extension, pid: u32) -> Option<String> {
+        use nix::sys::signal::Signal;
+        let procs = tree::tree(pid);
+        let u = usage::tree_use(procs.iter().map(|p| p.id.pid));
+        if let Some((_, why)) = usage::over_limit(&u, &self.limits) {
+            return Some(why);
+        }
+        match self
+            .budget
+            .step(Instant::now(), u.cpu_ticks as f64 / self.ticks)
+        {
+            Duty::Stop => {
+                if !self.throttled {
+                    self.throttles += 1;
+                }
+                self.throttled = true;
+                // Every tick: a process forked just before the last SIGSTOP is stopped too.
+                signal_tree(pid, Signal::SIGSTOP);
+            }
+            Duty::Run if self.throttled => {
+                self.throttled = false;
+                signal_tree(pid, Signal::SIGCONT);
+            }
+            Duty::Run => {}
+        }
+        let now = Usage {
+            rss_bytes: u.rss_bytes,
+            cpu: self.budget.recent_share(),
+            tasks: u.tasks,
+            processes: u.processes,
+            throttled: self.throttled,
+            throttles: self.throttles,
+        };
+        // Written without waking state waiters: use changes every tick, the state does not.
+        let mut core = ext.inner.core.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = &mut core.status.resources {
+            r.usage = Some(now);
+        }
+        None
+    }
+}
+
+/// The tree went over a limit: kill it (a tree over its memory is owed no grace), record why,
+/// count it; the actor restarts it with backoff.
+pub(crate) async fn over_limit(
+    ext: &Extension,
+    mut run: Run,
+    ready_at: Option<Instant>,
+    why: String,
+) -> Outcome {
+    ext.inner.peer.send_replace(None);
+    let in_flight = ext.in_flight();
+    track(ext, &run);
+    tracing::warn!(extension = %ext.name(), reason = %why, "stopping the extension: it is over a limit");
+    let exit = kill_run(&mut run).await;
+    let rec = ExitRecord::new(
+        run.pid,
+        ExitCause::OverLimit,
+        Some(why.clone()),
+        exit,
+        in_flight,
+    );
+    ext.update(|s| {
+        s.record_exit(rec);
+        if let Some(r) = &mut s.resources {
+            r.limit_stops += 1;
+            r.usage = None;
+        }
+    });
+    end_run(ext, run).await;
+    Outcome::Failed {
+        ready_at,
+        error: Some(format!("stopped: {why}")),
+    }
+}

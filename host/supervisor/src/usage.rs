@@ -1,0 +1,272 @@
+//! What an extension's process tree uses now (from `/proc`), and the pure decisions the
+//! supervisor takes from it: over the memory or task limit, and the CPU duty cycle.
+//!
+//! Reading: for each process of the tree, `/proc/<pid>/stat` gives utime + stime (clock
+//! ticks), the thread count and the resident set (pages). The tree's use is the sum; shared
+//! pages count once per process, as `ps` would show them, so the figure errs on the high side.
+//!
+//! The CPU share is held by [`CpuBudget`], a token bucket with an injected clock: the tree
+//! earns `share` CPU-seconds per second (at most [`BURST`] seconds' worth saved up) and spends
+//! what it uses; in debt it is stopped (SIGSTOP to every process of the tree) until the debt is
+//! paid, then continued (SIGCONT). Over a few seconds it uses at most its share.
+//!
+//! Not here: signalling (the supervisor does it), cgroups (see [`crate::cgroup`]).
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::{LimitKey, Limits, format_bytes};
+
+/// How often a ready extension's use is read and its limits enforced.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The most CPU time an idle extension saves up to spend in one go, in seconds of its share.
+pub const BURST: f64 = 0.5;
+
+/// What one process uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcUse {
+    pub cpu_ticks: u64,
+    pub threads: u32,
+    pub rss_pages: u64,
+}
+
+/// Read `/proc/<pid>/stat`; `None` if the process is gone.
+pub fn proc_use(pid: u32) -> Option<ProcUse> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text)
+}
+
+fn parse_stat(text: &str) -> Option<ProcUse> {
+    // After `pid (comm)`: state(3) ppid pgrp session tty tpgid flags minflt cminflt majflt
+    // cmajflt utime(14) stime(15) cutime cstime priority nice num_threads(20) itrealvalue
+    // starttime vsize rss(24).
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i)?.parse::<u64>().ok();
+    Some(ProcUse {
+        cpu_ticks: n(11)? + n(12)?,
+        threads: n(17)? as u32,
+        rss_pages: n(21)?,
+    })
+}
+
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
+pub fn ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as u64 } else { 100 }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as u64 } else { 4096 }
+}
+
+/// What a whole tree uses now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeUse {
+    pub rss_bytes: u64,
+    /// CPU time of the live processes, in clock ticks.
+    pub cpu_ticks: u64,
+    /// Threads of every process (a single-threaded process is one task).
+    pub tasks: u32,
+    pub processes: u32,
+}
+
+/// Sum the use of `pids`.
+pub fn tree_use(pids: impl IntoIterator<Item = u32>) -> TreeUse {
+    let page = page_size();
+    let mut u = TreeUse::default();
+    for pid in pids {
+        if let Some(p) = proc_use(pid) {
+            u.rss_bytes += p.rss_pages * page;
+            u.cpu_ticks += p.cpu_ticks;
+            u.tasks += p.threads.max(1);
+            u.processes += 1;
+        }
+    }
+    u
+}
+
+/// What `ext status` shows of current use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Resident memory of the whole tree.
+    pub rss_bytes: u64,
+    /// CPU used over the last second or so, as a share of one CPU.
+    pub cpu: f64,
+    /// Processes and threads in the tree.
+    pub tasks: u32,
+    pub processes: u32,
+    /// Whether the tree is stopped now to hold it to its CPU share.
+    #[serde(default)]
+    pub throttled: bool,
+    /// Times it was stopped for its CPU share during this run.
+    #[serde(default)]
+    pub throttles: u64,
+}
+
+/// The limit a tree is over, if any (memory first, then tasks), with the words a status
+/// shows: `over its 256 MiB memory limit (used 301 MiB)`.
+pub fn over_limit(u: &TreeUse, l: &Limits) -> Option<(LimitKey, String)> {
+    if u.rss_bytes > l.memory {
+        return Some((
+            LimitKey::Memory,
+            format!(
+                "over its {} memory limit (resident {})",
+                format_bytes(l.memory),
+                format_bytes(u.rss_bytes)
+            ),
+        ));
+    }
+    if u.tasks > l.tasks {
+        return Some((
+            LimitKey::Tasks,
+            format!(
+                "over its limit of {} tasks ({} processes and threads)",
+                l.tasks, u.tasks
+            ),
+        ));
+    }
+    None
+}
+
+/// What the duty cycle says to do with the tree now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Duty {
+    /// Let it run (continue it if it was stopped).
+    Run,
+    /// Stop it (it is in debt).
+    Stop,
+}
+
+/// The CPU share as a token bucket; see the module docs. Pure: fed CPU totals and times.
+#[derive(Clone, Debug)]
+pub struct CpuBudget {
+    share: f64,
+    /// Seconds of CPU the tree may still use (negative: its debt).
+    balance: f64,
+    last: Option<(Instant, f64)>,
+    window: std::collections::VecDeque<(Instant, f64)>,
+}
+
+impl CpuBudget {
+    pub fn new(share: f64) -> Self {
+        CpuBudget {
+            share,
+            balance: share * BURST,
+            last: None,
+            window: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Account for the tree's CPU total (`cpu_secs`, of its live processes) at `now`. A total
+    /// that went down (a process ended and took its time with it) counts as no use.
+    pub fn step(&mut self, now: Instant, cpu_secs: f64) -> Duty {
+        if let Some((t, c)) = self.last {
+            let dt = now.saturating_duration_since(t).as_secs_f64();
+            let used = (cpu_secs - c).max(0.0);
+            self.balance = (self.balance + self.share * dt - used).min(self.share * BURST);
+        }
+        self.last = Some((now, cpu_secs));
+        self.window.push_back((now, cpu_secs));
+        while self
+            .window
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) > Duration::from_secs(1))
+        {
+            self.window.pop_front();
+        }
+        if self.balance < 0.0 {
+            Duty::Stop
+        } else {
+            Duty::Run
+        }
+    }
+
+    /// The share of one CPU used over the last second (from what [`CpuBudget::step`] saw).
+    pub fn recent_share(&self) -> f64 {
+        let (Some((t0, c0)), Some((t1, c1))) = (self.window.front(), self.window.back()) else {
+            return 0.0;
+        };
+        let dt = t1.saturating_duration_since(*t0).as_secs_f64();
+        if dt <= 0.0 {
+            0.0
+        } else {
+            ((c1 - c0).max(0.0) / dt * 100.0).round() / 100.0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_are_read_after_the_command_name() {
+        let line = "77 (a (b) c) R 1 77 77 0 -1 0 0 0 0 0 250 50 0 0 20 0 3 0 1234 100000 512 0";
+        let u = parse_stat(line).unwrap();
+        assert_eq!(u.cpu_ticks, 300);
+        assert_eq!(u.threads, 3);
+        assert_eq!(u.rss_pages, 512);
+    }
+
+    #[test]
+    fn a_spinner_is_held_to_its_share_by_the_duty_cycle() {
+        // A tree that would use a whole CPU whenever it runs, sampled every 100 ms for 20 s
+        // with a share of 0.25: it runs about a quarter of the time.
+        let mut b = CpuBudget::new(0.25);
+        let t0 = Instant::now();
+        let (mut cpu, mut running) = (0.0, true);
+        for i in 0..200 {
+            if running {
+                cpu += 0.1;
+            }
+            let now = t0 + Duration::from_millis(100 * (i + 1));
+            running = b.step(now, cpu) == Duty::Run;
+        }
+        let share = cpu / 20.0;
+        assert!((0.2..=0.3).contains(&share), "share {share}");
+    }
+
+    #[test]
+    fn an_idle_tree_saves_only_a_short_burst() {
+        let mut b = CpuBudget::new(0.5);
+        let t0 = Instant::now();
+        b.step(t0, 0.0);
+        // Idle for a minute, then 0.3 s of CPU in one sample: within the burst, it runs.
+        assert_eq!(b.step(t0 + Duration::from_secs(60), 0.0), Duty::Run);
+        assert_eq!(b.step(t0 + Duration::from_millis(60_100), 0.3), Duty::Run);
+        // Another 0.3 s: past the 0.25 s saved, it is stopped.
+        assert_eq!(b.step(t0 + Duration::from_millis(60_200), 0.6), Duty::Stop);
+    }
+
+    #[test]
+    fn the_first_limit_crossed_is_named_with_its_value() {
+        let l = Limits {
+            memory: 256 << 20,
+            ..Limits::DEFAULT
+        };
+        let at = TreeUse {
+            rss_bytes: 256 << 20,
+            tasks: l.tasks,
+            ..TreeUse::default()
+        };
+        assert_eq!(over_limit(&at, &l), None);
+        let past = TreeUse {
+            rss_bytes: (256 << 20) + 1,
+            ..at
+        };
+        let (k, why) = over_limit(&past, &l).unwrap();
+        assert_eq!(k, LimitKey::Memory);
+        assert!(why.starts_with("over its 256 MiB memory limit"), "{why}");
+        let tasks = TreeUse {
+            tasks: l.tasks + 1,
+            ..at
+        };
+        assert_eq!(over_limit(&tasks, &l).unwrap().0, LimitKey::Tasks);
+    }
+}
