@@ -94,24 +94,11 @@ fn declare<T>(
     map.insert(name, value);
 }
 
-/// Method names a custom method may not take: the protocol's own, in both directions.
+/// Method names a custom method may not take: the protocol's reserved names
+/// (`conduit_protocol::methods::is_reserved`, the list the host's manifest check uses), and
+/// `check.sleep`, which this SDK serves itself.
 fn is_reserved(name: &str) -> bool {
-    name.starts_with("$/")
-        || [
-            methods::host::INITIALIZE,
-            methods::host::SHUTDOWN,
-            methods::host::INGRESS_POLL,
-            methods::host::CHECK_SLEEP,
-            methods::ext::STATE_EVENT,
-            methods::ext::STATE_EVENTS,
-            methods::ext::STATE_WORK,
-            methods::ext::ARTIFACT_ABORT,
-            methods::ext::ARTIFACT_OPEN,
-            methods::ext::ARTIFACT_CHUNK,
-        ]
-        .contains(&name)
-        || methods::host::IN_TRANSACTION.contains(&name)
-        || methods::ext::WRITES.contains(&name)
+    methods::is_reserved(name) || name == methods::host::CHECK_SLEEP
 }
 
 impl Extension {

@@ -443,20 +443,18 @@ impl<R: AsyncRead + Unpin> AsyncRead for DrainAtEof<R> {
     }
 }
 
-/// Read params as `P`; absent params read as `{}` (§3.1). Protocol methods take objects only,
-/// since serde would otherwise read a struct from a positional array.
+/// Read params as `P`; absent params read as `{}` (§3.1). Protocol methods take objects only
+/// (the protocol's one parser, `conduit_protocol::parse_params`); a custom method's handler
+/// decides for itself, so an array may reach it.
 pub(crate) fn parse_params<P: DeserializeOwned>(
     method: &str,
     params: Option<&RawValue>,
     object_only: bool,
 ) -> Result<P, RpcError> {
-    let raw = params.map_or("{}", RawValue::get);
-    if object_only && !raw.trim_start().starts_with('{') {
-        return Err(RpcError::invalid_params(
-            method,
-            "params must be a JSON object",
-        ));
+    if object_only {
+        return conduit_protocol::parse_params(method, params.map(RawValue::get));
     }
+    let raw = params.map_or("{}", RawValue::get);
     serde_json::from_str(raw).map_err(|e| RpcError::invalid_params(method, e))
 }
 
