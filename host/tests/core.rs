@@ -237,6 +237,23 @@ fn during_an_in_transaction_call_reads_are_served_and_writes_refused_without_dea
 }
 
 #[test]
+fn callbacks_refuse_positional_params_with_invalid_params() {
+    // docs/protocol.md §3.1: params are an object for every method of the protocol; serde
+    // would read a struct from an array, so the host must refuse one itself.
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("posit", "positional"));
+    f.start_daemon();
+    f.wait_state("posit", "ready", PATIENCE);
+    let ev = f.push("feed", "p1", "job.run", "{}");
+    let e = f.wait_until("routing", || routed(&f, ev["event_id"].as_i64().unwrap()));
+    let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
+    assert_eq!(
+        work["key"], "event:-32602/events:-32602/open:-32602/object:ok",
+        "arrays refused with invalid_params; the same call with an object served"
+    );
+}
+
+#[test]
 fn a_push_cut_by_an_extension_crash_is_accepted_exactly_once_after_the_retry() {
     let mut f = Fixture::new();
     f.install(&f.core_ext("crashy", "push-crash"));

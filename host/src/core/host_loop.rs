@@ -472,7 +472,7 @@ impl HostLoop {
                                     host::WORK_KIND_TRIGGER,
                                     &params,
                                 ) {
-                                    Ok(res) => match res.check(&ids) {
+                                    Ok(res) => match trigger_verdict(&res, &ids) {
                                         Ok(()) => res.groups,
                                         Err(why) => {
                                             ext.record_bad_answer(host::WORK_KIND_TRIGGER);
@@ -761,6 +761,13 @@ pub fn fallback_groups(ids: &[i64]) -> Vec<TriggerGroup> {
             start: true,
         })
         .collect()
+}
+
+/// Whether the loop uses a trigger answer for a batch of `ids`: the protocol's rule
+/// (`TriggerResult::check`), the one `conduit ext check` applies too; `Err` says why the
+/// fallback applies.
+pub fn trigger_verdict(res: &TriggerResult, ids: &[i64]) -> Result<(), String> {
+    res.check(ids).map_err(|e| e.0)
 }
 
 /// One `ingress.poll`: its events and new cursor are committed together.

@@ -486,4 +486,31 @@ mod tests {
         let long = "k".repeat(201);
         assert!(p(groups(&[(long.as_str(), &[1, 2, 3])])).contains("1 to 200 bytes"));
     }
+
+    /// The same bad answers through the checker's rule and the check the host's loop applies
+    /// before it uses an answer (`TriggerResult::check`, the loop's call in `route`): the
+    /// verdicts agree, so a package that passes `ext check` never gets the fallback for its
+    /// grouping in the daemon, and one that the daemon refuses fails the check.
+    #[test]
+    fn the_checker_and_the_host_loop_give_the_same_verdict() {
+        let ids = [1, 2, 3];
+        let long = "k".repeat(201);
+        let at_limit = "k".repeat(200);
+        let cases: Vec<TriggerResult> = vec![
+            groups(&[("a", &[1, 2, 3])]),
+            groups(&[(at_limit.as_str(), &[1, 2, 3])]),
+            groups(&[(long.as_str(), &[1, 2, 3])]),
+            groups(&[("", &[1, 2, 3])]),
+            groups(&[("a", &[1, 2])]),
+            groups(&[("a", &[1, 2, 3]), ("b", &[3])]),
+            groups(&[("a", &[1, 2, 3, 9])]),
+            groups(&[("a", &[1]), ("a", &[2, 3])]),
+            groups(&[("a", &[1, 2, 3]), ("b", &[])]),
+        ];
+        for answer in cases {
+            let host = crate::core::host_loop::trigger_verdict(&answer, &ids);
+            let checker = trigger_problem(&answer, &ids);
+            assert_eq!(host.err(), checker, "{answer:?}");
+        }
+    }
 }
