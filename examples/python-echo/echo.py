@@ -56,9 +56,31 @@ log = logging.getLogger(EXTENSION_NAME)
 # Small helpers.
 
 
+class _NegativeZero(int):
+    """The integer `-0` as written, which is not a valid id (§3.3)."""
+
+
+class _Members(dict):
+    """A JSON object that remembers the member names it repeated (§3.3)."""
+
+    repeated = frozenset()
+
+
+def _members(pairs):
+    obj = _Members(pairs)
+    if len(obj) != len(pairs):
+        names = [k for k, _ in pairs]
+        obj.repeated = frozenset(k for k in names if names.count(k) > 1)
+    return obj
+
+
+def _parse_int(text):
+    return _NegativeZero(0) if text == "-0" else int(text)
+
+
 def is_int(value):
-    """A JSON integer within signed 64 bits (bool is not an integer here)."""
-    return isinstance(value, int) and not isinstance(value, bool) and INT64_MIN <= value <= INT64_MAX
+    """A JSON integer within signed 64 bits (bool and `-0` are not integers here)."""
+    return type(value) is int and INT64_MIN <= value <= INT64_MAX
 
 
 def is_valid_id(value):
@@ -71,7 +93,8 @@ def _reject_constant(name):
 
 
 def parse_json(text):
-    return json.loads(text, parse_constant=_reject_constant)
+    return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int,
+                      object_pairs_hook=_members)
 
 
 def error_object(code, message, data=None):
@@ -430,8 +453,10 @@ class Server:
             problem = "a request id must not be null"
         elif has_id and not id_ok:
             problem = "an id must be an integer (signed 64-bit) or a string"
-        elif "result" in msg and "error" in msg:
-            problem = "a message must not have both result and error"
+        elif "result" in msg or "error" in msg:
+            problem = "a request must not have result or error"
+        elif msg.repeated & {"jsonrpc", "id", "method", "params", "result", "error"}:
+            problem = "a top-level member is repeated"
         elif not isinstance(msg["method"], str):
             problem = "method must be a string"
         if problem is not None:
