@@ -254,6 +254,40 @@ fn callbacks_refuse_positional_params_with_invalid_params() {
 }
 
 #[test]
+fn minus_32000_without_a_limit_is_a_server_error_not_an_overload() {
+    // docs/protocol.md §12: conduit's `overloaded` always carries data.limit; a -32000
+    // without it (PyPI `json-rpc` answers every handler exception so) is a generic server
+    // error: the host takes the fallback once, names it a server error, and never re-sends
+    // the call as a retry of an overload (only the degraded probe of §6 calls again, at its
+    // own pace, as after any error answer).
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("srverr", "server-error"));
+    f.start_daemon();
+    f.wait_state("srverr", "ready", PATIENCE);
+    let ev = f.push("feed", "s1", "job.run", "{}");
+    let id = ev["event_id"].as_i64().unwrap();
+    let e = f.wait_until("the fallback routing", || routed(&f, id));
+    let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
+    assert_eq!(work["key"], format!("event:{id}"), "the fallback applied");
+    let s = f.wait_for("srverr", PATIENCE, |s| s["health"]["reason"].is_string());
+    let reason = s["health"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("-32000 without data.limit is not `overloaded`, and not retryable"),
+        "{s:#}"
+    );
+    assert!(!reason.contains("the extension is busy"), "{s:#}");
+    // The pass made the call once: no immediate re-send of the same batch.
+    let triggers = std::fs::read_to_string(f.state().join("data/srverr/triggers")).unwrap();
+    let first: Vec<&str> = triggers.lines().collect();
+    assert_eq!(first[0], format!("[{id}]"), "{triggers}");
+    let calls = s["calls"]["work_kind.trigger"]["calls"].as_u64();
+    assert!(
+        first.len() <= 2,
+        "one call, and at most the first probe (1 s later) by now: {triggers} {calls:?}"
+    );
+}
+
+#[test]
 fn a_push_cut_by_an_extension_crash_is_accepted_exactly_once_after_the_retry() {
     let mut f = Fixture::new();
     f.install(&f.core_ext("crashy", "push-crash"));

@@ -94,6 +94,21 @@ impl HostError {
         self.code() == code.number()
     }
 
+    /// Whether sending the same call again later may succeed (docs/protocol.md §12): the
+    /// protocol's one classification, so a -32000 without `data.limit` (a generic server
+    /// error) is not retryable, while conduit's `overloaded`, which always names its limit, is.
+    pub fn is_retryable(&self) -> bool {
+        self.class().is_retryable()
+    }
+
+    /// How to read the failure: see `conduit_protocol::classify`.
+    pub fn class(&self) -> conduit_protocol::ErrorClass {
+        match self {
+            HostError::Call(e) => e.class(),
+            HostError::Artifact { .. } => conduit_protocol::ErrorClass::Permanent,
+        }
+    }
+
     /// As a wire error, to answer the handler's own request with: the host's error unchanged,
     /// a local failure as its code with this error's message.
     pub fn to_rpc_error(&self) -> RpcError {

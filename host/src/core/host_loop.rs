@@ -353,7 +353,7 @@ impl HostLoop {
             Err(e) => match answered(e) {
                 Some(true) => self.record_answer(ext),
                 Some(false) => {
-                    let why = e.to_string();
+                    let why = failure_text(e);
                     let call = serde_json::value::to_raw_value(params).map(|params| ProbeCall {
                         method: method.to_owned(),
                         params,
@@ -375,7 +375,7 @@ impl HostLoop {
                 None => {}
             },
         }
-        res.map_err(|e| e.to_string())
+        res.map_err(|e| failure_text(&e))
     }
 
     fn record_answer(&self, ext: &Extension) {
@@ -706,6 +706,26 @@ pub fn work_kind_of(event_kind: &str, declared: impl Fn(&str) -> bool) -> Option
             return Some(candidate);
         }
         candidate = &candidate[..candidate.rfind('.')?];
+    }
+}
+
+/// A failed call, for the log and the extension's status: an error answer says how it is read
+/// (docs/protocol.md §12), so a -32000 without `data.limit` — what many JSON-RPC libraries
+/// answer for any handler exception — is not mistaken for an overload.
+pub fn failure_text(e: &ExtCallError) -> String {
+    use conduit_protocol::ErrorClass;
+    match e {
+        ExtCallError::Call {
+            source: CallError::Rpc { .. },
+            ..
+        } => match e.class() {
+            ErrorClass::Overloaded => format!("{e} (overloaded: the extension is busy)"),
+            ErrorClass::Permanent if e.is(conduit_protocol::ErrorCode::Overloaded) => format!(
+                "{e} (a server error: -32000 without data.limit is not `overloaded`, and not retryable)"
+            ),
+            _ => e.to_string(),
+        },
+        _ => e.to_string(),
     }
 }
 

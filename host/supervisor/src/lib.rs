@@ -339,6 +339,14 @@ impl ExtCallError {
     pub fn is(&self, code: ErrorCode) -> bool {
         self.code() == code.number()
     }
+
+    /// How to read the failure (docs/protocol.md §12; `conduit_protocol::classify`).
+    pub fn class(&self) -> conduit_protocol::ErrorClass {
+        match self {
+            ExtCallError::NotRunning { .. } => conduit_protocol::ErrorClass::Retryable,
+            ExtCallError::Call { source, .. } => source.class(),
+        }
+    }
 }
 
 enum Cmd {

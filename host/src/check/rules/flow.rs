@@ -198,13 +198,18 @@ pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
                     ),
                 )
             } else {
+                let read_as = if error.class() == conduit_protocol::ErrorClass::Overloaded {
+                    ""
+                } else {
+                    "; without data.limit a -32000 is read as a generic server error, not an overload, and is not retried"
+                };
                 RuleResult::fail(
                     OVERLOAD,
                     format!(
-                        "answered the 65th concurrent request with overloaded, but its data is {} instead of {{\"limit\": 64}}",
+                        "answered the 65th concurrent request with -32000, but its data is {} instead of {{\"limit\": 64}}{read_as}",
                         error.data.as_ref().map_or("absent", |d| d.get())
                     ),
-                    "add data {\"limit\": 64} to the overloaded error",
+                    "add data {\"limit\": 64} to the overloaded error (docs/protocol.md §10, §12)",
                 )
             }
         }
