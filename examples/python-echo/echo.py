@@ -520,6 +520,8 @@ class Server:
         if not isinstance(params, dict):
             self.send_error(req_id, INVALID_PARAMS, "params must be an object")
             return
+        # `_meta` (the host's remaining time, §11) is the protocol's, not a param: never echoed.
+        params.pop("_meta", None)
 
         req = Request(req_id, method, params)
         with self.lock:

@@ -254,6 +254,27 @@ fn callbacks_refuse_positional_params_with_invalid_params() {
 }
 
 #[test]
+fn each_host_request_carries_its_remaining_time_in_meta() {
+    // docs/protocol.md §11: `_meta.remaining_ms` first in the params, at most the deadline.
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("meta", "meta"));
+    f.start_daemon();
+    f.wait_state("meta", "ready", PATIENCE);
+    let ev = f.push("feed", "m1", "job.run", "{}");
+    let e = f.wait_until("routing", || routed(&f, ev["event_id"].as_i64().unwrap()));
+    let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
+    let key = work["key"].as_str().unwrap();
+    let meta: Value = serde_json::from_str(key.strip_prefix("meta:").unwrap()).unwrap();
+    let ms = meta["remaining_ms"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no remaining_ms in {key}"));
+    assert!(
+        ms > 0 && ms <= 250,
+        "the in-transaction deadline is 250 ms: {key}"
+    );
+}
+
+#[test]
 fn minus_32000_without_a_limit_is_a_server_error_not_an_overload() {
     // docs/protocol.md §12: conduit's `overloaded` always carries data.limit; a -32000
     // without it (PyPI `json-rpc` answers every handler exception so) is a generic server

@@ -29,7 +29,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use conduit_protocol::calls::{
     CommitParams, Empty, FilterParams, IngressPollParams, IngressPollResult, RecurrenceParams,
@@ -249,6 +249,17 @@ impl Dispatch {
 
     /// Route a request of the ready phase to its handler.
     fn route(&self, req: Request, init: Arc<InitializeParams>) -> BoxFuture<HandlerResult> {
+        // `_meta` is the protocol's, not the handler's (docs/protocol.md §11): strip it and
+        // keep the deadline it carries.
+        let stripped = req
+            .params
+            .as_deref()
+            .and_then(|p| conduit_protocol::meta::strip(p.get()));
+        let deadline = stripped
+            .as_ref()
+            .and_then(|s| s.remaining_ms)
+            .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)));
+        let stripped = stripped.and_then(|s| RawValue::from_string(s.params).ok());
         let cx = Ctx {
             host: Host {
                 peer: req.peer.clone(),
@@ -257,8 +268,9 @@ impl Dispatch {
             },
             cancel: req.cancel.clone(),
             shutdown: self.stopping.clone(),
+            deadline,
         };
-        let params = req.params.as_deref();
+        let params = stripped.as_deref().or(req.params.as_deref());
         let ext = &self.ext;
         let started = match req.method.as_str() {
             methods::host::WORK_KIND_TRIGGER => by_name(

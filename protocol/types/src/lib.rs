@@ -13,6 +13,7 @@ pub mod depth;
 pub mod error;
 pub mod handshake;
 pub mod message;
+pub mod meta;
 pub mod methods;
 pub mod rules;
 

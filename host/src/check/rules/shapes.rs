@@ -306,13 +306,21 @@ pub(crate) async fn unknown_members(
             ),
             Expect::Result(n(51)),
         ));
+        cases.push(case(
+            "check.sleep with `_meta` in its params (docs/protocol.md §11)",
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{},"method":"check.sleep","params":{{"_meta":{{"remaining_ms":30000}},"ms":1}}}}"#,
+                RAW_ID + 52
+            ),
+            Expect::Result(n(52)),
+        ));
     }
     run_cases(
         ctx,
         inst,
         UNKNOWN_MEMBERS,
         cases,
-        "ignore object members you do not know, at the top level of a message and in params: that is how the protocol grows without a new version (docs/protocol.md §1.2, §13)",
+        "ignore object members you do not know, at the top level of a message and in params (`_meta` included, §11): that is how the protocol grows without a new version (docs/protocol.md §1.2, §13)",
     )
     .await
 }
