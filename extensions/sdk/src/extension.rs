@@ -23,7 +23,6 @@ use conduit_protocol::{RpcError, methods};
 use conduit_rpc::{BoxFuture, HandlerResult, to_raw};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::value::RawValue;
 
 use crate::ctx::Ctx;
 
@@ -32,7 +31,7 @@ pub(crate) type TypedFn<P, R> = Arc<dyn Fn(Ctx, P) -> BoxFuture<Result<R, RpcErr
 
 /// A custom method: parses its own params (so the error names the method) and answers raw JSON.
 pub(crate) type MethodFn =
-    Arc<dyn Fn(Ctx, Option<&RawValue>) -> BoxFuture<HandlerResult> + Send + Sync>;
+    Arc<dyn Fn(Ctx, Option<&str>) -> BoxFuture<HandlerResult> + Send + Sync>;
 
 /// An extension: who it is, which protocol versions it speaks, and what it serves.
 ///

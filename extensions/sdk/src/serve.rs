@@ -189,7 +189,8 @@ impl Dispatch {
                 "`initialize` was already answered in this session",
             ));
         }
-        let params: InitializeParams = parse_params(&req.method, req.params.as_deref(), true)?;
+        let params: InitializeParams =
+            parse_params(&req.method, req.params.as_deref().map(RawValue::get), true)?;
         let mut st = self.lock();
         if st.phase != Phase::New {
             return Err(RpcError::new(
@@ -259,7 +260,6 @@ impl Dispatch {
             .as_ref()
             .and_then(|s| s.remaining_ms)
             .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)));
-        let stripped = stripped.and_then(|s| RawValue::from_string(s.params).ok());
         let cx = Ctx {
             host: Host {
                 peer: req.peer.clone(),
@@ -270,7 +270,12 @@ impl Dispatch {
             shutdown: self.stopping.clone(),
             deadline,
         };
-        let params = stripped.as_deref().or(req.params.as_deref());
+        // The stripped text came from a params object the session already read whole, so it
+        // is not validated again; handlers parse it anyway.
+        let params = match &stripped {
+            Some(s) => Some(s.params.as_str()),
+            None => req.params.as_deref().map(RawValue::get),
+        };
         let ext = &self.ext;
         let started = match req.method.as_str() {
             methods::host::WORK_KIND_TRIGGER => by_name(
@@ -339,7 +344,7 @@ impl Dispatch {
     fn poll(
         &self,
         method: &str,
-        params: Option<&RawValue>,
+        params: Option<&str>,
         cx: Ctx,
     ) -> Result<BoxFuture<HandlerResult>, RpcError> {
         let p: IngressPollParams = parse_params(method, params, true)?;
@@ -460,13 +465,13 @@ impl<R: AsyncRead + Unpin> AsyncRead for DrainAtEof<R> {
 /// decides for itself, so an array may reach it.
 pub(crate) fn parse_params<P: DeserializeOwned>(
     method: &str,
-    params: Option<&RawValue>,
+    params: Option<&str>,
     object_only: bool,
 ) -> Result<P, RpcError> {
     if object_only {
-        return conduit_protocol::parse_params(method, params.map(RawValue::get));
+        return conduit_protocol::parse_params(method, params);
     }
-    let raw = params.map_or("{}", RawValue::get);
+    let raw = params.unwrap_or("{}");
     serde_json::from_str(raw).map_err(|e| RpcError::invalid_params(method, e))
 }
 
@@ -480,7 +485,7 @@ fn undeclared(method: &str, what: &str, name: &str) -> RpcError {
 /// Parse `P`, find the handler registered under the name it carries, and start it.
 fn by_name<P, R>(
     method: &str,
-    params: Option<&RawValue>,
+    params: Option<&str>,
     handlers: &HashMap<String, TypedFn<P, R>>,
     cx: Ctx,
     what: &str,
@@ -502,7 +507,7 @@ where
 /// extension is asked to shut down — a conformance probe is not work worth finishing.
 fn check_sleep(
     method: &str,
-    params: Option<&RawValue>,
+    params: Option<&str>,
     cx: Ctx,
 ) -> Result<BoxFuture<HandlerResult>, RpcError> {
     let p: SleepParams = parse_params(method, params, true)?;

@@ -317,6 +317,20 @@ impl Status {
     }
 }
 
+/// Params with the request's remaining time first (docs/protocol.md §11).
+#[derive(Serialize)]
+struct WithMeta<'a, P: ?Sized> {
+    #[serde(rename = "_meta")]
+    meta: Meta,
+    #[serde(flatten)]
+    params: &'a P,
+}
+
+#[derive(Serialize)]
+struct Meta {
+    remaining_ms: u64,
+}
+
 /// Why a call to an extension failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -542,8 +556,22 @@ impl Extension {
                 detail,
             },
         };
-        let params = serde_json::value::to_raw_value(params)
-            .map_err(|e| bad(format!("params do not serialize: {e}")))?;
+        // With a deadline, `_meta.remaining_ms` goes in as the params are written (docs/
+        // protocol.md §11), so `call_raw` finds it there and copies nothing.
+        let with_meta = deadline.and_then(|d| {
+            serde_json::value::to_raw_value(&WithMeta {
+                meta: Meta {
+                    remaining_ms: d.as_millis() as u64,
+                },
+                params,
+            })
+            .ok()
+        });
+        let params = match with_meta {
+            Some(p) => p,
+            None => serde_json::value::to_raw_value(params)
+                .map_err(|e| bad(format!("params do not serialize: {e}")))?,
+        };
         let raw = self.call_raw(method, &params, deadline).await?;
         serde_json::from_str(raw.get()).map_err(|e| {
             self.record_bad_answer(method);
