@@ -181,6 +181,13 @@ pub struct Status {
     /// When the next start is due (unix ms), while backing off.
     pub next_start_at_ms: Option<i64>,
     pub ready_since_ms: Option<i64>,
+    /// Of the current run, once ready: milliseconds from spawning the process to its accepted
+    /// handshake (the cold start), and of those the handshake alone (`initialize` sent to its
+    /// answer). `null` while starting or not running.
+    #[serde(default)]
+    pub spawn_to_ready_ms: Option<u64>,
+    #[serde(default)]
+    pub handshake_ms: Option<u64>,
     pub protocol_version: Option<u32>,
     pub capabilities: Option<Capabilities>,
     pub stderr_tail: Vec<String>,
@@ -285,6 +292,8 @@ impl Status {
             last_error: None,
             next_start_at_ms: None,
             ready_since_ms: None,
+            spawn_to_ready_ms: None,
+            handshake_ms: None,
             protocol_version: None,
             capabilities,
             stderr_tail: Vec::new(),
@@ -883,6 +892,8 @@ async fn actor(
                 s.state = State::Refused;
                 s.last_error = Some(e);
                 s.pid = None;
+                s.spawn_to_ready_ms = None;
+                s.handshake_ms = None;
             });
             match wait_for_operator(&mut cmds, &shutdown).await {
                 Cmd::Restart => continue,
@@ -907,6 +918,8 @@ async fn actor(
                     s.state = State::Incompatible;
                     s.last_error = Some(msg);
                     s.pid = None;
+                    s.spawn_to_ready_ms = None;
+                    s.handshake_ms = None;
                 });
                 match wait_for_operator(&mut cmds, &shutdown).await {
                     Cmd::Restart => continue,
@@ -936,6 +949,8 @@ async fn actor(
                     s.state = state;
                     s.pid = None;
                     s.ready_since_ms = None;
+                    s.spawn_to_ready_ms = None;
+                    s.handshake_ms = None;
                     if error.is_some() {
                         s.last_error = error;
                     }
@@ -957,6 +972,8 @@ async fn actor(
     ext.update(|s| {
         s.state = State::Stopped;
         s.pid = None;
+        s.spawn_to_ready_ms = None;
+        s.handshake_ms = None;
         s.next_start_at_ms = None;
         s.descendants.clear();
     });
@@ -1024,7 +1041,10 @@ async fn run_once(
         s.state = State::Starting;
         s.pid = None;
         s.descendants.clear();
+        s.spawn_to_ready_ms = None;
+        s.handshake_ms = None;
     });
+    let spawned = Instant::now();
     let mut child = match process::spawn(&spec.command) {
         Ok(c) => c,
         Err(e) => {
@@ -1068,6 +1088,7 @@ async fn run_once(
     // The handshake, bounded by the start timeout; the child dying meanwhile ends it early.
     let peer = session_peer(&run);
     let init = InitializeParams::current(&spec.host_version);
+    let asked = Instant::now();
     let handshake = tokio::select! {
         r = tokio::time::timeout(spec.start_timeout, peer.call::<_, InitializeResult>(methods::host::INITIALIZE, &init, None)) => r,
         status = run.child.wait() => {
@@ -1137,6 +1158,8 @@ async fn run_once(
     ext.update(|s| {
         s.state = State::Ready;
         s.ready_since_ms = Some(now_ms());
+        s.spawn_to_ready_ms = Some(ready_at.duration_since(spawned).as_millis() as u64);
+        s.handshake_ms = Some(ready_at.duration_since(asked).as_millis() as u64);
         s.protocol_version = Some(result.protocol_version);
         s.capabilities = Some(result.capabilities.clone());
         s.last_error = None;
