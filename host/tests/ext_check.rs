@@ -240,7 +240,10 @@ fn nan_and_a_byte_order_mark_fail_not_json() {
         !detail.contains("a line of spaces"),
         "spaces are refused: {detail}"
     );
-    assert!(fix.contains("§3.3") && fix.contains("parse_error (-32700)"), "{fix}");
+    assert!(
+        fix.contains("§3.3") && fix.contains("parse_error (-32700)"),
+        "{fix}"
+    );
 }
 
 #[test]
@@ -315,7 +318,8 @@ fn serving_a_running_id_again_fails_duplicate_id() {
     let run = check(&fixture("no-duplicate-check"), true);
     let (detail, fix) = fails_exactly(&run, "duplicate-id", &[]);
     assert!(
-        detail.contains("with a result with id") && detail.contains("instead of invalid_request (-32600)"),
+        detail.contains("with a result with id")
+            && detail.contains("instead of invalid_request (-32600)"),
         "{detail}"
     );
     assert!(fix.contains("let the first go on"), "{fix}");
@@ -337,7 +341,8 @@ fn serving_after_shutdown_fails_shutting_down() {
     let run = check(&fixture("serve-after-shutdown"), true);
     let (detail, fix) = fails_exactly(&run, "shutting-down", &[]);
     assert!(
-        detail.contains("served a request written right after `shutdown`: it answered error -32601"),
+        detail
+            .contains("served a request written right after `shutdown`: it answered error -32601"),
         "{detail}"
     );
     assert!(fix.contains("shutting_down (-32008)"), "{fix}");
@@ -405,7 +410,11 @@ fn nothing_the_package_started_outlives_the_check() {
         .lines()
         .map(|l| l.parse().unwrap())
         .collect();
-    assert_eq!(pids.len(), 4, "one per instance (main, overload, lifecycle, version)");
+    assert_eq!(
+        pids.len(),
+        4,
+        "one per instance (main, overload, lifecycle, version)"
+    );
     for pid in pids {
         // A killed process may linger for a moment as a zombie of init; give it a few.
         let gone = (0..50).any(|_| {

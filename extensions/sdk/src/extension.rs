@@ -30,8 +30,7 @@ use crate::ctx::Ctx;
 pub(crate) type TypedFn<P, R> = Arc<dyn Fn(Ctx, P) -> BoxFuture<Result<R, RpcError>> + Send + Sync>;
 
 /// A custom method: parses its own params (so the error names the method) and answers raw JSON.
-pub(crate) type MethodFn =
-    Arc<dyn Fn(Ctx, Option<&str>) -> BoxFuture<HandlerResult> + Send + Sync>;
+pub(crate) type MethodFn = Arc<dyn Fn(Ctx, Option<&str>) -> BoxFuture<HandlerResult> + Send + Sync>;
 
 /// An extension: who it is, which protocol versions it speaks, and what it serves.
 ///

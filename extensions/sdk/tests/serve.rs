@@ -686,7 +686,11 @@ async fn the_requests_meta_is_stripped_and_its_remaining_time_is_the_handlers_de
         )
         .await
         .unwrap();
-    assert_eq!(v["params"], json!({ "text": "hi" }), "the handler never sees _meta");
+    assert_eq!(
+        v["params"],
+        json!({ "text": "hi" }),
+        "the handler never sees _meta"
+    );
     assert_eq!(v["has_deadline"], true);
     let left = v["remaining_ms"].as_u64().unwrap();
     assert!(left <= 250 && left > 0, "{v}");
@@ -708,7 +712,10 @@ async fn the_requests_meta_is_stripped_and_its_remaining_time_is_the_handlers_de
         .await
         .unwrap();
     assert_eq!(v, json!({ "next_at_ms": 61_000 }));
-    let v = h.call("remaining", json!({ "text": "no meta" })).await.unwrap();
+    let v = h
+        .call("remaining", json!({ "text": "no meta" }))
+        .await
+        .unwrap();
     assert_eq!(v["has_deadline"], false);
     assert_eq!(v["remaining_ms"], Value::Null);
     assert_eq!(v["params"], json!({ "text": "no meta" }));

@@ -385,7 +385,9 @@ async fn lifecycle(
                 format!("a third instance {}", res.detail),
                 res.fix.unwrap_or_default(),
             )];
-            out.extend(later.map(|id| RuleResult::skip(id, "the lifecycle instance could not be started")));
+            out.extend(
+                later.map(|id| RuleResult::skip(id, "the lifecycle instance could not be started")),
+            );
             return out;
         }
     };
@@ -402,14 +404,17 @@ async fn lifecycle(
                 let state = inst.state_note().await;
                 RuleResult::skip(
                     rules::STDIN_EOF,
-                    format!("the session ended during `duplicate-id` ({state}); fix that rule first"),
+                    format!(
+                        "the session ended during `duplicate-id` ({state}); fix that rule first"
+                    ),
                 )
             } else {
                 rules::lifecycle::stdin_eof(ctx, &mut inst).await
             });
         }
         None => {
-            let why = "the lifecycle instance did not complete its handshake after `not-initialized`";
+            let why =
+                "the lifecycle instance did not complete its handshake after `not-initialized`";
             out.extend(later.map(|id| RuleResult::skip(id, why)));
         }
     }

@@ -541,26 +541,23 @@ impl HostLoop {
                     spec: t.spec.clone(),
                     fired_at_ms: fired_at,
                 };
-                let next = match self.call::<_, RecurrenceResult>(
-                    ext,
-                    host::RECURRENCE_NEXT,
-                    &params,
-                ) {
-                    Ok(res) => match res.check(fired_at) {
-                        Ok(next) => next,
-                        Err(why) => {
-                            if let Some(e) = ext {
-                                e.record_bad_answer(host::RECURRENCE_NEXT);
+                let next =
+                    match self.call::<_, RecurrenceResult>(ext, host::RECURRENCE_NEXT, &params) {
+                        Ok(res) => match res.check(fired_at) {
+                            Ok(next) => next,
+                            Err(why) => {
+                                if let Some(e) = ext {
+                                    e.record_bad_answer(host::RECURRENCE_NEXT);
+                                }
+                                fell_back = Some(format!("malformed answer: {why}"));
+                                Some(fired_at + RECURRENCE_FALLBACK_MS)
                             }
-                            fell_back = Some(format!("malformed answer: {why}"));
+                        },
+                        Err(why) => {
+                            fell_back = Some(why);
                             Some(fired_at + RECURRENCE_FALLBACK_MS)
                         }
-                    },
-                    Err(why) => {
-                        fell_back = Some(why);
-                        Some(fired_at + RECURRENCE_FALLBACK_MS)
-                    }
-                };
+                    };
                 tx.reschedule_timer(t.id, next, fired_at)
             })?;
             if let Some(why) = fell_back {

@@ -521,7 +521,8 @@ impl Extension {
         // The request carries its remaining time (docs/protocol.md §11), written into the
         // params' text; `initialize` is not sent from here.
         let carried = deadline.and_then(|d| {
-            let text = conduit_protocol::meta::with_remaining_ms(params.get(), d.as_millis() as u64)?;
+            let text =
+                conduit_protocol::meta::with_remaining_ms(params.get(), d.as_millis() as u64)?;
             RawValue::from_string(text).ok()
         });
         let params = carried.as_deref().unwrap_or(params);

@@ -50,7 +50,9 @@ pub fn strip(params: &str) -> Option<Stripped> {
     }
     // Fast path: the host's own spelling, `{"_meta":{"remaining_ms":N}` first.
     if let Some(rest) = params.trim_start().strip_prefix(PREFIX) {
-        let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         if end > 0
             && let Ok(ms) = rest[..end].parse::<u64>()
             && let Some(after) = rest[end..].strip_prefix('}')

@@ -98,7 +98,13 @@ mod tests {
         for name in PROTOCOL.iter().chain(&["$/cancel", "$/anything"]) {
             assert!(is_reserved(name), "{name}");
         }
-        for name in [host::CHECK_SLEEP, "echo", "notes.search", "initialize2", "$"] {
+        for name in [
+            host::CHECK_SLEEP,
+            "echo",
+            "notes.search",
+            "initialize2",
+            "$",
+        ] {
             assert!(!is_reserved(name), "{name}");
         }
         assert!(host::IN_TRANSACTION.iter().all(|m| PROTOCOL.contains(m)));

@@ -65,7 +65,11 @@ impl TriggerResult {
             }
         }
         if seen.len() != want.len() {
-            let missing: Vec<i64> = inputs.iter().filter(|i| !seen.contains(i)).copied().collect();
+            let missing: Vec<i64> = inputs
+                .iter()
+                .filter(|i| !seen.contains(i))
+                .copied()
+                .collect();
             return bad(format!(
                 "{} of {} inputs are in no group: {missing:?}",
                 want.len() - seen.len(),
@@ -102,10 +106,7 @@ impl IngressPollResult {
     /// §6.5: at most `limit` events.
     pub fn check(&self, limit: u32) -> Result<(), AnswerError> {
         if self.events.len() > limit as usize {
-            return bad(format!(
-                "{} events for limit {limit}",
-                self.events.len()
-            ));
+            return bad(format!("{} events for limit {limit}", self.events.len()));
         }
         Ok(())
     }
@@ -170,7 +171,10 @@ pub fn page_limit(asked: Option<u32>) -> Result<u32, PageError> {
 /// §3.1: the params of a protocol method. Absent params read as `{}`; present ones must be a
 /// JSON object (`null`, a scalar or an array is `invalid_params`: serde would otherwise read a
 /// struct from a positional array). A mismatch with `T` is `invalid_params` naming the method.
-pub fn parse_params<T: DeserializeOwned>(method: &str, params: Option<&str>) -> Result<T, RpcError> {
+pub fn parse_params<T: DeserializeOwned>(
+    method: &str,
+    params: Option<&str>,
+) -> Result<T, RpcError> {
     let raw = params.unwrap_or("{}");
     if !raw.trim_start().starts_with('{') {
         return Err(RpcError::invalid_params(
@@ -263,7 +267,10 @@ mod tests {
             (vec![group("a", &[1]), group("a", &[2, 3])], "twice"),
             (vec![group("", &[1, 2, 3])], "1 to 200 bytes"),
             (vec![group(&over, &[1, 2, 3])], "is 201 bytes"),
-            (vec![group("a", &[1, 2, 3]), group("b", &[])], "names no event"),
+            (
+                vec![group("a", &[1, 2, 3]), group("b", &[])],
+                "names no event",
+            ),
         ] {
             let err = TriggerResult { groups: bad }.check(&[1, 2, 3]).unwrap_err();
             assert!(err.0.contains(why), "{err}");
@@ -286,8 +293,20 @@ mod tests {
             body: serde_json::json!({}),
         };
         assert_eq!(CommitResult { records: vec![] }.check(), Ok(()));
-        assert_eq!(CommitResult { records: vec![rec("n")] }.check(), Ok(()));
-        assert!(CommitResult { records: vec![rec("n"), rec("")] }.check().is_err());
+        assert_eq!(
+            CommitResult {
+                records: vec![rec("n")]
+            }
+            .check(),
+            Ok(())
+        );
+        assert!(
+            CommitResult {
+                records: vec![rec("n"), rec("")]
+            }
+            .check()
+            .is_err()
+        );
         let ev = crate::calls::NewEvent {
             delivery_id: "d".into(),
             kind: "k".into(),
@@ -308,8 +327,14 @@ mod tests {
         assert_eq!(check_event_fields("s", &at, "k"), Ok(()));
         let e = check_event_fields("s", &over, "k").unwrap_err();
         assert_eq!(e.field, "delivery_id");
-        assert_eq!(e.to_string(), "`delivery_id` must be 1 to 200 bytes, not 201");
-        assert_eq!(check_event_fields("", "d", "k").unwrap_err().field, "source");
+        assert_eq!(
+            e.to_string(),
+            "`delivery_id` must be 1 to 200 bytes, not 201"
+        );
+        assert_eq!(
+            check_event_fields("", "d", "k").unwrap_err().field,
+            "source"
+        );
         assert_eq!(check_event_fields("s", "d", "").unwrap_err().field, "kind");
         assert_eq!(RpcError::from(e).code, ErrorCode::InvalidParams.number());
     }
@@ -353,7 +378,13 @@ mod tests {
             classify(-32000, Some(r#"{"held_bytes_limit":50331648}"#)),
             ErrorClass::Overloaded
         );
-        for data in [None, Some("null"), Some("{}"), Some(r#"{"limit":"64"}"#), Some("[64]")] {
+        for data in [
+            None,
+            Some("null"),
+            Some("{}"),
+            Some(r#"{"limit":"64"}"#),
+            Some("[64]"),
+        ] {
             let c = classify(-32000, data);
             assert_eq!(c, ErrorClass::Permanent, "{data:?}");
             assert!(!c.is_retryable());

@@ -317,7 +317,10 @@ pub(crate) async fn shutdown(ctx: &Ctx<'_>, inst: &mut Instance) -> (RuleResult,
             _ => None,
         }
     };
-    let answered = inst.stdout.wait_for(mark, SHUTDOWN_GRACE, answer(sid)).await;
+    let answered = inst
+        .stdout
+        .wait_for(mark, SHUTDOWN_GRACE, answer(sid))
+        .await;
     let took = t0.elapsed();
     let first = match answered {
         Some(None) => None,
@@ -331,7 +334,10 @@ pub(crate) async fn shutdown(ctx: &Ctx<'_>, inst: &mut Instance) -> (RuleResult,
                 .exit_status(SHUTDOWN_GRACE.saturating_sub(t0.elapsed()))
                 .await;
             let how = match status {
-                Some(s) => format!("exited ({}) without answering `shutdown`", describe_exit(&s)),
+                Some(s) => format!(
+                    "exited ({}) without answering `shutdown`",
+                    describe_exit(&s)
+                ),
                 None if inst.session_ended() => {
                     "closed its stdout without answering `shutdown`".to_owned()
                 }

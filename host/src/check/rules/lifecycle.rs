@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use conduit_protocol::{ErrorCode, InitializeResult, RequestId, SHUTDOWN_GRACE};
 
 use super::shapes::{Expect, case, run_cases};
-use super::{DUPLICATE_ID, NEEDS_SLEEP, NOT_INITIALIZED, PROBE_METHOD, RAW_ID, STDIN_EOF, declares_sleep, ms};
+use super::{
+    DUPLICATE_ID, NEEDS_SLEEP, NOT_INITIALIZED, PROBE_METHOD, RAW_ID, STDIN_EOF, declares_sleep, ms,
+};
 use crate::check::instance::{Instance, Seen, describe_exit};
 use crate::check::{Ctx, RuleResult};
 
@@ -63,14 +65,17 @@ pub(crate) async fn duplicate_id(
     let hold = format!(
         r#"{{"jsonrpc":"2.0","id":{rid},"method":"check.sleep","params":{{"ms":{HOLD_MS}}}}}"#
     );
-    let again = format!(
-        r#"{{"jsonrpc":"2.0","id":{rid},"method":"check.sleep","params":{{"ms":1}}}}"#
-    );
+    let again =
+        format!(r#"{{"jsonrpc":"2.0","id":{rid},"method":"check.sleep","params":{{"ms":1}}}}"#);
     let mark = inst.stdout.mark();
     let mut lines = hold.into_bytes();
     lines.push(b'\n');
     if let Err(e) = inst.write_raw(lines, ctx.prompt()).await {
-        return RuleResult::fail(DUPLICATE_ID, format!("could not write check.sleep: {e}"), fix);
+        return RuleResult::fail(
+            DUPLICATE_ID,
+            format!("could not write check.sleep: {e}"),
+            fix,
+        );
     }
     // Give the first request time to start before its id comes again.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -110,15 +115,21 @@ pub(crate) async fn duplicate_id(
     // The first request must go on: its result comes when its time is up.
     let got = inst
         .stdout
-        .wait_for(after, ctx.prompt() + Duration::from_millis(HOLD_MS), |s| match s {
-            Seen::Answer { id, error } if *id == RequestId::num(rid) => Some(*error),
-            _ => None,
-        })
+        .wait_for(
+            after,
+            ctx.prompt() + Duration::from_millis(HOLD_MS),
+            |s| match s {
+                Seen::Answer { id, error } if *id == RequestId::num(rid) => Some(*error),
+                _ => None,
+            },
+        )
         .await;
     match got {
         Some(None) => RuleResult::pass(
             DUPLICATE_ID,
-            format!("refused a second request with id {rid} with invalid_request while the first ran on to its result"),
+            format!(
+                "refused a second request with id {rid} with invalid_request while the first ran on to its result"
+            ),
         ),
         Some(Some(c)) => RuleResult::fail(
             DUPLICATE_ID,
@@ -146,7 +157,10 @@ pub(crate) async fn stdin_eof(_ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult
     match inst.exit_status(SHUTDOWN_GRACE).await {
         Some(s) if s.success() => RuleResult::pass(
             STDIN_EOF,
-            format!("exited with code 0 {} ms after its stdin closed", ms(t0.elapsed())),
+            format!(
+                "exited with code 0 {} ms after its stdin closed",
+                ms(t0.elapsed())
+            ),
         ),
         Some(s) => RuleResult::fail(
             STDIN_EOF,

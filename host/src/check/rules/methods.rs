@@ -120,7 +120,8 @@ fn judge<T: DeserializeOwned>(
             } else {
                 ""
             };
-            if e.is(ErrorCode::Overloaded) && e.class() != conduit_protocol::ErrorClass::Overloaded {
+            if e.is(ErrorCode::Overloaded) && e.class() != conduit_protocol::ErrorClass::Overloaded
+            {
                 tally.notes.push(format!(
                     "{label} answered -32000 without data.limit: the host reads that as a generic, non-retryable server error (a handler exception in many JSON-RPC libraries), not as overloaded (docs/protocol.md §12)"
                 ));

@@ -79,9 +79,13 @@ fn seen_text(s: &Seen) -> String {
 fn matches(s: &Seen, e: &Expect) -> bool {
     match (s, e) {
         (Seen::NullIdError { code }, Expect::NullId(c)) => *code == c.number(),
-        (Seen::Answer { id, error: Some(code) }, Expect::Error(want, c)) => {
-            id == want && *code == c.number()
-        }
+        (
+            Seen::Answer {
+                id,
+                error: Some(code),
+            },
+            Expect::Error(want, c),
+        ) => id == want && *code == c.number(),
         (Seen::Answer { id, error: None }, Expect::Result(want)) => id == want,
         _ => false,
     }
@@ -155,13 +159,21 @@ pub(crate) async fn not_json(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
     let mut bom = b"\xEF\xBB\xBF".to_vec();
     bom.extend_from_slice(probe_with_id(&(RAW_ID + 11).to_string()).as_bytes());
     let cases = vec![
-        case("a request holding `NaN`", nan, Expect::NullId(ErrorCode::ParseError)),
+        case(
+            "a request holding `NaN`",
+            nan,
+            Expect::NullId(ErrorCode::ParseError),
+        ),
         case(
             "a request after a byte-order mark",
             bom,
             Expect::NullId(ErrorCode::ParseError),
         ),
-        case("a line of spaces", "   ", Expect::NullId(ErrorCode::ParseError)),
+        case(
+            "a line of spaces",
+            "   ",
+            Expect::NullId(ErrorCode::ParseError),
+        ),
     ];
     run_cases(
         ctx,
@@ -178,9 +190,21 @@ pub(crate) async fn not_json(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
 pub(crate) async fn batch(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
     let one = format!("[{}]", probe_with_id(&(RAW_ID + 20).to_string()));
     let cases = vec![
-        case("a batch of one request", one, Expect::NullId(ErrorCode::InvalidRequest)),
-        case("an empty batch `[]`", "[]", Expect::NullId(ErrorCode::InvalidRequest)),
-        case("the bare value `7`", "7", Expect::NullId(ErrorCode::InvalidRequest)),
+        case(
+            "a batch of one request",
+            one,
+            Expect::NullId(ErrorCode::InvalidRequest),
+        ),
+        case(
+            "an empty batch `[]`",
+            "[]",
+            Expect::NullId(ErrorCode::InvalidRequest),
+        ),
+        case(
+            "the bare value `7`",
+            "7",
+            Expect::NullId(ErrorCode::InvalidRequest),
+        ),
     ];
     run_cases(
         ctx,
@@ -195,16 +219,26 @@ pub(crate) async fn batch(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
 /// `request-ids`: ids that are not valid (`-0`, a fraction, an exponent, past 64 bits, `true`)
 /// are answered `invalid_request` with id null; the edges of the valid range are served.
 pub(crate) async fn request_ids(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
-    let mut cases: Vec<Case> = ["-0", "1.5", "1.0", "1e2", "9223372036854775808", "-9223372036854775809", "true", "null", "[1]"]
-        .iter()
-        .map(|id| {
-            case(
-                format!("the id `{id}`"),
-                probe_with_id(id),
-                Expect::NullId(ErrorCode::InvalidRequest),
-            )
-        })
-        .collect();
+    let mut cases: Vec<Case> = [
+        "-0",
+        "1.5",
+        "1.0",
+        "1e2",
+        "9223372036854775808",
+        "-9223372036854775809",
+        "true",
+        "null",
+        "[1]",
+    ]
+    .iter()
+    .map(|id| {
+        case(
+            format!("the id `{id}`"),
+            probe_with_id(id),
+            Expect::NullId(ErrorCode::InvalidRequest),
+        )
+    })
+    .collect();
     for (text, id) in [
         ("9223372036854775807", RequestId::num(i64::MAX)),
         ("-9223372036854775808", RequestId::num(i64::MIN)),
@@ -240,7 +274,11 @@ pub(crate) async fn repeated_members(ctx: &Ctx<'_>, inst: &mut Instance) -> Rule
         RAW_ID + 32
     );
     let cases = vec![
-        case("a request with `id` twice", twice_id, Expect::Error(n(31), ErrorCode::InvalidRequest)),
+        case(
+            "a request with `id` twice",
+            twice_id,
+            Expect::Error(n(31), ErrorCode::InvalidRequest),
+        ),
         case(
             "a request with `method` twice",
             twice_method,
@@ -269,8 +307,16 @@ pub(crate) async fn method_with_result(ctx: &Ctx<'_>, inst: &mut Instance) -> Ru
         RAW_ID + 41
     );
     let cases = vec![
-        case("a request with `result`", with_result, Expect::Error(n(40), ErrorCode::InvalidRequest)),
-        case("a request with `error`", with_error, Expect::Error(n(41), ErrorCode::InvalidRequest)),
+        case(
+            "a request with `result`",
+            with_result,
+            Expect::Error(n(40), ErrorCode::InvalidRequest),
+        ),
+        case(
+            "a request with `error`",
+            with_error,
+            Expect::Error(n(41), ErrorCode::InvalidRequest),
+        ),
     ];
     run_cases(
         ctx,
