@@ -16,8 +16,13 @@ const PREFIX: &str = "{\"_meta\":{\"remaining_ms\":";
 /// `params` with `"_meta":{"remaining_ms":remaining_ms}` as its first member, or `None` when
 /// `params` is not an object or already names a `_meta` anywhere (left as it is).
 pub fn with_remaining_ms(params: &str, remaining_ms: u64) -> Option<String> {
-    let body = params.trim_start().strip_prefix('{')?;
-    if params.contains("\"_meta\"") {
+    let trimmed = params.trim_start();
+    // Already there in the host's spelling (the typed call wrote it): no scan.
+    if trimmed.starts_with("{\"_meta\"") {
+        return None;
+    }
+    let body = trimmed.strip_prefix('{')?;
+    if body.contains("\"_meta\"") {
         return None;
     }
     let digits = remaining_ms.to_string();
@@ -135,5 +140,45 @@ mod tests {
                 remaining_ms: None
             }
         );
+    }
+
+    /// Prints what `_meta` costs per request on the sizes the budget gate uses (a 4.4 KiB
+    /// trigger, a 100-byte echo): the host's insertion, and the receiver's strip. A benchmark,
+    /// not a check: `cargo test --release -p conduit-protocol meta_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a benchmark; prints numbers"]
+    fn meta_cost() {
+        let note = "lorem ipsum dolor sit amet ".repeat(40);
+        let inputs: Vec<String> = (0..4)
+            .map(|i| format!(r#"{{"id":{i},"source":"mail","delivery_id":"d-{i}","kind":"note.posted","payload":{{"text":"{note}"}},"accepted_at_ms":1}}"#))
+            .collect();
+        let trigger = format!(r#"{{"kind":"note","inputs":[{}]}}"#, inputs.join(","));
+        let echo = r#"{"text":"a short echo of about one hundred bytes, as the round-trip benchmark sends"}"#;
+        for (name, p) in [("trigger", trigger.as_str()), ("echo", echo)] {
+            let n = 100_000u32;
+            let t = std::time::Instant::now();
+            let mut keep = 0;
+            for _ in 0..n {
+                keep += with_remaining_ms(std::hint::black_box(p), 250)
+                    .unwrap()
+                    .len();
+            }
+            let insert = t.elapsed() / n;
+            let with = with_remaining_ms(p, 250).unwrap();
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                keep += strip(std::hint::black_box(&with)).unwrap().params.len();
+            }
+            let stripped = t.elapsed() / n;
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                keep += usize::from(strip(std::hint::black_box(p)).is_none());
+            }
+            let absent = t.elapsed() / n;
+            println!(
+                "{name} ({} bytes): insert {insert:?}, strip {stripped:?}, look without _meta {absent:?} ({keep})",
+                p.len()
+            );
+        }
     }
 }
