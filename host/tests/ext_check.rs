@@ -419,18 +419,24 @@ fn nothing_the_package_started_outlives_the_check() {
         // A killed process may linger for a moment as a zombie of init; give it a few.
         let gone = (0..50).any(|_| {
             let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let running = state
-                .rsplit(')')
-                .next()
-                .is_some_and(|rest| !rest.trim_start().starts_with('Z'));
+            // No /proc entry at all is gone (reaped), like a zombie.
+            let running = !state.is_empty()
+                && state
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|rest| !rest.trim_start().starts_with('Z'));
             if running {
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
             !running
         });
+        let what = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default()
+            + &std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+            .unwrap_or_default()
+            .replace('\0', " ");
         assert!(
             gone,
-            "pid {pid} (a grandchild of the check) is still running{}",
+            "pid {pid} (a grandchild of the check) is still running: `{what}`{}",
             run.context()
         );
     }
