@@ -358,6 +358,7 @@ class Server:
         self.exit()
 
     def dispatch(self, method, params, cancel):
+        params = {k: v for k, v in params.items() if k != "_meta"}  # the host's, not a param (§11)
         def declared(field, name):
             names = [k["name"] for k in CAPABILITIES[field]] if field == "work_kinds" else CAPABILITIES[field]
             if name not in names:
