@@ -432,8 +432,8 @@ fn nothing_the_package_started_outlives_the_check() {
         });
         let what = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default()
             + &std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-            .unwrap_or_default()
-            .replace('\0', " ");
+                .unwrap_or_default()
+                .replace('\0', " ");
         assert!(
             gone,
             "pid {pid} (a grandchild of the check) is still running: `{what}`{}",
