@@ -360,6 +360,20 @@ fn a_nonzero_exit_at_stdin_eof_fails_stdin_eof() {
 }
 
 #[test]
+fn minus_32000_without_its_limit_fails_overload_as_a_server_error() {
+    // docs/protocol.md §12: a -32000 without data.limit is a generic server error, not an
+    // overload; the host would not read it as one.
+    let run = check(&fixture("overload-without-limit"), true);
+    let (detail, fix) = fails_exactly(&run, "overload", &[]);
+    assert!(
+        detail.contains("its data is absent instead of {\"limit\": 64}")
+            && detail.contains("read as a generic server error, not an overload"),
+        "{detail}"
+    );
+    assert!(fix.contains("§10, §12"), "{fix}");
+}
+
+#[test]
 fn a_package_speaking_only_version_2_fails_the_handshake() {
     let session_rules: Vec<&str> = ALL_RULES
         .iter()

@@ -23,6 +23,8 @@ picks a behaviour with flags; without flags it follows docs/protocol.md and pass
   --serve-after-shutdown
                         answers `shutdown` late and serves requests meanwhile (breaks shutting-down)
   --eof-exit-code N     exits with code N at stdin EOF (breaks stdin-eof when N is not 0)
+  --overload-without-limit
+                        refuses the 65th request with -32000 but no data.limit (breaks overload)
 
 Invariant: stdout carries only protocol messages (but for --banner); logs go to stderr.
 """
@@ -279,7 +281,7 @@ class Server:
                 refusal = RpcError(INVALID_REQUEST, f"id {key} is in use by a running request")
             elif len(self.running) >= LIMIT and not a.no_overload_limit:
                 refusal = RpcError(OVERLOADED, f"already serving {LIMIT} requests; retry after one finishes",
-                                   {"limit": LIMIT})
+                                   None if a.overload_without_limit else {"limit": LIMIT})
             elif (not self.initialized and method != "initialize"
                   and not (a.no_handshake_gate and method != "shutdown")):
                 refusal = RpcError(NOT_INITIALIZED, "the handshake has not finished")
@@ -414,7 +416,7 @@ def main():
     parser.add_argument("--grandchild", metavar="FILE")
     for flag in ("lax-json", "serve-batches", "lax-ids", "keep-last-member", "method-with-result",
                  "strict-members", "params-first", "no-duplicate-check", "no-handshake-gate",
-                 "serve-after-shutdown"):
+                 "serve-after-shutdown", "overload-without-limit"):
         parser.add_argument(f"--{flag}", action="store_true")
     parser.add_argument("--eof-exit-code", type=int, default=0)
     args = parser.parse_args()
