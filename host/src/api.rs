@@ -743,8 +743,8 @@ struct PushBody {
 }
 
 async fn push_event(State(d): State<Arc<Daemon>>, Body(b): Body<PushBody>) -> ApiResult {
-    crate::core::callbacks::check_event_fields(&b.source, &b.delivery_id, &b.kind)
-        .map_err(|e| bad_request(e.message))?;
+    conduit_protocol::check_event_fields(&b.source, &b.delivery_id, &b.kind)
+        .map_err(|e| bad_request(e.to_string()))?;
     let payload = payload(b.payload)?;
     let core = d.core().clone();
     let accepted = core
@@ -783,15 +783,7 @@ struct PageQuery {
 
 impl PageQuery {
     fn limit(&self) -> Result<u32, ApiError> {
-        let limit = self.limit.unwrap_or(50);
-        if (1..=conduit_store::MAX_PAGE).contains(&limit) {
-            Ok(limit)
-        } else {
-            Err(bad_request(format!(
-                "`limit` must be 1 to {}, not {limit}",
-                conduit_store::MAX_PAGE
-            )))
-        }
+        conduit_protocol::page_limit(self.limit).map_err(|e| bad_request(e.to_string()))
     }
 }
 

@@ -759,19 +759,19 @@ impl Validator<'_> {
         }
         for (i, m) in caps.methods.iter().enumerate() {
             let field = format!("capabilities.methods[{i}]");
-            if m.starts_with("$/") {
-                return Err(self.invalid(
-                    field,
-                    format!("\"{m}\" starts with `$/`, which is reserved for notifications"),
-                    "rename the method",
-                ));
-            }
-            if is_protocol_method(m) {
-                return Err(self.invalid(
-                    field,
-                    format!("\"{m}\" is one of the protocol's own methods"),
-                    "declare it through its capability list (work_kinds, recurrences, …), not `methods`; custom names must not reuse protocol names",
-                ));
+            if conduit_protocol::methods::is_reserved(m) {
+                let (why, fix) = if m.starts_with("$/") {
+                    (
+                        format!("\"{m}\" starts with `$/`, which is reserved for notifications"),
+                        "rename the method",
+                    )
+                } else {
+                    (
+                        format!("\"{m}\" is one of the protocol's own methods"),
+                        "declare it through its capability list (work_kinds, recurrences, …), not `methods`; custom names must not reuse protocol names",
+                    )
+                };
+                return Err(self.invalid(field, why, fix));
             }
         }
         Ok(caps)
@@ -867,29 +867,6 @@ impl Validator<'_> {
         }
         Ok(out)
     }
-}
-
-fn is_protocol_method(m: &str) -> bool {
-    use conduit_protocol::methods::{ext, host};
-    [
-        host::INITIALIZE,
-        host::SHUTDOWN,
-        host::WORK_KIND_TRIGGER,
-        host::RECURRENCE_NEXT,
-        host::DEPENDENCY_FILTER,
-        host::EMIT_COMMIT,
-        host::INGRESS_POLL,
-        ext::STATE_EVENT,
-        ext::STATE_EVENTS,
-        ext::STATE_WORK,
-        ext::OPERATION_EMIT,
-        ext::INGRESS_PUSH,
-        ext::ARTIFACT_OPEN,
-        ext::ARTIFACT_CHUNK,
-        ext::ARTIFACT_CLOSE,
-        ext::ARTIFACT_ABORT,
-    ]
-    .contains(&m)
 }
 
 /// What is wrong with a version string, or `None` if it is `MAJOR.MINOR.PATCH[-pre]` as

@@ -237,6 +237,78 @@ fn during_an_in_transaction_call_reads_are_served_and_writes_refused_without_dea
 }
 
 #[test]
+fn callbacks_refuse_positional_params_with_invalid_params() {
+    // docs/protocol.md §3.1: params are an object for every method of the protocol; serde
+    // would read a struct from an array, so the host must refuse one itself.
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("posit", "positional"));
+    f.start_daemon();
+    f.wait_state("posit", "ready", PATIENCE);
+    let ev = f.push("feed", "p1", "job.run", "{}");
+    let e = f.wait_until("routing", || routed(&f, ev["event_id"].as_i64().unwrap()));
+    let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
+    assert_eq!(
+        work["key"], "event:-32602/events:-32602/open:-32602/object:ok",
+        "arrays refused with invalid_params; the same call with an object served"
+    );
+}
+
+#[test]
+fn each_host_request_carries_its_remaining_time_in_meta() {
+    // docs/protocol.md §11: `_meta.remaining_ms` first in the params, at most the deadline.
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("meta", "meta"));
+    f.start_daemon();
+    f.wait_state("meta", "ready", PATIENCE);
+    let ev = f.push("feed", "m1", "job.run", "{}");
+    let e = f.wait_until("routing", || routed(&f, ev["event_id"].as_i64().unwrap()));
+    let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
+    let key = work["key"].as_str().unwrap();
+    let meta: Value = serde_json::from_str(key.strip_prefix("meta:").unwrap()).unwrap();
+    let ms = meta["remaining_ms"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no remaining_ms in {key}"));
+    assert!(
+        ms > 0 && ms <= 250,
+        "the in-transaction deadline is 250 ms: {key}"
+    );
+}
+
+#[test]
+fn minus_32000_without_a_limit_is_a_server_error_not_an_overload() {
+    // docs/protocol.md §12: conduit's `overloaded` always carries data.limit; a -32000
+    // without it (PyPI `json-rpc` answers every handler exception so) is a generic server
+    // error: the host takes the fallback once, names it a server error, and never re-sends
+    // the call as a retry of an overload (only the degraded probe of §6 calls again, at its
+    // own pace, as after any error answer).
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("srverr", "server-error"));
+    f.start_daemon();
+    f.wait_state("srverr", "ready", PATIENCE);
+    let ev = f.push("feed", "s1", "job.run", "{}");
+    let id = ev["event_id"].as_i64().unwrap();
+    let e = f.wait_until("the fallback routing", || routed(&f, id));
+    let work = http_get(&f, &format!("/v1/work/{}", e["work_id"]));
+    assert_eq!(work["key"], format!("event:{id}"), "the fallback applied");
+    let s = f.wait_for("srverr", PATIENCE, |s| s["health"]["reason"].is_string());
+    let reason = s["health"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("-32000 without data.limit is not `overloaded`, and not retryable"),
+        "{s:#}"
+    );
+    assert!(!reason.contains("the extension is busy"), "{s:#}");
+    // The pass made the call once: no immediate re-send of the same batch.
+    let triggers = std::fs::read_to_string(f.state().join("data/srverr/triggers")).unwrap();
+    let first: Vec<&str> = triggers.lines().collect();
+    assert_eq!(first[0], format!("[{id}]"), "{triggers}");
+    let calls = s["calls"]["work_kind.trigger"]["calls"].as_u64();
+    assert!(
+        first.len() <= 2,
+        "one call, and at most the first probe (1 s later) by now: {triggers} {calls:?}"
+    );
+}
+
+#[test]
 fn a_push_cut_by_an_extension_crash_is_accepted_exactly_once_after_the_retry() {
     let mut f = Fixture::new();
     f.install(&f.core_ext("crashy", "push-crash"));

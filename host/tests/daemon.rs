@@ -49,6 +49,13 @@ fn installed_examples_become_ready_and_serve_through_the_daemon() {
         let took = s["ready_since_ms"].as_i64().unwrap() - started;
         assert!(took >= 0, "`{name}` was ready before the daemon started");
         eprintln!("`{name}` was ready {took} ms after the daemon started");
+        // The current run's cold start, in `ext status --json`.
+        let (spawn, handshake) = (s["spawn_to_ready_ms"].as_u64(), s["handshake_ms"].as_u64());
+        assert!(
+            spawn.is_some() && handshake.is_some() && handshake <= spawn,
+            "spawn_to_ready_ms {spawn:?}, handshake_ms {handshake:?}: {s:#}"
+        );
+        eprintln!("`{name}`: spawn to ready {spawn:?} ms, handshake {handshake:?} ms");
     }
     let list = f.conduit(&["ext", "list", "--json"]);
     let v: Value = serde_json::from_slice(&list.out.stdout).unwrap();

@@ -27,10 +27,21 @@ const ALL_RULES: &[&str] = &[
     "declared-methods-answer",
     "unknown-method",
     "malformed-line",
+    "not-json",
+    "batch",
+    "request-ids",
+    "repeated-members",
+    "method-with-result",
+    "unknown-members",
+    "refusal-order",
     "oversized-line",
     "cancellation",
+    "duplicate-id",
     "overload",
+    "not-initialized",
     "shutdown",
+    "shutting-down",
+    "stdin-eof",
     "stdout-only-protocol",
     "read-only-folder",
 ];
@@ -62,7 +73,8 @@ fn check(dir: &Path, json: bool) -> Run {
     }
 }
 
-/// Rule id → (status, detail, fix) from a `--json` report, after checking its shape.
+/// Rule id → (status, detail, fix) from a `--json` report, after checking its shape (every
+/// rule, in order, each naming the section of docs/protocol.md it enforces).
 #[track_caller]
 fn rules(run: &Run) -> BTreeMap<String, (String, String, Option<String>)> {
     let report = run.json();
@@ -74,6 +86,14 @@ fn rules(run: &Run) -> BTreeMap<String, (String, String, Option<String>)> {
         .collect();
     assert_eq!(ids, ALL_RULES, "every rule, in order{}", run.context());
     assert!(report["package"]["name"].is_string(), "{}", run.context());
+    for r in report["rules"].as_array().unwrap() {
+        assert!(
+            r["section"].as_str().is_some_and(|s| s.starts_with('§')),
+            "rule {} names its section{}",
+            r["id"],
+            run.context()
+        );
+    }
     report["rules"]
         .as_array()
         .unwrap()
@@ -206,6 +226,154 @@ fn serving_a_65th_request_fails_overload() {
     );
 }
 
+// ---- one broken package per message-shape and lifecycle rule ------------------------------
+
+#[test]
+fn nan_and_a_byte_order_mark_fail_not_json() {
+    let run = check(&fixture("lax-json"), true);
+    let (detail, fix) = fails_exactly(&run, "not-json", &[]);
+    assert!(
+        detail.contains("answered a request holding `NaN` with an error -32601"),
+        "{detail}"
+    );
+    assert!(detail.contains("after a byte-order mark"), "{detail}");
+    assert!(
+        !detail.contains("a line of spaces"),
+        "spaces are refused: {detail}"
+    );
+    assert!(
+        fix.contains("§3.3") && fix.contains("parse_error (-32700)"),
+        "{fix}"
+    );
+}
+
+#[test]
+fn answering_a_batch_with_a_parse_error_fails_batch() {
+    let run = check(&fixture("serve-batches"), true);
+    let (detail, fix) = fails_exactly(&run, "batch", &[]);
+    assert!(
+        detail.contains("answered a batch of one request with an error -32700 with id null instead of invalid_request (-32600) with id null"),
+        "{detail}"
+    );
+    assert!(fix.contains("§2, §3.2"), "{fix}");
+}
+
+#[test]
+fn answering_minus_zero_as_id_0_fails_request_ids() {
+    let run = check(&fixture("lax-ids"), true);
+    let (detail, fix) = fails_exactly(&run, "request-ids", &[]);
+    assert!(
+        detail.contains("answered the id `-0` with an error -32601 with id 0 instead of invalid_request (-32600) with id null"),
+        "{detail}"
+    );
+    assert!(!detail.contains("`1.5`"), "only -0 is wrong: {detail}");
+    assert!(fix.contains("`-0` excluded"), "{fix}");
+}
+
+#[test]
+fn serving_a_repeated_id_member_fails_repeated_members() {
+    let run = check(&fixture("keep-last-member"), true);
+    let (detail, fix) = fails_exactly(&run, "repeated-members", &[]);
+    assert!(
+        detail.contains("answered a request with `id` twice with an error -32601"),
+        "{detail}"
+    );
+    assert!(fix.contains("its last id"), "{fix}");
+}
+
+#[test]
+fn serving_method_with_result_fails_method_with_result() {
+    let run = check(&fixture("method-with-result"), true);
+    let (detail, fix) = fails_exactly(&run, "method-with-result", &[]);
+    assert!(
+        detail.contains("answered a request with `result` with an error -32601"),
+        "{detail}"
+    );
+    assert!(fix.contains("invalid_request (-32600)"), "{fix}");
+}
+
+#[test]
+fn refusing_unknown_members_fails_unknown_members() {
+    let run = check(&fixture("strict-members"), true);
+    let (detail, fix) = fails_exactly(&run, "unknown-members", &[]);
+    assert!(
+        detail.contains("answered a request with an unknown top-level member with an error -32600"),
+        "{detail}"
+    );
+    assert!(fix.contains("§1.2"), "{fix}");
+}
+
+#[test]
+fn checking_params_before_the_method_fails_refusal_order() {
+    let run = check(&fixture("params-first"), true);
+    let (detail, fix) = fails_exactly(&run, "refusal-order", &[]);
+    assert!(
+        detail.contains("an unknown method with params `[1,2]` with an error -32602"),
+        "{detail}"
+    );
+    assert!(fix.contains("§3.4"), "{fix}");
+}
+
+#[test]
+fn serving_a_running_id_again_fails_duplicate_id() {
+    let run = check(&fixture("no-duplicate-check"), true);
+    let (detail, fix) = fails_exactly(&run, "duplicate-id", &[]);
+    assert!(
+        detail.contains("with a result with id")
+            && detail.contains("instead of invalid_request (-32600)"),
+        "{detail}"
+    );
+    assert!(fix.contains("let the first go on"), "{fix}");
+}
+
+#[test]
+fn serving_before_the_handshake_fails_not_initialized() {
+    let run = check(&fixture("no-handshake-gate"), true);
+    let (detail, fix) = fails_exactly(&run, "not-initialized", &[]);
+    assert!(
+        detail.contains("answered an unknown method before `initialize` with an error -32601"),
+        "{detail}"
+    );
+    assert!(fix.contains("not_initialized (-32007)"), "{fix}");
+}
+
+#[test]
+fn serving_after_shutdown_fails_shutting_down() {
+    let run = check(&fixture("serve-after-shutdown"), true);
+    let (detail, fix) = fails_exactly(&run, "shutting-down", &[]);
+    assert!(
+        detail
+            .contains("served a request written right after `shutdown`: it answered error -32601"),
+        "{detail}"
+    );
+    assert!(fix.contains("shutting_down (-32008)"), "{fix}");
+}
+
+#[test]
+fn a_nonzero_exit_at_stdin_eof_fails_stdin_eof() {
+    let run = check(&fixture("eof-exit-3"), true);
+    let (detail, fix) = fails_exactly(&run, "stdin-eof", &[]);
+    assert!(
+        detail.contains("exited with exit code 3 when its stdin closed"),
+        "{detail}"
+    );
+    assert!(fix.contains("§5"), "{fix}");
+}
+
+#[test]
+fn minus_32000_without_its_limit_fails_overload_as_a_server_error() {
+    // docs/protocol.md §12: a -32000 without data.limit is a generic server error, not an
+    // overload; the host would not read it as one.
+    let run = check(&fixture("overload-without-limit"), true);
+    let (detail, fix) = fails_exactly(&run, "overload", &[]);
+    assert!(
+        detail.contains("its data is absent instead of {\"limit\": 64}")
+            && detail.contains("read as a generic server error, not an overload"),
+        "{detail}"
+    );
+    assert!(fix.contains("§10, §12"), "{fix}");
+}
+
 #[test]
 fn a_package_speaking_only_version_2_fails_the_handshake() {
     let session_rules: Vec<&str> = ALL_RULES
@@ -227,7 +395,7 @@ fn a_package_speaking_only_version_2_fails_the_handshake() {
 
 #[test]
 fn nothing_the_package_started_outlives_the_check() {
-    // The good package, but each of its three instances also starts a `sleep 300` of its own
+    // The good package, but each of its four instances also starts a `sleep 300` of its own
     // and writes its pid down: the check must stop every one of them (process group kill).
     let tmp = tempfile::tempdir().unwrap();
     let pkg = tmp.path().join("pkg");
@@ -264,8 +432,8 @@ fn nothing_the_package_started_outlives_the_check() {
         .collect();
     assert_eq!(
         pids.len(),
-        4,
-        "one per instance (main, version, overload, read-only)"
+        5,
+        "one per instance (main, version, overload, lifecycle, read-only)"
     );
     for pid in pids {
         // A killed process may linger for a moment as a zombie of init; give it a few.
@@ -280,9 +448,13 @@ fn nothing_the_package_started_outlives_the_check() {
             }
             !running
         });
+        let what = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default()
+            + &std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .unwrap_or_default()
+                .replace('\0', " ");
         assert!(
             gone,
-            "pid {pid} (a grandchild of the check) is still running{}",
+            "pid {pid} (a grandchild of the check) is still running: `{what}`{}",
             run.context()
         );
     }

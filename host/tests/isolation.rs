@@ -349,6 +349,44 @@ fn an_event_kind_routes_to_the_longest_declared_work_kind_at_a_dot_boundary() {
 }
 
 #[test]
+fn a_dotted_work_kind_alone_receives_its_events() {
+    // docs/protocol.md §6.1 with only `node.job` declared (issue: the host once took the
+    // part before the first dot, so `node.job.x` went nowhere).
+    let mut f = Fixture::new();
+    f.install(&core_pkg(&f, "dotted", "ok", &["node.job".into()]));
+    f.start_daemon();
+    f.wait_state("dotted", "ready", PATIENCE);
+    let sock = socket(&f);
+    for (i, (kind, want)) in [
+        ("node.job.x", Some("node.job")),
+        ("node.job", Some("node.job")),
+        ("node.job.x.y", Some("node.job")),
+        ("node", None),
+        ("node.jobs", None),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = http::push(&sock, "s", &format!("n{i}"), kind, json!({}));
+        let ev = f.wait_until("the event to be routed", || routed(&sock, id));
+        match want {
+            Some(want) => {
+                let work = ev["work_id"]
+                    .as_i64()
+                    .unwrap_or_else(|| panic!("{kind}: {ev}"));
+                let (_, w) = http::request(&sock, "GET", &format!("/v1/work/{work}"), None);
+                assert_eq!(w["kind"], *want, "event kind {kind}: {w}");
+                assert!(
+                    !w["key"].as_str().unwrap().starts_with("event:"),
+                    "routed by the extension's trigger, not the fallback: {w}"
+                );
+            }
+            None => assert!(ev.get("work_id").is_none(), "{kind}: {ev}"),
+        }
+    }
+}
+
+#[test]
 fn a_degraded_extensions_timers_waits_and_emissions_wait_and_resume_when_it_answers() {
     let mut f = Fixture::new();
     f.install(&core_pkg(&f, "late", "hang-until-file", &["job".into()]));

@@ -11,7 +11,7 @@
 //! caller still interested or a deadline.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use conduit_protocol::calls::{
     ArtifactOpen, ArtifactStored, EmitParams, EmitResult, Event, EventRef, EventsPage, EventsQuery,
@@ -32,9 +32,26 @@ pub struct Ctx {
     pub(crate) host: Host,
     pub(crate) cancel: CancellationToken,
     pub(crate) shutdown: CancellationToken,
+    /// When the host stops waiting for the answer, from the request's `_meta.remaining_ms`
+    /// (docs/protocol.md §11), measured from when the request was read.
+    pub(crate) deadline: Option<Instant>,
 }
 
 impl Ctx {
+    /// When the host will stop waiting for this request's answer (and apply its fallback, for
+    /// an in-transaction call), if the request said so (`_meta.remaining_ms`, docs/protocol.md
+    /// §11; conduit sends it on every request but `initialize` and `shutdown`). A handler that
+    /// cannot finish in time can give up early: its answer would be thrown away.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// The time left until [`Ctx::deadline`] (zero once it has passed), if the request said.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
     /// The host, for callbacks.
     pub fn host(&self) -> &Host {
         &self.host
@@ -92,6 +109,21 @@ impl HostError {
     /// Whether the failure carries `code`.
     pub fn is(&self, code: ErrorCode) -> bool {
         self.code() == code.number()
+    }
+
+    /// Whether sending the same call again later may succeed (docs/protocol.md §12): the
+    /// protocol's one classification, so a -32000 without `data.limit` (a generic server
+    /// error) is not retryable, while conduit's `overloaded`, which always names its limit, is.
+    pub fn is_retryable(&self) -> bool {
+        self.class().is_retryable()
+    }
+
+    /// How to read the failure: see `conduit_protocol::classify`.
+    pub fn class(&self) -> conduit_protocol::ErrorClass {
+        match self {
+            HostError::Call(e) => e.class(),
+            HostError::Artifact { .. } => conduit_protocol::ErrorClass::Permanent,
+        }
     }
 
     /// As a wire error, to answer the handler's own request with: the host's error unchanged,

@@ -23,7 +23,6 @@ use conduit_protocol::{RpcError, methods};
 use conduit_rpc::{BoxFuture, HandlerResult, to_raw};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::value::RawValue;
 
 use crate::ctx::Ctx;
 
@@ -31,8 +30,7 @@ use crate::ctx::Ctx;
 pub(crate) type TypedFn<P, R> = Arc<dyn Fn(Ctx, P) -> BoxFuture<Result<R, RpcError>> + Send + Sync>;
 
 /// A custom method: parses its own params (so the error names the method) and answers raw JSON.
-pub(crate) type MethodFn =
-    Arc<dyn Fn(Ctx, Option<&RawValue>) -> BoxFuture<HandlerResult> + Send + Sync>;
+pub(crate) type MethodFn = Arc<dyn Fn(Ctx, Option<&str>) -> BoxFuture<HandlerResult> + Send + Sync>;
 
 /// An extension: who it is, which protocol versions it speaks, and what it serves.
 ///
@@ -94,24 +92,11 @@ fn declare<T>(
     map.insert(name, value);
 }
 
-/// Method names a custom method may not take: the protocol's own, in both directions.
+/// Method names a custom method may not take: the protocol's reserved names
+/// (`conduit_protocol::methods::is_reserved`, the list the host's manifest check uses), and
+/// `check.sleep`, which this SDK serves itself.
 fn is_reserved(name: &str) -> bool {
-    name.starts_with("$/")
-        || [
-            methods::host::INITIALIZE,
-            methods::host::SHUTDOWN,
-            methods::host::INGRESS_POLL,
-            methods::host::CHECK_SLEEP,
-            methods::ext::STATE_EVENT,
-            methods::ext::STATE_EVENTS,
-            methods::ext::STATE_WORK,
-            methods::ext::ARTIFACT_ABORT,
-            methods::ext::ARTIFACT_OPEN,
-            methods::ext::ARTIFACT_CHUNK,
-        ]
-        .contains(&name)
-        || methods::host::IN_TRANSACTION.contains(&name)
-        || methods::ext::WRITES.contains(&name)
+    methods::is_reserved(name) || name == methods::host::CHECK_SLEEP
 }
 
 impl Extension {

@@ -29,7 +29,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use conduit_protocol::calls::{
     CommitParams, Empty, FilterParams, IngressPollParams, IngressPollResult, RecurrenceParams,
@@ -189,7 +189,8 @@ impl Dispatch {
                 "`initialize` was already answered in this session",
             ));
         }
-        let params: InitializeParams = parse_params(&req.method, req.params.as_deref(), true)?;
+        let params: InitializeParams =
+            parse_params(&req.method, req.params.as_deref().map(RawValue::get), true)?;
         let mut st = self.lock();
         if st.phase != Phase::New {
             return Err(RpcError::new(
@@ -249,6 +250,16 @@ impl Dispatch {
 
     /// Route a request of the ready phase to its handler.
     fn route(&self, req: Request, init: Arc<InitializeParams>) -> BoxFuture<HandlerResult> {
+        // `_meta` is the protocol's, not the handler's (docs/protocol.md §11): strip it and
+        // keep the deadline it carries.
+        let stripped = req
+            .params
+            .as_deref()
+            .and_then(|p| conduit_protocol::meta::strip(p.get()));
+        let deadline = stripped
+            .as_ref()
+            .and_then(|s| s.remaining_ms)
+            .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)));
         let cx = Ctx {
             host: Host {
                 peer: req.peer.clone(),
@@ -257,8 +268,14 @@ impl Dispatch {
             },
             cancel: req.cancel.clone(),
             shutdown: self.stopping.clone(),
+            deadline,
         };
-        let params = req.params.as_deref();
+        // The stripped text came from a params object the session already read whole, so it
+        // is not validated again; handlers parse it anyway.
+        let params = match &stripped {
+            Some(s) => Some(s.params.as_str()),
+            None => req.params.as_deref().map(RawValue::get),
+        };
         let ext = &self.ext;
         let started = match req.method.as_str() {
             methods::host::WORK_KIND_TRIGGER => by_name(
@@ -327,7 +344,7 @@ impl Dispatch {
     fn poll(
         &self,
         method: &str,
-        params: Option<&RawValue>,
+        params: Option<&str>,
         cx: Ctx,
     ) -> Result<BoxFuture<HandlerResult>, RpcError> {
         let p: IngressPollParams = parse_params(method, params, true)?;
@@ -443,20 +460,18 @@ impl<R: AsyncRead + Unpin> AsyncRead for DrainAtEof<R> {
     }
 }
 
-/// Read params as `P`; absent params read as `{}` (§3.1). Protocol methods take objects only,
-/// since serde would otherwise read a struct from a positional array.
+/// Read params as `P`; absent params read as `{}` (§3.1). Protocol methods take objects only
+/// (the protocol's one parser, `conduit_protocol::parse_params`); a custom method's handler
+/// decides for itself, so an array may reach it.
 pub(crate) fn parse_params<P: DeserializeOwned>(
     method: &str,
-    params: Option<&RawValue>,
+    params: Option<&str>,
     object_only: bool,
 ) -> Result<P, RpcError> {
-    let raw = params.map_or("{}", RawValue::get);
-    if object_only && !raw.trim_start().starts_with('{') {
-        return Err(RpcError::invalid_params(
-            method,
-            "params must be a JSON object",
-        ));
+    if object_only {
+        return conduit_protocol::parse_params(method, params);
     }
+    let raw = params.unwrap_or("{}");
     serde_json::from_str(raw).map_err(|e| RpcError::invalid_params(method, e))
 }
 
@@ -470,7 +485,7 @@ fn undeclared(method: &str, what: &str, name: &str) -> RpcError {
 /// Parse `P`, find the handler registered under the name it carries, and start it.
 fn by_name<P, R>(
     method: &str,
-    params: Option<&RawValue>,
+    params: Option<&str>,
     handlers: &HashMap<String, TypedFn<P, R>>,
     cx: Ctx,
     what: &str,
@@ -492,7 +507,7 @@ where
 /// extension is asked to shut down — a conformance probe is not work worth finishing.
 fn check_sleep(
     method: &str,
-    params: Option<&RawValue>,
+    params: Option<&str>,
     cx: Ctx,
 ) -> Result<BoxFuture<HandlerResult>, RpcError> {
     let p: SleepParams = parse_params(method, params, true)?;

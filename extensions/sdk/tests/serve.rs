@@ -330,6 +330,13 @@ fn extension() -> Extension {
             }
             Ok(p)
         })
+        .method("remaining", |cx: Ctx, p: Value| async move {
+            Ok(json!({
+                "params": p,
+                "remaining_ms": cx.remaining().map(|d| d.as_millis() as u64),
+                "has_deadline": cx.deadline().is_some(),
+            }))
+        })
         .method("double", |_cx, p: Doubled| async move {
             Ok(Doubled { n: p.n * 2 })
         })
@@ -502,6 +509,7 @@ async fn handshake_answers_the_version_the_name_and_every_capability() {
         caps.methods,
         [
             "echo",
+            "remaining",
             "double",
             "lookup",
             "callbacks",
@@ -665,6 +673,52 @@ async fn each_handler_kind_is_dispatched_by_the_name_in_its_params() {
 
     let v = h.call("double", json!({ "n": 21 })).await.unwrap();
     assert_eq!(v, json!({ "n": 42 }));
+}
+
+#[tokio::test]
+async fn the_requests_meta_is_stripped_and_its_remaining_time_is_the_handlers_deadline() {
+    // docs/protocol.md §11: the host writes `_meta.remaining_ms` first in the params.
+    let (h, _) = Harness::ready(extension(), FakeHost::new()).await;
+    let v = h
+        .call(
+            "remaining",
+            json!({ "_meta": { "remaining_ms": 250 }, "text": "hi" }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        v["params"],
+        json!({ "text": "hi" }),
+        "the handler never sees _meta"
+    );
+    assert_eq!(v["has_deadline"], true);
+    let left = v["remaining_ms"].as_u64().unwrap();
+    assert!(left <= 250 && left > 0, "{v}");
+    // The host's own spelling, byte for byte, as the supervisor inserts it.
+    let raw = conduit_protocol::meta::with_remaining_ms(r#"{"text":"x"}"#, 30_000).unwrap();
+    let v = h
+        .call("remaining", serde_json::from_str(&raw).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(v["params"], json!({ "text": "x" }));
+    assert!(v["remaining_ms"].as_u64().unwrap() > 29_000, "{v}");
+    // Typed handlers ignore it too; a request without it has no deadline.
+    let v = h
+        .call(
+            methods::host::RECURRENCE_NEXT,
+            json!({ "_meta": { "remaining_ms": 250 }, "recurrence": "minutely", "timer_id": 3,
+                    "spec": "x", "fired_at_ms": 1000 }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(v, json!({ "next_at_ms": 61_000 }));
+    let v = h
+        .call("remaining", json!({ "text": "no meta" }))
+        .await
+        .unwrap();
+    assert_eq!(v["has_deadline"], false);
+    assert_eq!(v["remaining_ms"], Value::Null);
+    assert_eq!(v["params"], json!({ "text": "no meta" }));
 }
 
 #[tokio::test]

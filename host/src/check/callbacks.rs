@@ -23,6 +23,15 @@ use conduit_protocol::{Capabilities, ErrorCode, RpcError};
 use conduit_rpc::{BoxFuture, Handler, HandlerResult, Request, to_raw};
 use sha2::{Digest, Sha256};
 
+/// A callback's params, by the protocol's one parser (objects only, docs/protocol.md §3.1), as
+/// the daemon reads them.
+fn params<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, RpcError> {
+    conduit_protocol::parse_params(
+        &req.method,
+        req.params.as_deref().map(serde_json::value::RawValue::get),
+    )
+}
+
 /// Artifact streams a package may keep open at once during a check.
 pub(crate) const MAX_STREAMS: usize = 16;
 
@@ -95,7 +104,7 @@ impl CheckHost {
         *st.calls.entry(req.method.clone()).or_default() += 1;
         match req.method.as_str() {
             ext::STATE_EVENT => {
-                let r: EventRef = req.params()?;
+                let r: EventRef = params(req)?;
                 match self.events.iter().find(|e| e.id == r.event_id) {
                     Some(e) => to_raw(e),
                     None => Err(RpcError::new(
@@ -105,14 +114,8 @@ impl CheckHost {
                 }
             }
             ext::STATE_EVENTS => {
-                let q: EventsQuery = req.params()?;
-                let limit = q.limit.unwrap_or(50);
-                if !(1..=200).contains(&limit) {
-                    return Err(RpcError::invalid_params(
-                        &req.method,
-                        format!("limit {limit} is outside 1–200"),
-                    ));
-                }
+                let q: EventsQuery = params(req)?;
+                let limit = conduit_protocol::page_limit(q.limit)?;
                 let events = self
                     .events
                     .iter()
@@ -124,14 +127,14 @@ impl CheckHost {
                 to_raw(&EventsPage { events })
             }
             ext::STATE_WORK => {
-                let r: WorkRef = req.params()?;
+                let r: WorkRef = params(req)?;
                 Err(RpcError::new(
                     ErrorCode::NotFound,
                     format!("no Work {} (the checker keeps no Work)", r.work_id),
                 ))
             }
             ext::OPERATION_EMIT => {
-                let p: EmitParams = req.params()?;
+                let p: EmitParams = params(req)?;
                 declared(&st, &req.method, "emission", &p.emission, |c| &c.emissions)?;
                 st.next_id += 1;
                 let id = st.next_id;
@@ -141,10 +144,12 @@ impl CheckHost {
                 })
             }
             ext::INGRESS_PUSH => {
-                let p: PushParams = req.params()?;
+                let p: PushParams = params(req)?;
                 declared(&st, &req.method, "ingress source", &p.source, |c| {
                     &c.ingress
                 })?;
+                conduit_protocol::check_event_fields(&p.source, &p.delivery_id, &p.kind)?;
+                conduit_protocol::check_payload_depth(&p.payload.to_string())?;
                 let key = (p.source, p.delivery_id);
                 if let Some(&event_id) = st.deliveries.get(&key) {
                     return to_raw(&PushResult {
@@ -163,7 +168,7 @@ impl CheckHost {
                 })
             }
             ext::ARTIFACT_OPEN => {
-                let p: ArtifactOpen = req.params()?;
+                let p: ArtifactOpen = params(req)?;
                 if st.streams.len() >= MAX_STREAMS {
                     return Err(RpcError::new(
                         ErrorCode::ArtifactInvalid,
@@ -186,7 +191,7 @@ impl CheckHost {
                 })
             }
             ext::ARTIFACT_CHUNK => {
-                let p: ArtifactChunk = req.params()?;
+                let p: ArtifactChunk = params(req)?;
                 let res = chunk(&mut st, &p);
                 if res.is_err() {
                     st.streams.remove(&p.stream_id);
@@ -194,7 +199,7 @@ impl CheckHost {
                 res
             }
             ext::ARTIFACT_CLOSE => {
-                let p: ArtifactClose = req.params()?;
+                let p: ArtifactClose = params(req)?;
                 let s = st
                     .streams
                     .remove(&p.stream_id)
@@ -215,7 +220,7 @@ impl CheckHost {
                 })
             }
             ext::ARTIFACT_ABORT => {
-                let p: ArtifactAbort = req.params()?;
+                let p: ArtifactAbort = params(req)?;
                 st.streams
                     .remove(&p.stream_id)
                     .ok_or_else(|| unknown_stream(&p.stream_id))?;

@@ -7,9 +7,10 @@
 //!
 //! | instance   | rules |
 //! |------------|-------|
-//! | `main`     | handshake, capabilities-match-manifest, declared-methods-answer, unknown-method, malformed-line, oversized-line, cancellation, shutdown |
-//! | `version`  | version (offers only protocol version 99) |
+//! | `main`     | handshake, capabilities-match-manifest, declared-methods-answer, unknown-method, malformed-line, not-json, batch, request-ids, repeated-members, method-with-result, unknown-members, refusal-order, oversized-line, cancellation, shutdown, shutting-down |
 //! | `overload` | overload (holds 64 `check.sleep` calls; a separate instance so that a package that ignores `$/cancel` cannot spoil it, nor it the others) |
+//! | `lifecycle`| not-initialized (before its handshake), duplicate-id, stdin-eof (closes its stdin) |
+//! | `version`  | version (offers only protocol version 99) |
 //!
 //! and `stdout-only-protocol` judges every line any of them wrote to stdout.
 //!
@@ -56,6 +57,8 @@ pub struct RuleResult {
     pub detail: String,
     /// On a failure, what the package's author should change.
     pub fix: Option<String>,
+    /// The section of `docs/protocol.md` the rule enforces.
+    pub section: &'static str,
     /// Things worth knowing that do not fail the rule (a slow answer, an accepted error).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -68,6 +71,7 @@ impl RuleResult {
             status: Status::Pass,
             detail: detail.into(),
             fix: None,
+            section: rules::section(id),
             notes: Vec::new(),
         }
     }
@@ -82,6 +86,7 @@ impl RuleResult {
             status: Status::Fail,
             detail: detail.into(),
             fix: Some(fix.into()),
+            section: rules::section(id),
             notes: Vec::new(),
         }
     }
@@ -92,6 +97,7 @@ impl RuleResult {
             status: Status::Skip,
             detail: why.into(),
             fix: None,
+            section: rules::section(id),
             notes: Vec::new(),
         }
     }
@@ -293,6 +299,7 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
             instances.push(main);
             if let Some(init) = &hs.init {
                 results.push(overload(&ctx, &cmd, dir, init, &mut instances).await);
+                results.extend(lifecycle(&ctx, &cmd, dir, &mut instances).await);
             }
         }
     }
@@ -407,36 +414,110 @@ async fn session_rules(
     init: &conduit_protocol::InitializeResult,
     results: &mut Vec<RuleResult>,
 ) {
-    use rules::{flow, lines, methods};
+    use rules::{flow, lines, methods, shapes};
     let mut last = rules::HANDSHAKE;
     for &id in &[
         rules::DECLARED_METHODS,
         rules::UNKNOWN_METHOD,
         rules::MALFORMED_LINE,
+        rules::NOT_JSON,
+        rules::BATCH,
+        rules::REQUEST_IDS,
+        rules::REPEATED_MEMBERS,
+        rules::METHOD_WITH_RESULT,
+        rules::UNKNOWN_MEMBERS,
+        rules::REFUSAL_ORDER,
         rules::OVERSIZED_LINE,
         rules::CANCELLATION,
         rules::SHUTDOWN,
     ] {
         if main.session_ended() {
             let state = main.state_note().await;
-            results.push(RuleResult::skip(
-                id,
-                format!("the session ended during `{last}` ({state}); fix that rule first"),
-            ));
+            let why = format!("the session ended during `{last}` ({state}); fix that rule first");
+            results.push(RuleResult::skip(id, why.clone()));
+            if id == rules::SHUTDOWN {
+                results.push(RuleResult::skip(rules::SHUTTING_DOWN, why));
+            }
             continue;
         }
         let res = match id {
             rules::DECLARED_METHODS => methods::declared_methods(ctx, main, init).await,
             rules::UNKNOWN_METHOD => methods::unknown_method(ctx, main).await,
             rules::MALFORMED_LINE => lines::malformed_line(ctx, main).await,
+            rules::NOT_JSON => shapes::not_json(ctx, main).await,
+            rules::BATCH => shapes::batch(ctx, main).await,
+            rules::REQUEST_IDS => shapes::request_ids(ctx, main).await,
+            rules::REPEATED_MEMBERS => shapes::repeated_members(ctx, main).await,
+            rules::METHOD_WITH_RESULT => shapes::method_with_result(ctx, main).await,
+            rules::UNKNOWN_MEMBERS => shapes::unknown_members(ctx, main, init).await,
+            rules::REFUSAL_ORDER => shapes::refusal_order(ctx, main, init).await,
             rules::OVERSIZED_LINE => lines::oversized_line(ctx, main).await,
             rules::CANCELLATION => flow::cancellation(ctx, main, init).await,
-            rules::SHUTDOWN => flow::shutdown(ctx, main).await,
+            rules::SHUTDOWN => {
+                let (shutdown, shutting_down) = flow::shutdown(ctx, main).await;
+                results.push(shutting_down);
+                shutdown
+            }
             _ => unreachable!("every id above has a rule"),
         };
         results.push(res);
         last = id;
     }
+}
+
+/// The lifecycle rules, on an instance of their own: `not-initialized` before its handshake,
+/// then `duplicate-id`, then `stdin-eof`.
+async fn lifecycle(
+    ctx: &Ctx<'_>,
+    cmd: &ResolvedCommand,
+    dir: &Path,
+    instances: &mut Vec<Instance>,
+) -> Vec<RuleResult> {
+    let later = [rules::DUPLICATE_ID, rules::STDIN_EOF];
+    let mut inst = match start(ctx, cmd, dir, "lifecycle") {
+        Ok(inst) => inst,
+        Err(res) => {
+            let mut out = vec![RuleResult::fail(
+                rules::NOT_INITIALIZED,
+                format!("a third instance {}", res.detail),
+                res.fix.unwrap_or_default(),
+            )];
+            out.extend(
+                later.map(|id| RuleResult::skip(id, "the lifecycle instance could not be started")),
+            );
+            return out;
+        }
+    };
+    let mut out = vec![rules::lifecycle::not_initialized(ctx, &mut inst).await];
+    let hs = if inst.session_ended() {
+        None
+    } else {
+        rules::handshake::handshake(ctx, &mut inst).await.init
+    };
+    match hs {
+        Some(init) => {
+            out.push(rules::lifecycle::duplicate_id(ctx, &mut inst, &init).await);
+            out.push(if inst.session_ended() {
+                let state = inst.state_note().await;
+                RuleResult::skip(
+                    rules::STDIN_EOF,
+                    format!(
+                        "the session ended during `duplicate-id` ({state}); fix that rule first"
+                    ),
+                )
+            } else {
+                rules::lifecycle::stdin_eof(ctx, &mut inst).await
+            });
+        }
+        None => {
+            let why =
+                "the lifecycle instance did not complete its handshake after `not-initialized`";
+            out.extend(later.map(|id| RuleResult::skip(id, why)));
+        }
+    }
+    inst.finish().await;
+    instances.push(inst);
+    out
 }
 
 /// The overload rule, on an instance of its own.

@@ -21,9 +21,12 @@ const STDERR_LINES: usize = 20;
 const AFTER_HELP: &str = "\
 Rules (ids are stable; --json uses them):
   handshake, version, capabilities-match-manifest, declared-methods-answer, unknown-method,
-  malformed-line, oversized-line, cancellation, overload, shutdown, stdout-only-protocol
-  (cancellation and overload need `check.sleep` in capabilities.methods; without it they are
-  skipped, and a skip is not a failure)
+  malformed-line, not-json, batch, request-ids, repeated-members, method-with-result,
+  unknown-members, refusal-order, oversized-line, cancellation, duplicate-id, overload,
+  not-initialized, shutdown, shutting-down, stdin-eof, stdout-only-protocol
+  (cancellation, duplicate-id and overload need `check.sleep` in capabilities.methods; without
+  it they are skipped, and a skip is not a failure). Each rule names the section of
+  docs/protocol.md it enforces (`section` in --json).
 
 Output: one line per rule, `PASS <rule>`, `FAIL <rule>: <what is wrong> — <what to fix>` or
 `SKIP <rule>: <why>`, then a summary; on a failure, the end of the package's stderr.
@@ -41,7 +44,7 @@ Exit codes:
 pub(crate) struct Args {
     /// The package folder (the one holding conduit-extension.toml).
     path: PathBuf,
-    /// Print the report as JSON: {"package", "passed", "rules": [{"id", "status", "detail", "fix"}], "stderr", "elapsed_ms"}.
+    /// Print the report as JSON: {"package", "passed", "rules": [{"id", "status", "detail", "fix", "section"}], "stderr", "elapsed_ms"}.
     #[arg(long)]
     json: bool,
     /// How long to wait, in milliseconds, for each answer that may take work (the handshake,
@@ -119,7 +122,11 @@ fn render(report: &Report) -> String {
     for r in &report.rules {
         let _ = match (r.status, &r.fix) {
             (Status::Pass, _) => writeln!(out, "PASS {}", r.id),
-            (Status::Fail, Some(fix)) => writeln!(out, "FAIL {}: {} — {}", r.id, r.detail, fix),
+            (Status::Fail, Some(fix)) => writeln!(
+                out,
+                "FAIL {}: {} — {} [docs/protocol.md {}]",
+                r.id, r.detail, fix, r.section
+            ),
             (Status::Fail, None) => writeln!(out, "FAIL {}: {}", r.id, r.detail),
             (Status::Skip, _) => writeln!(out, "SKIP {}: {}", r.id, r.detail),
         };

@@ -20,9 +20,11 @@ use serde_json::value::RawValue;
 
 use super::{Core, now_ms, store_error};
 
-/// The most events one `state.events` page holds, and the default.
-pub const MAX_EVENTS_PAGE: u32 = 200;
-pub const DEFAULT_EVENTS_PAGE: u32 = 50;
+/// A callback's params: an object (absent reads as `{}`), refused with `invalid_params`
+/// otherwise (docs/protocol.md §3.1), by the protocol's one params parser.
+fn params<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, RpcError> {
+    conduit_protocol::parse_params(&req.method, req.params.as_deref().map(RawValue::get))
+}
 
 /// Serves one extension's callbacks.
 #[derive(Debug)]
@@ -101,7 +103,7 @@ impl Handler for CallbackHandler {
 async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
     match req.method.as_str() {
         ext::STATE_EVENT => {
-            let p: EventRef = req.params()?;
+            let p: EventRef = params(&req)?;
             let rec = core
                 .read(move |r| r.event(p.event_id))
                 .await
@@ -115,14 +117,8 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             }
         }
         ext::STATE_EVENTS => {
-            let q: EventsQuery = req.params()?;
-            let limit = q.limit.unwrap_or(DEFAULT_EVENTS_PAGE);
-            if !(1..=MAX_EVENTS_PAGE).contains(&limit) {
-                return Err(RpcError::new(
-                    ErrorCode::InvalidParams,
-                    format!("`limit` must be 1 to {MAX_EVENTS_PAGE}, not {limit}"),
-                ));
-            }
+            let q: EventsQuery = params(&req)?;
+            let limit = conduit_protocol::page_limit(q.limit)?;
             let recs = core
                 .read(move |r| r.list_events(q.after_id, q.source.as_deref(), limit))
                 .await
@@ -132,7 +128,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             })
         }
         ext::STATE_WORK => {
-            let p: WorkRef = req.params()?;
+            let p: WorkRef = params(&req)?;
             let w = core
                 .read(move |r| r.work(p.work_id))
                 .await
@@ -146,7 +142,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             }
         }
         ext::OPERATION_EMIT => {
-            let raw: RawEmit = req.params()?;
+            let raw: RawEmit = params(&req)?;
             let p = EmitParams {
                 payload: payload(&raw.payload)?,
                 emission: raw.emission,
@@ -164,7 +160,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             to_raw(&EmitResult::from(planned))
         }
         ext::INGRESS_PUSH => {
-            let raw: RawPush = req.params()?;
+            let raw: RawPush = params(&req)?;
             let p = PushParams {
                 payload: payload(&raw.payload)?,
                 source: raw.source,
@@ -172,7 +168,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
                 kind: raw.kind,
             };
             declared(&core, ext, "ingress", &p.source, |c| &c.ingress)?;
-            check_event_fields(&p.source, &p.delivery_id, &p.kind)?;
+            conduit_protocol::check_event_fields(&p.source, &p.delivery_id, &p.kind)?;
             let accepted = core
                 .write(move |tx| {
                     tx.accept_event(&p.source, &p.delivery_id, &p.kind, &p.payload, now_ms())
@@ -185,7 +181,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             to_raw(&PushResult::from(accepted))
         }
         ext::ARTIFACT_OPEN => {
-            let p: ArtifactOpen = req.params()?;
+            let p: ArtifactOpen = params(&req)?;
             let peer = req.peer.clone();
             let opened = core.artifacts_arc().open(ext, p, async move {
                 peer.closed().await;
@@ -193,11 +189,11 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             to_raw(&opened)
         }
         ext::ARTIFACT_CHUNK => {
-            let p: ArtifactChunk = req.params()?;
+            let p: ArtifactChunk = params(&req)?;
             to_raw(&core.artifacts.chunk(ext, p).await?)
         }
         ext::ARTIFACT_CLOSE => {
-            let p: ArtifactClose = req.params()?;
+            let p: ArtifactClose = params(&req)?;
             let done = core.artifacts.close(ext, p).await?;
             let (sha, size) = (done.sha256.clone(), done.size);
             core.write(move |tx| {
@@ -218,7 +214,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             })
         }
         ext::ARTIFACT_ABORT => {
-            let p: ArtifactAbort = req.params()?;
+            let p: ArtifactAbort = params(&req)?;
             core.artifacts.abort(ext, &p.stream_id).await?;
             to_raw(&Empty {})
         }
@@ -276,31 +272,14 @@ fn declared(
     }
 }
 
-/// The rules a polled event follows: those of [`check_event_fields`], and the payload depth
+/// The rules a polled event follows: those of `conduit_protocol::check_event_fields`, and the payload depth
 /// limit (the poll's result was parsed already, so the payload is measured as re-serialised).
 pub fn check_polled_event(
     source: &str,
     e: &conduit_protocol::calls::NewEvent,
 ) -> Result<(), RpcError> {
-    check_event_fields(source, &e.delivery_id, &e.kind)?;
+    conduit_protocol::check_event_fields(source, &e.delivery_id, &e.kind)?;
     Ok(conduit_protocol::check_payload_depth(
         &e.payload.to_string(),
     )?)
-}
-
-/// The rules every pushed event's identifying fields follow, wherever it is pushed from.
-pub fn check_event_fields(source: &str, delivery_id: &str, kind: &str) -> Result<(), RpcError> {
-    for (field, v) in [
-        ("source", source),
-        ("delivery_id", delivery_id),
-        ("kind", kind),
-    ] {
-        if v.is_empty() || v.len() > 200 {
-            return Err(RpcError::new(
-                ErrorCode::InvalidParams,
-                format!("`{field}` must be 1 to 200 bytes"),
-            ));
-        }
-    }
-    Ok(())
 }

@@ -369,7 +369,7 @@ impl HostLoop {
             Err(e) => match answered(e) {
                 Some(true) => self.record_answer(ext),
                 Some(false) => {
-                    let why = e.to_string();
+                    let why = failure_text(e);
                     let call = serde_json::value::to_raw_value(params).map(|params| ProbeCall {
                         method: method.to_owned(),
                         params,
@@ -391,7 +391,7 @@ impl HostLoop {
                 None => {}
             },
         }
-        res.map_err(|e| e.to_string())
+        res.map_err(|e| failure_text(&e))
     }
 
     fn record_answer(&self, ext: &Extension) {
@@ -488,7 +488,7 @@ impl HostLoop {
                                     host::WORK_KIND_TRIGGER,
                                     &params,
                                 ) {
-                                    Ok(res) => match check_groups(&res, &ids) {
+                                    Ok(res) => match trigger_verdict(&res, &ids) {
                                         Ok(()) => res.groups,
                                         Err(why) => {
                                             ext.record_bad_answer(host::WORK_KIND_TRIGGER);
@@ -557,31 +557,23 @@ impl HostLoop {
                     spec: t.spec.clone(),
                     fired_at_ms: fired_at,
                 };
-                let next = match self.call::<_, RecurrenceResult>(
-                    ext,
-                    host::RECURRENCE_NEXT,
-                    &params,
-                ) {
-                    Ok(RecurrenceResult {
-                        next_at_ms: Some(n),
-                    }) if n > fired_at => Some(n),
-                    Ok(RecurrenceResult { next_at_ms: None }) => None,
-                    Ok(RecurrenceResult {
-                        next_at_ms: Some(n),
-                    }) => {
-                        if let Some(e) = ext {
-                            e.record_bad_answer(host::RECURRENCE_NEXT);
+                let next =
+                    match self.call::<_, RecurrenceResult>(ext, host::RECURRENCE_NEXT, &params) {
+                        Ok(res) => match res.check(fired_at) {
+                            Ok(next) => next,
+                            Err(why) => {
+                                if let Some(e) = ext {
+                                    e.record_bad_answer(host::RECURRENCE_NEXT);
+                                }
+                                fell_back = Some(format!("malformed answer: {why}"));
+                                Some(fired_at + RECURRENCE_FALLBACK_MS)
+                            }
+                        },
+                        Err(why) => {
+                            fell_back = Some(why);
+                            Some(fired_at + RECURRENCE_FALLBACK_MS)
                         }
-                        fell_back = Some(format!(
-                            "malformed answer: next_at_ms {n} is not after fired_at_ms {fired_at}"
-                        ));
-                        Some(fired_at + RECURRENCE_FALLBACK_MS)
-                    }
-                    Err(why) => {
-                        fell_back = Some(why);
-                        Some(fired_at + RECURRENCE_FALLBACK_MS)
-                    }
-                };
+                    };
                 tx.reschedule_timer(t.id, next, fired_at)
             })?;
             if let Some(why) = fell_back {
@@ -686,18 +678,18 @@ impl HostLoop {
                     payload: em.payload.clone(),
                 };
                 match self.call::<_, CommitResult>(ext, host::EMIT_COMMIT, &params) {
-                    Ok(res) if res.records.iter().all(|rec| !rec.kind.is_empty()) => {
-                        tx.commit_emission(em.id, &res.records, now_ms())
-                    }
-                    Ok(_) => {
-                        if let Some(e) = ext {
-                            e.record_bad_answer(host::EMIT_COMMIT);
+                    Ok(res) => match res.check() {
+                        Ok(()) => tx.commit_emission(em.id, &res.records, now_ms()),
+                        Err(why) => {
+                            if let Some(e) = ext {
+                                e.record_bad_answer(host::EMIT_COMMIT);
+                            }
+                            let why = format!("malformed answer: {why}");
+                            let res = tx.fail_emission(em.id, &why, now_ms());
+                            failed = Some(why);
+                            res
                         }
-                        let why = "malformed answer: a record without a kind".to_owned();
-                        let res = tx.fail_emission(em.id, &why, now_ms());
-                        failed = Some(why);
-                        res
-                    }
+                    },
                     Err(why) => {
                         let res = tx.fail_emission(em.id, &why, now_ms());
                         failed = Some(why);
@@ -727,6 +719,26 @@ pub fn work_kind_of(event_kind: &str, declared: impl Fn(&str) -> bool) -> Option
             return Some(candidate);
         }
         candidate = &candidate[..candidate.rfind('.')?];
+    }
+}
+
+/// A failed call, for the log and the extension's status: an error answer says how it is read
+/// (docs/protocol.md §12), so a -32000 without `data.limit` — what many JSON-RPC libraries
+/// answer for any handler exception — is not mistaken for an overload.
+pub fn failure_text(e: &ExtCallError) -> String {
+    use conduit_protocol::ErrorClass;
+    match e {
+        ExtCallError::Call {
+            source: CallError::Rpc { .. },
+            ..
+        } => match e.class() {
+            ErrorClass::Overloaded => format!("{e} (overloaded: the extension is busy)"),
+            ErrorClass::Permanent if e.is(conduit_protocol::ErrorCode::Overloaded) => format!(
+                "{e} (a server error: -32000 without data.limit is not `overloaded`, and not retryable)"
+            ),
+            _ => e.to_string(),
+        },
+        _ => e.to_string(),
     }
 }
 
@@ -784,38 +796,11 @@ pub fn fallback_groups(ids: &[i64]) -> Vec<TriggerGroup> {
         .collect()
 }
 
-/// A trigger answer must put every input in exactly one non-empty group with a usable key.
-pub fn check_groups(res: &TriggerResult, inputs: &[i64]) -> Result<(), String> {
-    let want: HashSet<i64> = inputs.iter().copied().collect();
-    let mut seen = HashSet::new();
-    let mut keys = HashSet::new();
-    for g in &res.groups {
-        if g.key.is_empty() || g.key.len() > 200 {
-            return Err(format!("group key `{}` must be 1 to 200 bytes", g.key));
-        }
-        if !keys.insert(g.key.as_str()) {
-            return Err(format!("group key `{}` appears twice", g.key));
-        }
-        if g.event_ids.is_empty() {
-            return Err(format!("group `{}` is empty", g.key));
-        }
-        for id in &g.event_ids {
-            if !want.contains(id) {
-                return Err(format!("event {id} was not in the batch"));
-            }
-            if !seen.insert(*id) {
-                return Err(format!("event {id} is in two groups"));
-            }
-        }
-    }
-    if seen.len() != want.len() {
-        return Err(format!(
-            "{} of {} inputs are in no group",
-            want.len() - seen.len(),
-            want.len()
-        ));
-    }
-    Ok(())
+/// Whether the loop uses a trigger answer for a batch of `ids`: the protocol's rule
+/// (`TriggerResult::check`), the one `conduit ext check` applies too; `Err` says why the
+/// fallback applies.
+pub fn trigger_verdict(res: &TriggerResult, ids: &[i64]) -> Result<(), String> {
+    res.check(ids).map_err(|e| e.0)
 }
 
 /// One `ingress.poll`: its events and new cursor are committed together.
@@ -842,7 +827,7 @@ async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: 
         .await;
     let mut declined = false;
     match res {
-        Ok(r) if r.events.len() > INGRESS_LIMIT as usize => {
+        Ok(r) if r.check(INGRESS_LIMIT).is_err() => {
             tracing::warn!(extension = %name, %source, got = r.events.len(), "ingress.poll returned more events than its limit; nothing accepted");
         }
         Ok(r) => {
@@ -911,25 +896,6 @@ mod tests {
             key: key.into(),
             event_ids: ids.to_vec(),
             start: true,
-        }
-    }
-
-    #[test]
-    fn a_trigger_answer_must_cover_each_input_exactly_once() {
-        let ok = TriggerResult {
-            groups: vec![group("thread:1", &[1, 2]), group("thread:2", &[3])],
-        };
-        assert_eq!(check_groups(&ok, &[1, 2, 3]), Ok(()));
-        for (bad, why) in [
-            (vec![group("a", &[1, 2])], "in no group"),
-            (vec![group("a", &[1, 2]), group("b", &[2, 3])], "two groups"),
-            (vec![group("a", &[1, 2, 3, 4])], "not in the batch"),
-            (vec![group("a", &[1]), group("a", &[2, 3])], "twice"),
-            (vec![group("", &[1, 2, 3])], "1 to 200"),
-            (vec![group("a", &[1, 2, 3]), group("b", &[])], "empty"),
-        ] {
-            let err = check_groups(&TriggerResult { groups: bad }, &[1, 2, 3]).unwrap_err();
-            assert!(err.contains(why), "{err}");
         }
     }
 

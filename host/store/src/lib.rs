@@ -60,8 +60,9 @@ pub use work::{WorkRecord, WorkState};
 
 use error::SqlContext;
 
-/// The largest page any read returns, and the largest `limit` it accepts.
-pub const MAX_PAGE: u32 = 200;
+/// The largest page any read returns, and the largest `limit` it accepts: the protocol's page
+/// bound (`docs/protocol.md` §7.2), which the API and the callbacks check first.
+pub const MAX_PAGE: u32 = conduit_protocol::rules::MAX_PAGE;
 
 /// How long SQLite retries a lock held by another process before failing with `SQLITE_BUSY`.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -201,6 +201,13 @@ pub struct Status {
     /// When the next start is due (unix ms), while backing off.
     pub next_start_at_ms: Option<i64>,
     pub ready_since_ms: Option<i64>,
+    /// Of the current run, once ready: milliseconds from spawning the process to its accepted
+    /// handshake (the cold start), and of those the handshake alone (`initialize` sent to its
+    /// answer). `null` while starting or not running.
+    #[serde(default)]
+    pub spawn_to_ready_ms: Option<u64>,
+    #[serde(default)]
+    pub handshake_ms: Option<u64>,
     pub protocol_version: Option<u32>,
     pub capabilities: Option<Capabilities>,
     pub stderr_tail: Vec<String>,
@@ -334,6 +341,8 @@ impl Status {
             last_error: None,
             next_start_at_ms: None,
             ready_since_ms: None,
+            spawn_to_ready_ms: None,
+            handshake_ms: None,
             protocol_version: None,
             capabilities,
             stderr_tail: Vec::new(),
@@ -370,6 +379,20 @@ impl Status {
     }
 }
 
+/// Params with the request's remaining time first (docs/protocol.md §11).
+#[derive(Serialize)]
+struct WithMeta<'a, P: ?Sized> {
+    #[serde(rename = "_meta")]
+    meta: Meta,
+    #[serde(flatten)]
+    params: &'a P,
+}
+
+#[derive(Serialize)]
+struct Meta {
+    remaining_ms: u64,
+}
+
 /// Why a call to an extension failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -391,6 +414,14 @@ impl ExtCallError {
 
     pub fn is(&self, code: ErrorCode) -> bool {
         self.code() == code.number()
+    }
+
+    /// How to read the failure (docs/protocol.md §12; `conduit_protocol::classify`).
+    pub fn class(&self) -> conduit_protocol::ErrorClass {
+        match self {
+            ExtCallError::NotRunning { .. } => conduit_protocol::ErrorClass::Retryable,
+            ExtCallError::Call { source, .. } => source.class(),
+        }
     }
 }
 
@@ -546,6 +577,14 @@ impl Extension {
             }
         }
         let done = Done(&self.inner, id);
+        // The request carries its remaining time (docs/protocol.md §11), written into the
+        // params' text; `initialize` is not sent from here.
+        let carried = deadline.and_then(|d| {
+            let text =
+                conduit_protocol::meta::with_remaining_ms(params.get(), d.as_millis() as u64)?;
+            RawValue::from_string(text).ok()
+        });
+        let params = carried.as_deref().unwrap_or(params);
         let res =
             tracing::Instrument::instrument(peer.call_raw(method, params, deadline), span.clone())
                 .await;
@@ -593,8 +632,22 @@ impl Extension {
                 detail,
             },
         };
-        let params = serde_json::value::to_raw_value(params)
-            .map_err(|e| bad(format!("params do not serialize: {e}")))?;
+        // With a deadline, `_meta.remaining_ms` goes in as the params are written (docs/
+        // protocol.md §11), so `call_raw` finds it there and copies nothing.
+        let with_meta = deadline.and_then(|d| {
+            serde_json::value::to_raw_value(&WithMeta {
+                meta: Meta {
+                    remaining_ms: d.as_millis() as u64,
+                },
+                params,
+            })
+            .ok()
+        });
+        let params = match with_meta {
+            Some(p) => p,
+            None => serde_json::value::to_raw_value(params)
+                .map_err(|e| bad(format!("params do not serialize: {e}")))?,
+        };
         let raw = self.call_raw(method, &params, deadline).await?;
         serde_json::from_str(raw.get()).map_err(|e| {
             self.record_bad_answer(method);
@@ -933,6 +986,8 @@ async fn actor(
                 s.state = State::Refused;
                 s.last_error = Some(e);
                 s.pid = None;
+                s.spawn_to_ready_ms = None;
+                s.handshake_ms = None;
             });
             match wait_for_operator(&mut cmds, &shutdown).await {
                 Cmd::Restart => continue,
@@ -957,6 +1012,8 @@ async fn actor(
                     s.state = State::Incompatible;
                     s.last_error = Some(msg);
                     s.pid = None;
+                    s.spawn_to_ready_ms = None;
+                    s.handshake_ms = None;
                 });
                 match wait_for_operator(&mut cmds, &shutdown).await {
                     Cmd::Restart => continue,
@@ -986,6 +1043,8 @@ async fn actor(
                     s.state = state;
                     s.pid = None;
                     s.ready_since_ms = None;
+                    s.spawn_to_ready_ms = None;
+                    s.handshake_ms = None;
                     if error.is_some() {
                         s.last_error = error;
                     }
@@ -1007,6 +1066,8 @@ async fn actor(
     ext.update(|s| {
         s.state = State::Stopped;
         s.pid = None;
+        s.spawn_to_ready_ms = None;
+        s.handshake_ms = None;
         s.next_start_at_ms = None;
         s.descendants.clear();
     });
@@ -1074,7 +1135,10 @@ async fn run_once(
         s.state = State::Starting;
         s.pid = None;
         s.descendants.clear();
+        s.spawn_to_ready_ms = None;
+        s.handshake_ms = None;
     });
+    let spawned = Instant::now();
     let mut child = match process::spawn_confined(&spec.command, &spec.confine) {
         Ok((c, applied)) => {
             if let Some(limits) = spec.confine.limits {
@@ -1144,6 +1208,7 @@ async fn run_once(
     // there too.
     let peer = session_peer(&run);
     let init = InitializeParams::current(&spec.host_version);
+    let asked = Instant::now();
     let mut sample = tokio::time::interval(SAMPLE_INTERVAL);
     sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut enforcer = spec.confine.limits.map(Enforcer::new);
@@ -1231,6 +1296,8 @@ async fn run_once(
     ext.update(|s| {
         s.state = State::Ready;
         s.ready_since_ms = Some(now_ms());
+        s.spawn_to_ready_ms = Some(ready_at.duration_since(spawned).as_millis() as u64);
+        s.handshake_ms = Some(ready_at.duration_since(asked).as_millis() as u64);
         s.protocol_version = Some(result.protocol_version);
         s.capabilities = Some(result.capabilities.clone());
         s.last_error = None;

@@ -11,6 +11,20 @@ picks a behaviour with flags; without flags it follows docs/protocol.md and pass
   --ignore-cancel       ignores $/cancel (breaks cancellation)
   --no-overload-limit   serves any number of requests at once (breaks overload)
   --grandchild FILE     starts a long `sleep` and writes its pid to FILE (shows the group is killed)
+  --lax-json            parses as Python's json does by default: NaN, a byte-order mark (breaks not-json)
+  --serve-batches       answers a batch with parse_error instead of invalid_request (breaks batch)
+  --lax-ids             reads the id `-0` as 0 and answers with it (breaks request-ids)
+  --keep-last-member    keeps the last of repeated top-level members (breaks repeated-members)
+  --method-with-result  serves a request that also has `result` or `error` (breaks method-with-result)
+  --strict-members      refuses unknown top-level members with invalid_request (breaks unknown-members)
+  --params-first        checks params before the method (breaks refusal-order)
+  --no-duplicate-check  serves a request whose id is running (breaks duplicate-id)
+  --no-handshake-gate   serves requests before `initialize` (breaks not-initialized)
+  --serve-after-shutdown
+                        answers `shutdown` late and serves requests meanwhile (breaks shutting-down)
+  --eof-exit-code N     exits with code N at stdin EOF (breaks stdin-eof when N is not 0)
+  --overload-without-limit
+                        refuses the 65th request with -32000 but no data.limit (breaks overload)
 
 Invariant: stdout carries only protocol messages (but for --banner); logs go to stderr.
 """
@@ -25,6 +39,9 @@ import threading
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 HEAD_BYTES = 4096
 LIMIT = 64
+TOP_LEVEL = ("jsonrpc", "id", "method", "params", "result", "error")
+SERVED = ("echo", "check.sleep", "work_kind.trigger", "recurrence.next", "dependency.filter",
+          "emit.commit", "ingress.poll", "shutdown", "initialize")
 
 # What it serves; each fixture's conduit-extension.toml declares the same.
 CAPABILITIES = {
@@ -56,6 +73,36 @@ class RpcError(Exception):
     def __init__(self, code, message, data=None):
         super().__init__(message)
         self.code, self.message, self.data = code, message, data
+
+
+class NegZero(int):
+    """The integer `-0` as written: not a valid id (docs/protocol.md §3.3)."""
+
+
+class Members(dict):
+    """A JSON object that remembers which of its member names were repeated."""
+    repeated = ()
+
+
+def members(pairs):
+    obj = Members(pairs)
+    names = [k for k, _ in pairs]
+    if len(names) != len(obj):
+        obj.repeated = {k for k in names if names.count(k) > 1}
+    return obj
+
+
+def refuse_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_int(text):
+    return NegZero(0) if text == "-0" else int(text)
+
+
+def valid_id(v):
+    """A string, or an integer within signed 64 bits written without fraction, exponent or `-0`."""
+    return isinstance(v, str) or (type(v) is int and -(1 << 63) <= v < (1 << 63))
 
 
 def peek_id(head):
@@ -154,12 +201,12 @@ class Server:
                 continue
             self.on_line(body)
         # stdin EOF means the same as shutdown: exit 0 promptly, abandoning running requests.
-        self.exit()
+        self.exit(self.args.eof_exit_code)
 
-    def exit(self):
+    def exit(self, code=0):
         with self.write_lock:
             self.out.flush()
-            os._exit(0)
+            os._exit(code)
 
     def on_oversized(self, head, size):
         log(f"discarded a message of {size} bytes, over the cap")
@@ -171,33 +218,46 @@ class Server:
                 {"limit": MAX_MESSAGE_BYTES, "size": size}))
 
     def on_line(self, body):
+        a = self.args
         try:
-            msg = json.loads(body)
-        except ValueError as e:  # includes invalid UTF-8
+            if a.lax_json:  # a byte-order mark is skipped, NaN accepted
+                msg = json.loads(body.decode("utf-8-sig"), parse_int=parse_int, object_pairs_hook=members)
+            else:
+                msg = json.loads(body.decode("utf-8"), parse_constant=refuse_constant,
+                                 parse_int=parse_int, object_pairs_hook=members)
+        except ValueError as e:  # includes invalid UTF-8 and a byte-order mark
             self.answer(None, error=RpcError(PARSE_ERROR, f"parse error: {e}"))
             return
         if not isinstance(msg, dict):
+            if isinstance(msg, list) and a.serve_batches:
+                self.answer(None, error=RpcError(PARSE_ERROR, "batches are not read"))
+                return
             why = "batches are not supported" if isinstance(msg, list) else "a message is a JSON object"
             self.answer(None, error=RpcError(INVALID_REQUEST, why))
             return
         raw_id = msg.get("id")
-        id_ok = isinstance(raw_id, str) or (isinstance(raw_id, int) and not isinstance(raw_id, bool))
+        if a.lax_ids and isinstance(raw_id, NegZero):
+            raw_id = 0
+        id_ok = valid_id(raw_id)
         method = msg.get("method")
         if method is None:
             return  # a response or an error: this extension makes no calls, so only log it
-        if msg.get("jsonrpc") != "2.0" or not isinstance(method, str):
+        repeated = [k for k in getattr(msg, "repeated", ()) if k in TOP_LEVEL]
+        unknown = [k for k in msg if k not in TOP_LEVEL]
+        if (msg.get("jsonrpc") != "2.0" or not isinstance(method, str)
+                or (repeated and not a.keep_last_member)
+                or (("result" in msg or "error" in msg) and not a.method_with_result)
+                or (unknown and a.strict_members)):
             self.answer(raw_id if id_ok else None, error=RpcError(INVALID_REQUEST, "not a JSON-RPC 2.0 request"))
             return
-        params = msg.get("params")
-        if params is None:
-            params = {}
+        params = msg["params"] if "params" in msg else {}  # absent reads as {}; null does not
         if "id" not in msg:
             self.on_notification(method, params)
             return
         if not id_ok:
             self.answer(None, error=RpcError(INVALID_REQUEST, "`id` must be an integer or a string"))
             return
-        if not isinstance(params, dict):
+        if a.params_first and not isinstance(params, dict):
             self.answer(raw_id, error=RpcError(INVALID_PARAMS, "params must be an object"))
             return
         self.on_request(raw_id, method, params)
@@ -213,34 +273,39 @@ class Server:
             self.answer(id, error=RpcError(CANCELLED, "the request was cancelled"))
 
     def on_request(self, id, method, params):
-        if method == "initialize":
-            if self.initialized:
-                self.answer(id, error=RpcError(INVALID_REQUEST, "initialize was already answered"))
+        """Refuses in the order of docs/protocol.md §3.4, then serves."""
+        a = self.args
+        key = json.dumps(id)
+        with self.lock:
+            if key in self.running and not a.no_duplicate_check:
+                refusal = RpcError(INVALID_REQUEST, f"id {key} is in use by a running request")
+            elif len(self.running) >= LIMIT and not a.no_overload_limit:
+                refusal = RpcError(OVERLOADED, f"already serving {LIMIT} requests; retry after one finishes",
+                                   None if a.overload_without_limit else {"limit": LIMIT})
+            elif (not self.initialized and method != "initialize"
+                  and not (a.no_handshake_gate and method != "shutdown")):
+                refusal = RpcError(NOT_INITIALIZED, "the handshake has not finished")
+            elif self.initialized and method == "initialize":
+                refusal = RpcError(INVALID_REQUEST, "initialize was already answered")
+            elif self.shutting_down:
+                refusal = RpcError(SHUTTING_DOWN, "shutting down")
+            elif method not in SERVED:
+                refusal = RpcError(METHOD_NOT_FOUND, f"method `{method}` is not served here")
+            elif method != "shutdown" and not isinstance(params, dict):
+                refusal = RpcError(INVALID_PARAMS, "params must be an object")
             else:
-                self.initialize(id, params)
+                refusal = None
+        if refusal is not None:
+            self.answer(id, error=refusal)
             return
-        if not self.initialized:
-            self.answer(id, error=RpcError(NOT_INITIALIZED, "the handshake has not finished"))
-            return
-        if self.shutting_down:
-            self.answer(id, error=RpcError(SHUTTING_DOWN, "shutting down"))
+        if method == "initialize":
+            self.initialize(id, params)
             return
         if method == "shutdown":
             self.shutdown(id)
             return
-        key = json.dumps(id)
         with self.lock:
-            if key in self.running:
-                refusal = RpcError(INVALID_REQUEST, f"id {key} is in use by a running request")
-            elif len(self.running) >= LIMIT and not self.args.no_overload_limit:
-                refusal = RpcError(OVERLOADED, f"already serving {LIMIT} requests; retry after one finishes",
-                                   {"limit": LIMIT})
-            else:
-                refusal = None
-                cancel = self.running[key] = threading.Event()
-        if refusal is not None:
-            self.answer(id, error=refusal)
-            return
+            cancel = self.running[key] = threading.Event()
         threading.Thread(target=self.serve, args=(id, key, method, params, cancel), daemon=True).start()
 
     def serve(self, id, key, method, params, cancel):
@@ -277,6 +342,13 @@ class Server:
         })
 
     def shutdown(self, id):
+        if self.args.serve_after_shutdown:
+            def late():
+                threading.Event().wait(0.5)
+                self.answer(id, {})
+                self.exit()
+            threading.Thread(target=late, daemon=True).start()
+            return
         self.shutting_down = True
         with self.lock:
             running, self.running = self.running, {}
@@ -288,6 +360,7 @@ class Server:
         self.exit()
 
     def dispatch(self, method, params, cancel):
+        params = {k: v for k, v in params.items() if k != "_meta"}  # the host's, not a param (§11)
         def declared(field, name):
             names = [k["name"] for k in CAPABILITIES[field]] if field == "work_kinds" else CAPABILITIES[field]
             if name not in names:
@@ -341,6 +414,11 @@ def main():
     parser.add_argument("--ignore-cancel", action="store_true")
     parser.add_argument("--no-overload-limit", action="store_true")
     parser.add_argument("--grandchild", metavar="FILE")
+    for flag in ("lax-json", "serve-batches", "lax-ids", "keep-last-member", "method-with-result",
+                 "strict-members", "params-first", "no-duplicate-check", "no-handshake-gate",
+                 "serve-after-shutdown", "overload-without-limit"):
+        parser.add_argument(f"--{flag}", action="store_true")
+    parser.add_argument("--eof-exit-code", type=int, default=0)
     args = parser.parse_args()
     if args.grandchild:
         child = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)

@@ -250,6 +250,17 @@ impl CallError {
         self.code() == code.number()
     }
 
+    /// How to read the failure (docs/protocol.md §12): an answered error by its code and data
+    /// (`conduit_protocol::classify`: a -32000 without `data.limit` is a generic server
+    /// error, not an overload), a local one by its code.
+    pub fn class(&self) -> conduit_protocol::ErrorClass {
+        match self {
+            CallError::Rpc { error, .. } => error.class(),
+            CallError::Overloaded { .. } => conduit_protocol::ErrorClass::Overloaded,
+            other => conduit_protocol::classify(other.code(), None),
+        }
+    }
+
     /// As a wire error, for a handler that passes a failed callback on.
     pub fn to_rpc_error(&self) -> RpcError {
         match self {

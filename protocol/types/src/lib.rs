@@ -13,12 +13,15 @@ pub mod depth;
 pub mod error;
 pub mod handshake;
 pub mod message;
+pub mod meta;
 pub mod methods;
+pub mod rules;
 
 pub use depth::{MAX_PAYLOAD_DEPTH, PayloadTooDeep, check_payload_depth, json_depth};
 pub use error::{ErrorCode, ErrorObject, RpcError};
 pub use handshake::{Capabilities, InitializeParams, InitializeResult};
 pub use message::{Message, MessageError, RequestId};
+pub use rules::{AnswerError, ErrorClass, check_event_fields, classify, page_limit, parse_params};
 
 use std::time::Duration;
 

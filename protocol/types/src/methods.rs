@@ -61,3 +61,53 @@ pub mod notify {
     /// Cancel a request the sender made earlier: `{"id": <its id>}`.
     pub const CANCEL: &str = "$/cancel";
 }
+
+/// Every request method of the protocol in both directions (§6, §7), `check.sleep` aside: it is
+/// optional, and a package declares it in `capabilities.methods`.
+pub const PROTOCOL: [&str; 16] = [
+    host::INITIALIZE,
+    host::SHUTDOWN,
+    host::WORK_KIND_TRIGGER,
+    host::RECURRENCE_NEXT,
+    host::DEPENDENCY_FILTER,
+    host::EMIT_COMMIT,
+    host::INGRESS_POLL,
+    ext::STATE_EVENT,
+    ext::STATE_EVENTS,
+    ext::STATE_WORK,
+    ext::OPERATION_EMIT,
+    ext::INGRESS_PUSH,
+    ext::ARTIFACT_OPEN,
+    ext::ARTIFACT_CHUNK,
+    ext::ARTIFACT_CLOSE,
+    ext::ARTIFACT_ABORT,
+];
+
+/// Whether a custom method (`capabilities.methods`) may not take `name` (§6.8, §16): it starts
+/// with `$/` (notifications) or is one of the protocol's own methods. `check.sleep` is allowed.
+pub fn is_reserved(name: &str) -> bool {
+    name.starts_with("$/") || PROTOCOL.contains(&name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_names_are_the_protocols_own_and_notifications() {
+        for name in PROTOCOL.iter().chain(&["$/cancel", "$/anything"]) {
+            assert!(is_reserved(name), "{name}");
+        }
+        for name in [
+            host::CHECK_SLEEP,
+            "echo",
+            "notes.search",
+            "initialize2",
+            "$",
+        ] {
+            assert!(!is_reserved(name), "{name}");
+        }
+        assert!(host::IN_TRANSACTION.iter().all(|m| PROTOCOL.contains(m)));
+        assert!(ext::WRITES.iter().all(|m| PROTOCOL.contains(m)));
+    }
+}

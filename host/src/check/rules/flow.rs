@@ -1,4 +1,5 @@
-//! The rules about requests over time: `cancellation`, `overload` and `shutdown`.
+//! The rules about requests over time: `cancellation`, `overload`, `shutdown` and
+//! `shutting-down`.
 //!
 //! The first two hold requests open with `check.sleep` (docs/protocol.md §6.7), so they run
 //! only when the package declares it. `overload` runs on an instance of its own (see
@@ -17,10 +18,10 @@ use conduit_rpc::CallError;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    CANCELLATION, NEEDS_SLEEP, OVERLOAD, SHUTDOWN as SHUTDOWN_RULE, call_failure, declares_sleep,
-    error_text, ms, raw, rpc_is,
+    CANCELLATION, NEEDS_SLEEP, OVERLOAD, PROBE_METHOD, RAW_ID, SHUTDOWN as SHUTDOWN_RULE,
+    SHUTTING_DOWN, call_failure, declares_sleep, error_text, ms, raw, rpc_is,
 };
-use crate::check::instance::{Instance, describe_exit};
+use crate::check::instance::{Instance, Seen, describe_exit};
 use crate::check::{Ctx, RuleResult};
 
 /// How long `check.sleep` is asked to hold a request: far longer than any rule waits.
@@ -197,13 +198,18 @@ pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
                     ),
                 )
             } else {
+                let read_as = if error.class() == conduit_protocol::ErrorClass::Overloaded {
+                    ""
+                } else {
+                    "; without data.limit a -32000 is read as a generic server error, not an overload, and is not retried"
+                };
                 RuleResult::fail(
                     OVERLOAD,
                     format!(
-                        "answered the 65th concurrent request with overloaded, but its data is {} instead of {{\"limit\": 64}}",
+                        "answered the 65th concurrent request with -32000, but its data is {} instead of {{\"limit\": 64}}{read_as}",
                         error.data.as_ref().map_or("absent", |d| d.get())
                     ),
-                    "add data {\"limit\": 64} to the overloaded error",
+                    "add data {\"limit\": 64} to the overloaded error (docs/protocol.md §10, §12)",
                 )
             }
         }
@@ -280,54 +286,106 @@ async fn release(held: Vec<Held>) {
     }
 }
 
-/// `shutdown`: answered, then the process exits with code 0 within the grace period. The
-/// checker keeps stdin open meanwhile: `shutdown` alone must be enough.
-pub(crate) async fn shutdown(_ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
+/// `shutdown` and `shutting-down`: `shutdown` is answered, then the process exits with code 0
+/// within the grace period; a request written right behind it is never served: it is answered
+/// `shutting_down`, or left unanswered if the package answered `shutdown` and exited first
+/// (§5). The checker keeps stdin open meanwhile: `shutdown` alone must be enough.
+pub(crate) async fn shutdown(ctx: &Ctx<'_>, inst: &mut Instance) -> (RuleResult, RuleResult) {
     let fix_answer =
         "answer `shutdown` with {}, then exit with code 0 within 5 s (docs/protocol.md §5)";
+    let (sid, pid) = (RAW_ID + 90, RAW_ID + 91);
+    let lines = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{sid},\"method\":\"{SHUTDOWN}\",\"params\":{{}}}}\n{{\"jsonrpc\":\"2.0\",\"id\":{pid},\"method\":\"{PROBE_METHOD}\",\"params\":{{}}}}\n"
+    );
+    let mark = inst.stdout.mark();
     let t0 = Instant::now();
-    let res = inst
-        .peer()
-        .call_raw(SHUTDOWN, &raw(&serde_json::json!({})), Some(SHUTDOWN_GRACE))
+    let not_run = |why: &str| RuleResult::skip(SHUTTING_DOWN, format!("`shutdown` {why}"));
+    if let Err(e) = inst.write_raw(lines.into_bytes(), ctx.prompt()).await {
+        let state = inst.state_note().await;
+        return (
+            RuleResult::fail(
+                SHUTDOWN_RULE,
+                format!("could not write `shutdown`: {e}; {state}"),
+                fix_answer,
+            ),
+            not_run("could not be written"),
+        );
+    }
+    let answer = |want: i64| {
+        move |s: &Seen| match s {
+            Seen::Answer { id, error } if id.as_num() == Some(want) => Some(*error),
+            _ => None,
+        }
+    };
+    let answered = inst
+        .stdout
+        .wait_for(mark, SHUTDOWN_GRACE, answer(sid))
         .await;
-    match res {
-        Ok(_) => {}
-        Err(CallError::Closed { .. }) => {
+    let took = t0.elapsed();
+    let first = match answered {
+        Some(None) => None,
+        Some(Some(code)) => Some(RuleResult::fail(
+            SHUTDOWN_RULE,
+            format!("answered `shutdown` with error {code} instead of {{}}"),
+            fix_answer,
+        )),
+        None => {
             let status = inst
                 .exit_status(SHUTDOWN_GRACE.saturating_sub(t0.elapsed()))
                 .await;
-            let how = status.map_or_else(
-                || "closed its stdout".to_owned(),
-                |s| format!("exited ({})", describe_exit(&s)),
-            );
-            return RuleResult::fail(
-                SHUTDOWN_RULE,
-                format!("{how} without answering `shutdown`"),
-                fix_answer,
-            );
-        }
-        Err(e) => {
-            let state = inst.state_note().await;
-            return RuleResult::fail(
-                SHUTDOWN_RULE,
-                format!(
-                    "asked to `shutdown`, the package {}; {state}",
-                    call_failure(&e)
+            let how = match status {
+                Some(s) => format!(
+                    "exited ({}) without answering `shutdown`",
+                    describe_exit(&s)
                 ),
-                fix_answer,
-            );
+                None if inst.session_ended() => {
+                    "closed its stdout without answering `shutdown`".to_owned()
+                }
+                None => format!("did not answer `shutdown` within {} ms", ms(SHUTDOWN_GRACE)),
+            };
+            Some(RuleResult::fail(SHUTDOWN_RULE, how, fix_answer))
         }
+    };
+    let status = inst
+        .exit_status(SHUTDOWN_GRACE.saturating_sub(t0.elapsed()))
+        .await;
+    // The exit closes stdout, so by now the probe's answer, if any, is in the log.
+    let probe = inst
+        .stdout
+        .wait_for(mark, std::time::Duration::from_millis(100), answer(pid))
+        .await;
+    let second = match probe {
+        Some(Some(c)) if c == ErrorCode::ShuttingDown.number() => RuleResult::pass(
+            SHUTTING_DOWN,
+            "answered the request written right after `shutdown` with shutting_down",
+        ),
+        Some(other) => RuleResult::fail(
+            SHUTTING_DOWN,
+            format!(
+                "served a request written right after `shutdown`: it answered {} instead of shutting_down (-32008)",
+                other.map_or("a result".to_owned(), |c| format!("error {c}"))
+            ),
+            "once `shutdown` has been received, answer every new request with shutting_down (-32008), before looking at its method (docs/protocol.md §5, §3.4)",
+        ),
+        None if status.is_some() => RuleResult::pass(
+            SHUTTING_DOWN,
+            "answered `shutdown` and exited without serving the request written right after it",
+        ),
+        None => RuleResult::fail(
+            SHUTTING_DOWN,
+            "did not answer the request written right after `shutdown` and did not exit either",
+            "once `shutdown` has been received, answer every new request with shutting_down (-32008) (docs/protocol.md §5)",
+        ),
+    };
+    if let Some(res) = first {
+        return (res, second);
     }
-    let answered = t0.elapsed();
-    match inst
-        .exit_status(SHUTDOWN_GRACE.saturating_sub(answered))
-        .await
-    {
+    let first = match status {
         Some(status) if status.success() => RuleResult::pass(
             SHUTDOWN_RULE,
             format!(
                 "answered `shutdown` in {} ms and exited with code 0, {} ms after the request",
-                ms(answered),
+                ms(took),
                 ms(t0.elapsed())
             ),
         ),
@@ -347,5 +405,6 @@ pub(crate) async fn shutdown(_ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult 
             ),
             "after answering `shutdown`, finish or cancel what is running and exit with code 0 within 5 s, without waiting for stdin to close (docs/protocol.md §5)",
         ),
-    }
+    };
+    (first, second)
 }

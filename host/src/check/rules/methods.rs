@@ -7,7 +7,6 @@
 //!
 //! Invariant: every call has a deadline; once the session ends no further call is made.
 
-use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use conduit_protocol::calls::{
@@ -121,6 +120,12 @@ fn judge<T: DeserializeOwned>(
             } else {
                 ""
             };
+            if e.is(ErrorCode::Overloaded) && e.class() != conduit_protocol::ErrorClass::Overloaded
+            {
+                tally.notes.push(format!(
+                    "{label} answered -32000 without data.limit: the host reads that as a generic, non-retryable server error (a handler exception in many JSON-RPC libraries), not as overloaded (docs/protocol.md §12)"
+                ));
+            }
             tally.problem(format!("{label} {}{consequence}", call_failure(&e)), &fix);
             None
         }
@@ -135,35 +140,11 @@ fn judge<T: DeserializeOwned>(
     }
 }
 
-/// What is wrong with a trigger answer for a batch of `ids`, if anything (docs/protocol.md
-/// §6.1: each input exactly once, no other id, distinct keys, no empty group).
-fn trigger_problem(r: &TriggerResult, ids: &[i64]) -> Option<String> {
-    let mut count: HashMap<i64, usize> = HashMap::new();
-    let mut keys = BTreeSet::new();
-    for g in &r.groups {
-        if g.event_ids.is_empty() {
-            return Some(format!("its group `{}` names no event", g.key));
-        }
-        if !keys.insert(g.key.as_str()) {
-            return Some(format!("it repeats the key `{}`", g.key));
-        }
-        for id in &g.event_ids {
-            if !ids.contains(id) {
-                return Some(format!(
-                    "it names event {id}, which was not in the batch {ids:?}"
-                ));
-            }
-            *count.entry(*id).or_default() += 1;
-        }
-    }
-    for id in ids {
-        match count.get(id).copied().unwrap_or(0) {
-            0 => return Some(format!("it leaves out event {id}")),
-            1 => {}
-            n => return Some(format!("it names event {id} {n} times")),
-        }
-    }
-    None
+/// What is wrong with a trigger answer for a batch of `ids`, if anything: the host's own rule
+/// (`TriggerResult::check`, docs/protocol.md §6.1), so a package that passes here is never
+/// given the fallback for its grouping in the daemon.
+pub(crate) fn trigger_problem(r: &TriggerResult, ids: &[i64]) -> Option<String> {
+    r.check(ids).err().map(|e| e.0)
 }
 
 /// `declared-methods-answer`: every declared capability answers a well-formed request.
@@ -201,7 +182,7 @@ pub(crate) async fn declared_methods(
             if let Some(p) = trigger_problem(&r, &ids) {
                 t.problem(
                     format!("{label} answered a malformed grouping of events {ids:?}: {p}"),
-                    "put every input's id in exactly one group, name no other id, use distinct keys and no empty group (docs/protocol.md §6.1)",
+                    "put every input's id in exactly one group, name no other id, use distinct keys of 1 to 200 bytes and no empty group (docs/protocol.md §6.1)",
                 );
             } else if r.groups.iter().any(|g| g.key.starts_with("event:")) {
                 t.notes.push(format!(
@@ -232,13 +213,13 @@ pub(crate) async fn declared_methods(
         )
         .await
         {
-            match r.next_at_ms {
-                Some(n) if n <= ctx.now_ms => t.problem(
-                    format!("{label} answered next_at_ms {n}, not after fired_at_ms {}", ctx.now_ms),
+            match r.check(ctx.now_ms) {
+                Err(why) => t.problem(
+                    format!("{label} answered {why}"),
                     "answer a next_at_ms after fired_at_ms, or null to stop the timer (docs/protocol.md §6.2)",
                 ),
-                Some(_) => {}
-                None => t.notes.push(format!("{label} answered next_at_ms null for spec `every 15m`, which stops the timer")),
+                Ok(Some(_)) => {}
+                Ok(None) => t.notes.push(format!("{label} answered next_at_ms null for spec `every 15m`, which stops the timer")),
             }
         }
     }
@@ -288,6 +269,12 @@ pub(crate) async fn declared_methods(
         else {
             continue;
         };
+        if let Err(why) = first.check() {
+            t.problem(
+                format!("{label} answered a malformed result: {why}"),
+                "give every record a non-empty kind (docs/protocol.md §6.4)",
+            );
+        }
         // A repeated commit_id is the same commit (a retry): it must give the same records.
         let again = format!("{label} (repeated commit_id)");
         if let Some(second) = ask::<CommitResult>(
@@ -338,13 +325,10 @@ pub(crate) async fn declared_methods(
                     "§6.5",
                     res,
                     t0.elapsed(),
-                ) && r.events.len() > POLL_LIMIT as usize
+                ) && let Err(why) = r.check(POLL_LIMIT)
                 {
                     t.problem(
-                        format!(
-                            "{label} returned {} events for limit {POLL_LIMIT}",
-                            r.events.len()
-                        ),
+                        format!("{label} returned {why}"),
                         "return at most `limit` events per poll (docs/protocol.md §6.5)",
                     );
                 }
@@ -500,13 +484,39 @@ mod tests {
             None
         );
         let p = |g| trigger_problem(&g, &ids).unwrap();
-        assert!(p(groups(&[("a", &[1, 2])])).contains("leaves out event 3"));
-        assert!(p(groups(&[("a", &[1, 2, 3]), ("b", &[3])])).contains("names event 3 2 times"));
-        assert!(
-            p(groups(&[("a", &[1, 2, 3, 9])]))
-                .contains("names event 9, which was not in the batch")
-        );
-        assert!(p(groups(&[("a", &[1]), ("a", &[2, 3])])).contains("repeats the key `a`"));
+        assert!(p(groups(&[("a", &[1, 2])])).contains("in no group: [3]"));
+        assert!(p(groups(&[("a", &[1, 2, 3]), ("b", &[3])])).contains("event 3 is in two groups"));
+        assert!(p(groups(&[("a", &[1, 2, 3, 9])])).contains("event 9 was not in the batch"));
+        assert!(p(groups(&[("a", &[1]), ("a", &[2, 3])])).contains("`a` appears twice"));
         assert!(p(groups(&[("a", &[1, 2, 3]), ("b", &[])])).contains("names no event"));
+        let long = "k".repeat(201);
+        assert!(p(groups(&[(long.as_str(), &[1, 2, 3])])).contains("1 to 200 bytes"));
+    }
+
+    /// The same bad answers through the checker's rule and the check the host's loop applies
+    /// before it uses an answer (`TriggerResult::check`, the loop's call in `route`): the
+    /// verdicts agree, so a package that passes `ext check` never gets the fallback for its
+    /// grouping in the daemon, and one that the daemon refuses fails the check.
+    #[test]
+    fn the_checker_and_the_host_loop_give_the_same_verdict() {
+        let ids = [1, 2, 3];
+        let long = "k".repeat(201);
+        let at_limit = "k".repeat(200);
+        let cases: Vec<TriggerResult> = vec![
+            groups(&[("a", &[1, 2, 3])]),
+            groups(&[(at_limit.as_str(), &[1, 2, 3])]),
+            groups(&[(long.as_str(), &[1, 2, 3])]),
+            groups(&[("", &[1, 2, 3])]),
+            groups(&[("a", &[1, 2])]),
+            groups(&[("a", &[1, 2, 3]), ("b", &[3])]),
+            groups(&[("a", &[1, 2, 3, 9])]),
+            groups(&[("a", &[1]), ("a", &[2, 3])]),
+            groups(&[("a", &[1, 2, 3]), ("b", &[])]),
+        ];
+        for answer in cases {
+            let host = crate::core::host_loop::trigger_verdict(&answer, &ids);
+            let checker = trigger_problem(&answer, &ids);
+            assert_eq!(host.err(), checker, "{answer:?}");
+        }
     }
 }
