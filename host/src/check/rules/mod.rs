@@ -164,6 +164,7 @@ pub(crate) fn section(id: &str) -> &'static str {
         SHUTTING_DOWN => "§5",
         STDIN_EOF => "§5",
         STDOUT_ONLY => "§2",
+        crate::check::readonly::READ_ONLY_FOLDER => "§16",
         _ => "",
     }
 }
