@@ -139,10 +139,11 @@ fn sigkill_fails_the_pending_call_at_once_and_restarts_follow_the_backoff() {
     assert_eq!(s["restarts"], 1);
     assert_eq!(s["last_exit"]["signal"], 9);
     if backing["state"] == "backing-off" {
-        let delay = backing["next_start_at_ms"].as_i64().unwrap()
-            - backing["last_exit"]["at_ms"].as_i64().unwrap();
+        // The delay the policy chose, not a difference of two clocks read at different times
+        // (on a busy machine the supervisor may see the exit late).
+        let delay = backing["backoff_ms"].as_i64().unwrap();
         assert!(
-            (70..=130).contains(&delay),
+            (80..=120).contains(&delay),
             "first delay {delay} ms, policy says 100 ms ± 20%"
         );
     }
@@ -157,15 +158,13 @@ fn sigkill_fails_the_pending_call_at_once_and_restarts_follow_the_backoff() {
         let s = f.wait_for("echo", PATIENCE, |s| {
             // `restarts` counts the starts after the first: while backing off from the
             // round-th crash, round - 1 restarts have happened.
-            s["restarts"] == round - 1 && s["next_start_at_ms"].is_i64()
+            s["restarts"] == round - 1 && s["backoff_ms"].is_i64()
         });
-        delays.push(
-            s["next_start_at_ms"].as_i64().unwrap() - s["last_exit"]["at_ms"].as_i64().unwrap(),
-        );
+        delays.push(s["backoff_ms"].as_i64().unwrap());
     }
     for (got, want) in delays.iter().zip([200i64, 400, 800]) {
         assert!(
-            (want * 7 / 10..=want * 13 / 10).contains(got),
+            (want * 8 / 10..=want * 12 / 10).contains(got),
             "delays {delays:?}, policy says 200, 400, 800 ms ± 20%"
         );
     }

@@ -200,6 +200,9 @@ pub struct Status {
     pub last_error: Option<String>,
     /// When the next start is due (unix ms), while backing off.
     pub next_start_at_ms: Option<i64>,
+    /// The delay the restart policy chose for this backoff (jitter included), while backing off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff_ms: Option<u64>,
     pub ready_since_ms: Option<i64>,
     /// Of the current run, once ready: milliseconds from spawning the process to its accepted
     /// handshake (the cold start), and of those the handshake alone (`initialize` sent to its
@@ -340,6 +343,7 @@ impl Status {
             last_exit: None,
             last_error: None,
             next_start_at_ms: None,
+            backoff_ms: None,
             ready_since_ms: None,
             spawn_to_ready_ms: None,
             handshake_ms: None,
@@ -1049,6 +1053,7 @@ async fn actor(
                         s.last_error = error;
                     }
                     s.next_start_at_ms = Some(now_ms() + decision.delay.as_millis() as i64);
+                    s.backoff_ms = Some(delay_ms);
                 });
                 tokio::select! {
                     () = tokio::time::sleep(decision.delay) => {}
@@ -1058,7 +1063,10 @@ async fn actor(
                     },
                     () = shutdown.cancelled() => break,
                 }
-                ext.update(|s| s.next_start_at_ms = None);
+                ext.update(|s| {
+                    s.next_start_at_ms = None;
+                    s.backoff_ms = None;
+                });
                 drop(restart_span);
             }
         }
@@ -1069,6 +1077,7 @@ async fn actor(
         s.spawn_to_ready_ms = None;
         s.handshake_ms = None;
         s.next_start_at_ms = None;
+        s.backoff_ms = None;
         s.descendants.clear();
     });
 }
