@@ -44,9 +44,9 @@ test: build
 # and each benchmark's JSON has its shape. They time things, so they are not in `make test`.
 test-bench: build
 ifeq ($(NEXTEST),yes)
-	$(CARGO) nextest run -p conduit-bench --no-fail-fast --hide-progress-bar --failure-output immediate-final
+	$(CARGO) nextest run -p conduit-bench --features grpc --no-fail-fast --hide-progress-bar --failure-output immediate-final
 else
-	$(CARGO) test -p conduit-bench --no-fail-fast
+	$(CARGO) test -p conduit-bench --features grpc --no-fail-fast
 endif
 
 # What OTLP export costs the daemon (docs/performance.md, "Telemetry export"). A debug build,
@@ -62,6 +62,7 @@ fmt-check:
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p conduit-bench --features grpc --all-targets -- -D warnings
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p conduit-protocol -p conduit-rpc -p conduit-extension
@@ -88,8 +89,9 @@ bench-extension:
 	$(TARGET_DIR)/release/bench-extension --regime idle --json $(TARGET_DIR)/bench-extension/results-idle.json
 	$(TARGET_DIR)/release/bench-extension --regime awake --json $(TARGET_DIR)/bench-extension/results.json
 
+# The gRPC side is behind conduit-bench's `grpc` feature, so `make build` never compiles tonic.
 protocol-prototype:
-	$(CARGO) build --release -p conduit-bench
+	$(CARGO) build --release -p conduit-bench --features grpc
 	$(TARGET_DIR)/release/protocol-prototype --json $(TARGET_DIR)/protocol-prototype/results.json
 
 bench-history:
