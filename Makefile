@@ -14,6 +14,8 @@
 #   make bench-roundtrip     the session's echo round trip beside this machine's pipe floor
 #   make protocol-prototype  the transport comparison: JSON-RPC on stdio against gRPC on a
 #                            Unix socket, beside this machine's floors (about a minute)
+#   make bench-scale         one daemon with 10 and with 1,000 release echo extensions: install
+#                            time, all ready, RSS, threads, idle CPU, echo p50 (a few minutes)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
 #   make bench-telemetry     1,000 calls through the API with span export off, against a collector
@@ -31,7 +33,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: fuzz fuzz-short drill build test test-bench test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry
+.PHONY: fuzz fuzz-short drill build test test-bench test-python check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale
 
 build:
 	$(CARGO) build --workspace --bins
@@ -93,6 +95,12 @@ bench-extension:
 protocol-prototype:
 	$(CARGO) build --release -p conduit-bench --features grpc
 	$(TARGET_DIR)/release/protocol-prototype --json $(TARGET_DIR)/protocol-prototype/results.json
+
+# One daemon with 10 and with 1,000 release echo extensions: install, ready, RSS, threads, idle
+# CPU, echo (docs/performance.md, "Scale"). BENCH_SCALE_ARGS passes options (e.g. --extensions 100).
+bench-scale:
+	$(CARGO) build --release -p conduit-host -p conduit-example-echo -p conduit-bench --bin conduit --bin conduit-echo --bin bench-scale
+	$(TARGET_DIR)/release/bench-scale --json $(TARGET_DIR)/bench-scale/results.json $(BENCH_SCALE_ARGS)
 
 bench-history:
 	$(CARGO) bench -p conduit-store --bench history

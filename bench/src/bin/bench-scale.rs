@@ -1,0 +1,384 @@
+//! One daemon, many extensions: what installing, starting and idling cost at 10 and at 1,000
+//! echo packages (`make bench-scale`; docs/performance.md, "Scale").
+//!
+//! ```text
+//! bench-scale [--extensions 1000] [--small 10] [--calls 2000] [--idle-s 10] [--json PATH]
+//! ```
+//!
+//! Each size gets its own temporary state directory, `N` copies of the release `echo` example
+//! (named `echo-0001` …), installed one after the other through the package store's own
+//! `install` (the function `conduit ext install` calls, without the CLI's process start), then a
+//! release `conduit daemon run` on it. Printed per size:
+//!
+//! - the install time of the 10th, 100th and 1,000th package (and the median of the ten
+//!   installs ending there, which is the steadier figure);
+//! - the time from spawning the daemon to every extension `ready` (polled every 20 ms through
+//!   `GET /v1/extensions`);
+//! - the daemon's RSS and thread count (`/proc/<pid>/status`), once all are ready and again
+//!   after the idle window;
+//! - the daemon's CPU over `--idle-s` seconds of nothing (the run time of its threads,
+//!   `/proc/<pid>/task/*/schedstat`), as a share of one CPU;
+//! - the p50 and p99 of sequential `echo` calls through the API (`POST
+//!   /v1/extensions/echo-0001/call`, one connection per call as the CLI makes them).
+//!
+//! Order: the small daemon, the large one, the small one again, so the two small figures bracket
+//! the large one in time and machine drift shows. The binaries are found next to this
+//! executable (`conduit`, `conduit-echo`), so build them in the same profile first.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use clap::Parser;
+use conduit_bench::machine::{self, Machine};
+use conduit_bench::measure::{new_histogram, proc_cpu, quantile_us, record};
+use conduit_bench::ordered::Ordered;
+use conduit_host::client::Client;
+use conduit_host::packages::{self, InstallOptions};
+use conduit_host::state_dir::StateDir;
+use hyper::Method;
+use serde_json::{Value, json};
+
+/// One daemon supervising many echo extensions: install, start, memory, threads, idle CPU, echo.
+#[derive(Debug, Parser)]
+#[command(name = "bench-scale")]
+struct Args {
+    /// The large size.
+    #[arg(long, default_value_t = 1000)]
+    extensions: usize,
+    /// The small size, measured before and after the large one.
+    #[arg(long, default_value_t = 10)]
+    small: usize,
+    /// Sequential echo calls through the API per daemon (after 200 untimed).
+    #[arg(long, default_value_t = 2000)]
+    calls: usize,
+    /// Seconds of idleness over which the daemon's CPU is measured.
+    #[arg(long, default_value_t = 10)]
+    idle_s: u64,
+    /// Longest wait for every extension to be ready, in seconds.
+    #[arg(long, default_value_t = 120)]
+    ready_timeout_s: u64,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "target/bench-scale/results.json")]
+    json: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench-scale: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> anyhow::Result<()> {
+    ensure!(args.extensions >= 1 && args.small >= 1, "sizes must be at least 1");
+    let exe = std::env::current_exe().context("this executable's path")?;
+    let bin = exe.parent().context("this executable's folder")?;
+    let conduit = bin.join("conduit");
+    let echo = bin.join("conduit-echo");
+    for p in [&conduit, &echo] {
+        ensure!(
+            p.is_file(),
+            "{} is missing: build it first (`cargo build --release -p conduit-host -p conduit-example-echo`, or `make bench-scale`)",
+            p.display()
+        );
+    }
+    let machine = Machine::this();
+    println!(
+        "bench-scale: {} and {} echo extensions; commit {}, {} build; {} CPUs, {}; load {:?}",
+        args.small,
+        args.extensions,
+        machine::commit(),
+        machine::profile(),
+        machine.cpus,
+        machine.cpu_model,
+        machine.loadavg,
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let root = tempfile::Builder::new()
+        .prefix("bench-scale-")
+        .tempdir()
+        .context("a temporary folder")?;
+
+    let mut results = Ordered::default();
+    let small = Size::prepare(root.path(), "small", args.small, &echo)?;
+    let large = Size::prepare(root.path(), "large", args.extensions, &echo)?;
+    results.push("install_small", small.installs.clone());
+    results.push("install_large", large.installs.clone());
+    let mut runs = Vec::new();
+    for (label, size) in [
+        ("small", &small),
+        ("large", &large),
+        ("small-again", &small),
+    ] {
+        let r = rt.block_on(daemon_run(args, &conduit, size))?;
+        print_run(label, size.n, &r);
+        runs.push((label.to_owned(), r));
+    }
+    print_installs(&large.installs);
+
+    let (small_p50, large_p50) = (
+        runs.iter()
+            .filter(|(l, _)| l.starts_with("small"))
+            .map(|(_, r)| r.echo_p50_us)
+            .fold(f64::INFINITY, f64::min),
+        runs.iter()
+            .find(|(l, _)| l == "large")
+            .map_or(0.0, |(_, r)| r.echo_p50_us),
+    );
+    println!(
+        "echo p50 at {}: {:.1} µs, {:.2}× the better of the two runs at {} ({:.1} µs)",
+        args.extensions,
+        large_p50,
+        large_p50 / small_p50,
+        args.small,
+        small_p50
+    );
+    let json = json!({
+        "commit": machine::commit(),
+        "profile": machine::profile(),
+        "machine": machine,
+        "sizes": [args.small, args.extensions],
+        "installs_ms": { "small": small.installs, "large": large.installs },
+        "install_ms_at": install_points(&large.installs),
+        "runs": runs.iter().map(|(l, r)| (l.clone(), serde_json::to_value(r).unwrap_or(Value::Null))).collect::<serde_json::Map<_, _>>(),
+        "echo_p50_ratio": large_p50 / small_p50,
+    });
+    if let Some(dir) = args.json.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&args.json, serde_json::to_string_pretty(&json)? + "\n")
+        .with_context(|| format!("writing {}", args.json.display()))?;
+    println!("results written to {}", args.json.display());
+    Ok(())
+}
+
+/// One state directory with `n` echo packages installed.
+struct Size {
+    n: usize,
+    state: PathBuf,
+    /// Milliseconds per install, in order.
+    installs: Vec<f64>,
+}
+
+impl Size {
+    fn prepare(root: &Path, label: &str, n: usize, echo: &Path) -> anyhow::Result<Size> {
+        let src = root.join(format!("{label}-src"));
+        let state_path = root.join(format!("{label}-state"));
+        std::fs::create_dir_all(&src)?;
+        let state = StateDir::open(&state_path).context("the state directory")?;
+        let opts = InstallOptions::default();
+        let mut installs = Vec::with_capacity(n);
+        let t_all = Instant::now();
+        for i in 1..=n {
+            let name = package_name(i);
+            let dir = src.join(&name);
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(
+                dir.join("conduit-extension.toml"),
+                format!(
+                    "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"./conduit-echo\"]\n\n[capabilities]\nmethods = [\"echo\", \"check.sleep\"]\n"
+                ),
+            )?;
+            if std::fs::hard_link(echo, dir.join("conduit-echo")).is_err() {
+                std::fs::copy(echo, dir.join("conduit-echo"))?;
+            }
+            let t = Instant::now();
+            packages::install(&state, &dir, &opts).with_context(|| format!("installing {name}"))?;
+            installs.push(t.elapsed().as_secs_f64() * 1e3);
+            if i % 100 == 0 {
+                eprintln!(
+                    "  {label}: {i}/{n} installed ({:.1} s)",
+                    t_all.elapsed().as_secs_f64()
+                );
+            }
+        }
+        Ok(Size {
+            n,
+            state: state_path,
+            installs,
+        })
+    }
+}
+
+fn package_name(i: usize) -> String {
+    format!("echo-{i:04}")
+}
+
+/// The 10th, 100th and 1,000th install (as far as there are), each alone and as the median of the
+/// ten ending there.
+fn install_points(installs: &[f64]) -> Ordered<Ordered<f64>> {
+    let mut out = Ordered::default();
+    for at in [10usize, 100, 1000] {
+        if installs.len() < at {
+            continue;
+        }
+        let mut window: Vec<f64> = installs[at.saturating_sub(10)..at].to_vec();
+        window.sort_by(f64::total_cmp);
+        let mut o = Ordered::default();
+        o.push("ms", installs[at - 1]);
+        o.push("median_of_10_ms", window[window.len() / 2]);
+        out.push(&at.to_string(), o);
+    }
+    out
+}
+
+fn print_installs(installs: &[f64]) {
+    let total: f64 = installs.iter().sum();
+    print!("install (ms):");
+    for (at, o) in install_points(installs).0 {
+        let ms = o.0[0].1;
+        let med = o.0[1].1;
+        print!("  #{at}: {ms:.2} (median of ten ending there {med:.2})");
+    }
+    println!("  all {}: {:.1} s", installs.len(), total / 1e3);
+}
+
+#[derive(Debug, serde::Serialize)]
+struct RunFigures {
+    extensions: usize,
+    ready_s: f64,
+    rss_ready_mib: f64,
+    threads_ready: u64,
+    rss_idle_mib: f64,
+    threads_idle: u64,
+    idle_cpu_pct: f64,
+    echo_p50_us: f64,
+    echo_p99_us: f64,
+}
+
+fn print_run(label: &str, n: usize, r: &RunFigures) {
+    println!(
+        "{label:>11} ({n:>4} ext): all ready {:.2} s; RSS {:.1} MiB ready / {:.1} MiB idle; threads {} / {}; idle CPU {:.3}%; echo p50 {:.1} µs p99 {:.1} µs",
+        r.ready_s,
+        r.rss_ready_mib,
+        r.rss_idle_mib,
+        r.threads_ready,
+        r.threads_idle,
+        r.idle_cpu_pct,
+        r.echo_p50_us,
+        r.echo_p99_us
+    );
+}
+
+/// Kills the daemon (gracefully first) when dropped, so an error leaves nothing running.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<RunFigures> {
+    let socket = size.state.join("run").join("conduit.sock");
+    let _ = std::fs::remove_file(&socket);
+    let t0 = Instant::now();
+    let child = Command::new(conduit)
+        .args(["daemon", "run"])
+        .env("CONDUIT_STATE_DIR", &size.state)
+        .env("CONDUIT_LOG", "warn")
+        .env("OTEL_SDK_DISABLED", "true")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {}", conduit.display()))?;
+    let daemon = Daemon(child);
+    let pid = daemon.0.id();
+    let deadline = t0 + Duration::from_secs(args.ready_timeout_s);
+    let client = loop {
+        if let Some(c) = Client::connect(&socket).await {
+            break c;
+        }
+        ensure!(Instant::now() < deadline, "the daemon's socket never appeared");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    loop {
+        let list = client.get("/v1/extensions").await?;
+        let exts = list["extensions"].as_array().cloned().unwrap_or_default();
+        let ready = exts.iter().filter(|e| e["state"] == "ready").count();
+        if ready == size.n {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{ready} of {} extensions ready after {} s",
+                size.n,
+                args.ready_timeout_s
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ready_s = t0.elapsed().as_secs_f64();
+    let (rss_ready_mib, threads_ready) = proc_status(pid)?;
+
+    // Idle: nothing calls, nothing polls.
+    let cpu = || proc_cpu(pid).context("the daemon's /proc/<pid>/task/*/schedstat");
+    let cpu0 = cpu()?;
+    let t_idle = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.idle_s)).await;
+    let cpu1 = cpu()?;
+    let idle_cpu_pct = 100.0 * cpu1.saturating_sub(cpu0).as_secs_f64()
+        / t_idle.elapsed().as_secs_f64();
+    let (rss_idle_mib, threads_idle) = proc_status(pid)?;
+
+    let path = format!("/v1/extensions/{}/call", package_name(1));
+    let body = json!({"method": "echo", "params": {"text": conduit_bench::prototype::PAYLOAD}});
+    let mut hist = new_histogram();
+    for i in 0..(200 + args.calls) {
+        let t = Instant::now();
+        let (status, answer) = client.request(Method::POST, &path, Some(&body)).await?;
+        let took = t.elapsed();
+        ensure!(
+            status.is_success() && answer["result"]["text"] == conduit_bench::prototype::PAYLOAD,
+            "echo answered {status}: {answer}"
+        );
+        if i >= 200 {
+            record(&mut hist, took);
+        }
+    }
+    drop(daemon);
+    Ok(RunFigures {
+        extensions: size.n,
+        ready_s,
+        rss_ready_mib,
+        threads_ready,
+        rss_idle_mib,
+        threads_idle,
+        idle_cpu_pct,
+        echo_p50_us: quantile_us(&hist, 0.5),
+        echo_p99_us: quantile_us(&hist, 0.99),
+    })
+}
+
+/// RSS in MiB and the thread count, from `/proc/<pid>/status`.
+fn proc_status(pid: u32) -> anyhow::Result<(f64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |key: &str| -> anyhow::Result<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no {key} in /proc/{pid}/status"))
+    };
+    Ok((field("VmRSS:")? as f64 / 1024.0, field("Threads:")?))
+}
