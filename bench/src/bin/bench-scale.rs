@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use clap::Parser;
 use conduit_bench::machine::{self, Machine};
 use conduit_bench::measure::{new_histogram, proc_cpu, quantile_us, record};
@@ -108,11 +108,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         .tempdir()
         .context("a temporary folder")?;
 
-    let mut results = Ordered::default();
     let small = Size::prepare(root.path(), "small", args.small, &echo)?;
     let large = Size::prepare(root.path(), "large", args.extensions, &echo)?;
-    results.push("install_small", small.installs.clone());
-    results.push("install_large", large.installs.clone());
+    print_installs(&large.installs);
     let mut runs = Vec::new();
     for (label, size) in [
         ("small", &small),
@@ -123,7 +121,6 @@ fn run(args: &Args) -> anyhow::Result<()> {
         print_run(label, size.n, &r);
         runs.push((label.to_owned(), r));
     }
-    print_installs(&large.installs);
 
     let (small_p50, large_p50) = (
         runs.iter()
@@ -245,6 +242,8 @@ fn print_installs(installs: &[f64]) {
 #[derive(Debug, serde::Serialize)]
 struct RunFigures {
     extensions: usize,
+    /// How many were ready when the wait ended (all, unless it timed out).
+    ready: usize,
     ready_s: f64,
     rss_ready_mib: f64,
     threads_ready: u64,
@@ -257,7 +256,8 @@ struct RunFigures {
 
 fn print_run(label: &str, n: usize, r: &RunFigures) {
     println!(
-        "{label:>11} ({n:>4} ext): all ready {:.2} s; RSS {:.1} MiB ready / {:.1} MiB idle; threads {} / {}; idle CPU {:.3}%; echo p50 {:.1} µs p99 {:.1} µs",
+        "{label:>11} ({n:>4} ext): {} ready {:.2} s; RSS {:.1} MiB ready / {:.1} MiB idle; threads {} / {}; idle CPU {:.3}%; echo p50 {:.1} µs p99 {:.1} µs",
+        if r.ready == n { "all".to_owned() } else { format!("only {} of {n}", r.ready) },
         r.ready_s,
         r.rss_ready_mib,
         r.rss_idle_mib,
@@ -312,22 +312,23 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
         ensure!(Instant::now() < deadline, "the daemon's socket never appeared");
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    loop {
+    let ready = loop {
         let list = client.get("/v1/extensions").await?;
         let exts = list["extensions"].as_array().cloned().unwrap_or_default();
         let ready = exts.iter().filter(|e| e["state"] == "ready").count();
         if ready == size.n {
-            break;
+            break ready;
         }
         if Instant::now() > deadline {
-            bail!(
-                "{ready} of {} extensions ready after {} s",
-                size.n,
-                args.ready_timeout_s
+            // Go on and measure the rest: how far it got is a figure too.
+            eprintln!(
+                "  only {ready} of {} extensions ready after {} s",
+                size.n, args.ready_timeout_s
             );
+            break ready;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    };
     let ready_s = t0.elapsed().as_secs_f64();
     let (rss_ready_mib, threads_ready) = proc_status(pid)?;
 
@@ -359,6 +360,7 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
     drop(daemon);
     Ok(RunFigures {
         extensions: size.n,
+        ready,
         ready_s,
         rss_ready_mib,
         threads_ready,

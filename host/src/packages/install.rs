@@ -312,12 +312,11 @@ pub fn install(
         })?;
         refuse_state_inside(state, &origin)?;
         // Refuse a downgrade before the copy; it is checked again under the lock below.
-        plan(&Registry::load(state)?, &manifest, opts)?;
+        plan(&Registry::load_one(state, &manifest.name)?, &manifest, opts)?;
     }
 
     let _lock = StoreLock::exclusive(state)?;
     sweep_stale(state);
-    let registry = Registry::load(state)?;
     let staging = tempfile::Builder::new()
         .prefix("install-")
         .tempdir_in(state.tmp_dir())
@@ -337,6 +336,7 @@ pub fn install(
     // The staged copy is what gets installed, so its manifest is the one that counts (for a
     // folder it is normally the one validated above).
     let manifest = load_staged_manifest(&origin, &root, kind)?;
+    let registry = Registry::load_one(state, &manifest.name)?;
     let change = plan(&registry, &manifest, opts)?;
     let Scan { files, others } = scan(&root).map_err(|e| InstallError::Read {
         origin: origin.clone(),
@@ -367,6 +367,9 @@ pub fn install(
         files,
     };
     swap(state, registry, staging, &root, &record, &origin)?;
+    // The files were hashed in staging just now: keep their stats, so the first start checks
+    // them without hashing again (see `verify.rs`).
+    super::verify::remember(state, &record);
     Ok(InstallOutcome { change, record })
 }
 

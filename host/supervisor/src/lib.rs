@@ -813,6 +813,14 @@ enum Outcome {
     Stop,
 }
 
+/// The preflights that may run at once: one per CPU.
+fn preflight_permits() -> &'static tokio::sync::Semaphore {
+    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    PERMITS.get_or_init(|| {
+        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    })
+}
+
 async fn actor(
     ext: Extension,
     spec: ExtensionSpec,
@@ -825,13 +833,18 @@ async fn actor(
     let log = LogFile::new(&spec.log_path);
     let mut runs = 0u32;
     loop {
-        // The preflight may hash a whole package: off the runtime's workers.
+        // The preflight may hash a whole package: off the runtime's workers, and at most one
+        // per CPU at once, so a thousand extensions starting together take a few blocking
+        // threads rather than one each (and none waits behind a thousand hashes for a CPU).
         let preflight = match spec.preflight.clone() {
-            Some(check) => Some(
-                tokio::task::spawn_blocking(move || check())
-                    .await
-                    .unwrap_or_else(|e| Err(format!("the preflight check panicked: {e}"))),
-            ),
+            Some(check) => {
+                let _permit = preflight_permits().acquire().await;
+                Some(
+                    tokio::task::spawn_blocking(move || check())
+                        .await
+                        .unwrap_or_else(|e| Err(format!("the preflight check panicked: {e}"))),
+                )
+            }
             None => None,
         };
         if let Some(Err(e)) = preflight {
