@@ -16,6 +16,10 @@ pub const TAIL_LINES: usize = 20;
 pub const TAIL_LINE_BYTES: usize = 1024;
 /// The log file's cap.
 pub const LOG_CAP_BYTES: u64 = 1024 * 1024;
+/// The stderr read buffer starts this small and grows by four, up to `READ_MAX`, each time a
+/// read fills it.
+const READ_MIN: usize = 1024;
+const READ_MAX: usize = 16 * 1024;
 
 /// The last lines of stderr, shared with the status.
 #[derive(Clone, Debug, Default)]
@@ -101,12 +105,17 @@ impl LogFile {
                 .unwrap_or(0),
             None => 0,
         };
-        let mut buf = vec![0u8; 16 * 1024];
+        // Small until the child writes more than a line or two at once: a thousand quiet
+        // extensions would otherwise hold 16 MiB of read buffers between them.
+        let mut buf = vec![0u8; READ_MIN];
         loop {
             let n = match stderr.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            if n == buf.len() && buf.len() < READ_MAX {
+                buf.resize((buf.len() * 4).min(READ_MAX), 0);
+            }
             tail.push_bytes(&buf[..n]);
             let mut chunk = &buf[..n];
             while !chunk.is_empty() {
