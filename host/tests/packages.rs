@@ -346,13 +346,21 @@ fn a_change_writes_only_the_changed_package_s_record() {
 
     f.install(&f.folder("c", "gamma", "0.1.0")).unwrap();
     packages::set_enabled(&f.state, "beta", false).unwrap();
-    assert_eq!(identity(&record_file(&f, "alpha")), alpha, "alpha's record was rewritten");
+    assert_eq!(
+        identity(&record_file(&f, "alpha")),
+        alpha,
+        "alpha's record was rewritten"
+    );
     assert_eq!(
         identity(&f.state.packages_dir().join(packages::REGISTRY_FILE)),
         registry,
         "registry.json was rewritten"
     );
-    assert_ne!(identity(&record_file(&f, "beta")), beta, "beta's change was not written");
+    assert_ne!(
+        identity(&record_file(&f, "beta")),
+        beta,
+        "beta's change was not written"
+    );
 
     packages::remove(&f.state, "gamma").unwrap();
     assert!(!record_file(&f, "gamma").exists());
@@ -407,7 +415,10 @@ fn a_damaged_record_is_reported_with_what_to_do() {
     f.install(&f.folder("notes", "notes", "0.1.0")).unwrap();
     fs::write(record_file(&f, "notes"), "{ not json").unwrap();
     let err = packages::list(&f.state).unwrap_err();
-    assert!(matches!(&err, PackageError::Corrupt { path, .. } if path.ends_with("notes.json")), "{err:?}");
+    assert!(
+        matches!(&err, PackageError::Corrupt { path, .. } if path.ends_with("notes.json")),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("reinstall"), "{err}");
     let err = packages::verify(&f.state, "notes").unwrap_err();
     assert!(err.to_string().contains("damaged"), "{err}");
@@ -1142,7 +1153,11 @@ fn verified_file(f: &Fixture) -> PathBuf {
 /// tamperer covering their tracks would; only the status-change time moves.
 fn rewrite_keeping_mtime(path: &Path, text: &str) {
     let meta = fs::metadata(path).unwrap();
-    assert_eq!(meta.len(), text.len() as u64, "the test needs a same-size rewrite");
+    assert_eq!(
+        meta.len(),
+        text.len() as u64,
+        "the test needs a same-size rewrite"
+    );
     let mtime = meta.modified().unwrap();
     let file = fs::OpenOptions::new().write(true).open(path).unwrap();
     (&file).write_all(text.as_bytes()).unwrap();
@@ -1175,13 +1190,20 @@ fn verify_hashes_in_full_without_kept_stats_and_keeps_them_again() {
     f.install(&f.folder("notes", "notes", "0.1.0")).unwrap();
     fs::remove_file(verified_file(&f)).unwrap();
     packages::verify(&f.state, "notes").unwrap();
-    assert!(verified_file(&f).is_file(), "a passing full check keeps the stats");
+    assert!(
+        verified_file(&f).is_file(),
+        "a passing full check keeps the stats"
+    );
 
     // Damaged kept stats are no shortcut: the full check runs and finds the change.
     fs::write(verified_file(&f), "{ not json").unwrap();
-    fs::write(installed(&f, "notes").join("bin/run"), "#!/bin/sh
+    fs::write(
+        installed(&f, "notes").join("bin/run"),
+        "#!/bin/sh
 echo changed
-").unwrap();
+",
+    )
+    .unwrap();
     let changes = tampered(&f);
     assert!(
         matches!(&changes[..], [FileChange::Modified { path, .. }] if path == "bin/run"),
@@ -1203,7 +1225,11 @@ fn kept_stats_of_another_install_are_not_trusted() {
     f.install(&src).unwrap();
     fs::write(verified_file(&f), &stale).unwrap();
     packages::verify(&f.state, "notes").unwrap();
-    assert_ne!(fs::read(verified_file(&f)).unwrap(), stale, "the full check kept fresh stats");
+    assert_ne!(
+        fs::read(verified_file(&f)).unwrap(),
+        stale,
+        "the full check kept fresh stats"
+    );
 }
 
 #[test]

@@ -19,7 +19,10 @@
 //! - the daemon's CPU over `--idle-s` seconds of nothing (the run time of its threads,
 //!   `/proc/<pid>/task/*/schedstat`), as a share of one CPU;
 //! - the p50 and p99 of sequential `echo` calls through the API (`POST
-//!   /v1/extensions/echo-0001/call`, one connection per call as the CLI makes them).
+//!   /v1/extensions/echo-0001/call`, one connection per call as the CLI makes them);
+//! - the median time to restart one extension (`POST …/restart` until it is ready again with a
+//!   new pid: stop, tamper check, spawn, handshake), which shows what the daemon's size adds to
+//!   a spawn (`fork` copies its page tables).
 //!
 //! Order: the small daemon, the large one, the small one again, so the two small figures bracket
 //! the large one in time and machine drift shows. The binaries are found next to this
@@ -56,6 +59,9 @@ struct Args {
     /// Seconds of idleness over which the daemon's CPU is measured.
     #[arg(long, default_value_t = 10)]
     idle_s: u64,
+    /// Restarts of one extension timed per daemon (the median is printed).
+    #[arg(long, default_value_t = 9)]
+    restarts: usize,
     /// Longest wait for every extension to be ready, in seconds.
     #[arg(long, default_value_t = 120)]
     ready_timeout_s: u64,
@@ -76,7 +82,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> anyhow::Result<()> {
-    ensure!(args.extensions >= 1 && args.small >= 1, "sizes must be at least 1");
+    ensure!(
+        args.extensions >= 1 && args.small >= 1,
+        "sizes must be at least 1"
+    );
     let exe = std::env::current_exe().context("this executable's path")?;
     let bin = exe.parent().context("this executable's folder")?;
     let conduit = bin.join("conduit");
@@ -111,6 +120,12 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let small = Size::prepare(root.path(), "small", args.small, &echo)?;
     let large = Size::prepare(root.path(), "large", args.extensions, &echo)?;
     print_installs(&large.installs);
+    let floor_small = ready_floor(&echo, args.small)?;
+    let floor_large = ready_floor(&echo, args.extensions)?;
+    println!(
+        "floor: {} / {} echo processes spawned by this process (posix_spawn) and each answered `initialize`: {:.2} s / {:.2} s",
+        args.small, args.extensions, floor_small, floor_large
+    );
     let mut runs = Vec::new();
     for (label, size) in [
         ("small", &small),
@@ -139,7 +154,17 @@ fn run(args: &Args) -> anyhow::Result<()> {
         args.small,
         small_p50
     );
+    if let Some((_, r)) = runs.iter().find(|(l, _)| l == "large") {
+        println!(
+            "all ready at {}: {:.2} s, {:.2}× the floor ({:.2} s)",
+            args.extensions,
+            r.ready_s,
+            r.ready_s / floor_large,
+            floor_large
+        );
+    }
     let json = json!({
+        "ready_floor_s": { "small": floor_small, "large": floor_large },
         "commit": machine::commit(),
         "profile": machine::profile(),
         "machine": machine,
@@ -250,22 +275,32 @@ struct RunFigures {
     rss_idle_mib: f64,
     threads_idle: u64,
     idle_cpu_pct: f64,
+    /// Every extension process's CPU over the same window, summed.
+    extensions_idle_cpu_pct: f64,
     echo_p50_us: f64,
     echo_p99_us: f64,
+    /// Median time from `POST …/restart` of one extension to it ready again with a new pid.
+    restart_ms: f64,
 }
 
 fn print_run(label: &str, n: usize, r: &RunFigures) {
     println!(
-        "{label:>11} ({n:>4} ext): {} ready {:.2} s; RSS {:.1} MiB ready / {:.1} MiB idle; threads {} / {}; idle CPU {:.3}%; echo p50 {:.1} µs p99 {:.1} µs",
-        if r.ready == n { "all".to_owned() } else { format!("only {} of {n}", r.ready) },
+        "{label:>11} ({n:>4} ext): {} ready {:.2} s; RSS {:.1} MiB ready / {:.1} MiB idle; threads {} / {}; idle CPU {:.3}% (extensions {:.2}%); echo p50 {:.1} µs p99 {:.1} µs; restart {:.1} ms",
+        if r.ready == n {
+            "all".to_owned()
+        } else {
+            format!("only {} of {n}", r.ready)
+        },
         r.ready_s,
         r.rss_ready_mib,
         r.rss_idle_mib,
         r.threads_ready,
         r.threads_idle,
         r.idle_cpu_pct,
+        r.extensions_idle_cpu_pct,
         r.echo_p50_us,
-        r.echo_p99_us
+        r.echo_p99_us,
+        r.restart_ms
     );
 }
 
@@ -309,7 +344,10 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
         if let Some(c) = Client::connect(&socket).await {
             break c;
         }
-        ensure!(Instant::now() < deadline, "the daemon's socket never appeared");
+        ensure!(
+            Instant::now() < deadline,
+            "the daemon's socket never appeared"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     let ready = loop {
@@ -334,12 +372,18 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
 
     // Idle: nothing calls, nothing polls.
     let cpu = || proc_cpu(pid).context("the daemon's /proc/<pid>/task/*/schedstat");
+    let kids = children_of(pid);
+    let kids_cpu = || -> Duration { kids.iter().filter_map(|k| proc_cpu(*k)).sum() };
     let cpu0 = cpu()?;
+    let kids0 = kids_cpu();
     let t_idle = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.idle_s)).await;
     let cpu1 = cpu()?;
-    let idle_cpu_pct = 100.0 * cpu1.saturating_sub(cpu0).as_secs_f64()
-        / t_idle.elapsed().as_secs_f64();
+    let kids1 = kids_cpu();
+    let extensions_idle_cpu_pct =
+        100.0 * kids1.saturating_sub(kids0).as_secs_f64() / t_idle.elapsed().as_secs_f64();
+    let idle_cpu_pct =
+        100.0 * cpu1.saturating_sub(cpu0).as_secs_f64() / t_idle.elapsed().as_secs_f64();
     let (rss_idle_mib, threads_idle) = proc_status(pid)?;
 
     let path = format!("/v1/extensions/{}/call", package_name(1));
@@ -357,8 +401,37 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
             record(&mut hist, took);
         }
     }
+
+    // Restarts of one extension: stop, tamper check, spawn (a fork of the daemon, whose cost
+    // grows with its resident memory), handshake.
+    let one = format!("/v1/extensions/{}", package_name(1));
+    let mut restarts = Vec::new();
+    for _ in 0..args.restarts {
+        let before = client.get(&one).await?["pid"].as_u64();
+        let t = Instant::now();
+        client
+            .post(&format!("{one}/restart"), None)
+            .await
+            .context("restarting")?;
+        loop {
+            let s = client.get(&one).await?;
+            if s["state"] == "ready" && s["pid"].as_u64() != before {
+                break;
+            }
+            ensure!(
+                t.elapsed() < Duration::from_secs(60),
+                "the restart did not finish: {s}"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        restarts.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    restarts.sort_by(f64::total_cmp);
+    let restart_ms = restarts.get(restarts.len() / 2).copied().unwrap_or(0.0);
     drop(daemon);
     Ok(RunFigures {
+        extensions_idle_cpu_pct,
+        restart_ms,
         extensions: size.n,
         ready,
         ready_s,
@@ -383,4 +456,68 @@ fn proc_status(pid: u32) -> anyhow::Result<(f64, u64)> {
             .with_context(|| format!("no {key} in /proc/{pid}/status"))
     };
     Ok((field("VmRSS:")? as f64 / 1024.0, field("Threads:")?))
+}
+
+/// The daemon's direct children (its extensions), from every thread's `children` file.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(
+                    text.split_whitespace()
+                        .filter_map(|p| p.parse::<u32>().ok()),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The floor of "all ready": `n` echo processes spawned by this process (std's `posix_spawn`,
+/// no daemon, no tamper check, no log capture), each sent the `initialize` the daemon sends,
+/// until the last has answered. Seconds.
+fn ready_floor(echo: &Path, n: usize) -> anyhow::Result<f64> {
+    use std::io::{BufRead, BufReader, Write};
+    let params = conduit_protocol::handshake::InitializeParams::current("0.1.0");
+    let line = format!(
+        "{}\n",
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})
+    );
+    let data = tempfile::tempdir()?;
+    let t = Instant::now();
+    let mut kids = Vec::with_capacity(n);
+    for i in 1..=n {
+        let mut child = Command::new(echo)
+            .env_clear()
+            .env("CONDUIT_EXTENSION", package_name(i))
+            .env("CONDUIT_DATA_DIR", data.path())
+            .env("CONDUIT_PROTOCOL_VERSION", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("spawning the echo example")?;
+        child
+            .stdin
+            .as_mut()
+            .context("stdin")?
+            .write_all(line.as_bytes())?;
+        kids.push(child);
+    }
+    for child in &mut kids {
+        let mut answer = String::new();
+        BufReader::new(child.stdout.as_mut().context("stdout")?).read_line(&mut answer)?;
+        ensure!(
+            answer.contains("\"result\""),
+            "the echo example answered {answer:?}"
+        );
+    }
+    let took = t.elapsed().as_secs_f64();
+    for mut child in kids {
+        drop(child.stdin.take());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    Ok(took)
 }

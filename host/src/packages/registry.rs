@@ -291,7 +291,10 @@ fn read_record(state: &StateDir, name: &str) -> Result<Option<PackageRecord>, Pa
     if rec.name != name {
         return Err(corrupt(
             &path,
-            format!("the file of `{name}` records a package named `{}`", rec.name),
+            format!(
+                "the file of `{name}` records a package named `{}`",
+                rec.name
+            ),
         ));
     }
     Ok(Some(rec))
