@@ -38,7 +38,7 @@ pub const TRACK_INTERVAL: Duration = Duration::from_millis(250);
 /// changed: the interval doubles from [`TRACK_INTERVAL`] up to this while nothing changes, and
 /// falls back to [`TRACK_INTERVAL`] when anything does. (Reading a tree costs a few `/proc`
 /// reads; at 250 ms, a thousand idle extensions kept the daemon 12% busy.)
-pub const TRACK_INTERVAL_QUIET: Duration = Duration::from_secs(2);
+pub const TRACK_INTERVAL_QUIET: Duration = Duration::from_secs(4);
 
 /// One process, told apart from a later one with the same pid by its start time (clock ticks
 /// after boot, `/proc/<pid>/stat` field 22).
