@@ -16,8 +16,9 @@
 //!   `GET /v1/extensions`);
 //! - the daemon's RSS and thread count (`/proc/<pid>/status`), once all are ready and again
 //!   after the idle window;
-//! - the daemon's CPU over `--idle-s` seconds of nothing (the run time of its threads,
-//!   `/proc/<pid>/task/*/schedstat`), as a share of one CPU;
+//! - the daemon's CPU over `--idle-s` seconds of nothing (user + system time of the whole
+//!   process, `/proc/<pid>/stat`, in clock ticks: 0.1% resolution over 10 s), as a share of one
+//!   CPU, and the same summed over the extension processes;
 //! - the p50 and p99 of sequential `echo` calls through the API (`POST
 //!   /v1/extensions/echo-0001/call`, one connection per call as the CLI makes them);
 //! - the median time to restart one extension (`POST …/restart` until it is ready again with a
@@ -35,7 +36,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use clap::Parser;
 use conduit_bench::machine::{self, Machine};
-use conduit_bench::measure::{new_histogram, proc_cpu, quantile_us, record};
+use conduit_bench::measure::{new_histogram, quantile_us, record};
 use conduit_bench::ordered::Ordered;
 use conduit_host::client::Client;
 use conduit_host::packages::{self, InstallOptions};
@@ -275,6 +276,8 @@ struct RunFigures {
     rss_idle_mib: f64,
     threads_idle: u64,
     idle_cpu_pct: f64,
+    /// The daemon's child processes found for the next figure.
+    extension_processes: usize,
     /// Every extension process's CPU over the same window, summed.
     extensions_idle_cpu_pct: f64,
     echo_p50_us: f64,
@@ -371,19 +374,21 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
     let (rss_ready_mib, threads_ready) = proc_status(pid)?;
 
     // Idle: nothing calls, nothing polls.
-    let cpu = || proc_cpu(pid).context("the daemon's /proc/<pid>/task/*/schedstat");
+    // Whole-process counters (`/proc/<pid>/stat`), which keep the time of threads that have
+    // exited: the blocking pool's threads end during the window, and a sum over live threads
+    // would lose theirs.
     let kids = children_of(pid);
-    let kids_cpu = || -> Duration { kids.iter().filter_map(|k| proc_cpu(*k)).sum() };
-    let cpu0 = cpu()?;
-    let kids0 = kids_cpu();
+    let kids_ticks = || -> u64 { kids.iter().filter_map(|k| proc_cpu_ticks(*k).ok()).sum() };
+    let cpu0 = proc_cpu_ticks(pid)?;
+    let kids0 = kids_ticks();
     let t_idle = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.idle_s)).await;
-    let cpu1 = cpu()?;
-    let kids1 = kids_cpu();
-    let extensions_idle_cpu_pct =
-        100.0 * kids1.saturating_sub(kids0).as_secs_f64() / t_idle.elapsed().as_secs_f64();
-    let idle_cpu_pct =
-        100.0 * cpu1.saturating_sub(cpu0).as_secs_f64() / t_idle.elapsed().as_secs_f64();
+    let cpu1 = proc_cpu_ticks(pid)?;
+    let kids1 = kids_ticks();
+    let secs = t_idle.elapsed().as_secs_f64();
+    let tick = 1.0 / clock_ticks_per_s();
+    let idle_cpu_pct = 100.0 * cpu1.saturating_sub(cpu0) as f64 * tick / secs;
+    let extensions_idle_cpu_pct = 100.0 * kids1.saturating_sub(kids0) as f64 * tick / secs;
     let (rss_idle_mib, threads_idle) = proc_status(pid)?;
 
     let path = format!("/v1/extensions/{}/call", package_name(1));
@@ -430,6 +435,7 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
     let restart_ms = restarts.get(restarts.len() / 2).copied().unwrap_or(0.0);
     drop(daemon);
     Ok(RunFigures {
+        extension_processes: kids.len(),
         extensions_idle_cpu_pct,
         restart_ms,
         extensions: size.n,
@@ -520,4 +526,27 @@ fn ready_floor(echo: &Path, n: usize) -> anyhow::Result<f64> {
         let _ = child.wait();
     }
     Ok(took)
+}
+
+/// utime + stime of a whole process, exited threads included, in clock ticks (`/proc/<pid>/stat`
+/// fields 14 and 15).
+fn proc_cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name is in parentheses and may hold spaces: count fields after the last `)`.
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("/proc/<pid>/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After `)`, field 3 (state) is index 0, so fields 14 and 15 are indexes 11 and 12.
+    let utime: u64 = fields.get(11).and_then(|v| v.parse().ok()).context("utime")?;
+    let stime: u64 = fields.get(12).and_then(|v| v.parse().ok()).context("stime")?;
+    Ok(utime + stime)
+}
+
+fn clock_ticks_per_s() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64
 }
