@@ -16,7 +16,7 @@
 //!   `GET /v1/extensions`);
 //! - the daemon's RSS and thread count (`/proc/<pid>/status`), once all are ready and again
 //!   after the idle window;
-//! - the daemon's CPU over `--idle-s` seconds of nothing (user + system time of the whole
+//! - the daemon's CPU over `--idle-s` seconds of nothing, `--settle-s` after all were ready (user + system time of the whole
 //!   process, `/proc/<pid>/stat`, in clock ticks: 0.1% resolution over 10 s), as a share of one
 //!   CPU, and the same summed over the extension processes;
 //! - the p50 and p99 of sequential `echo` calls through the API (`POST
@@ -60,6 +60,9 @@ struct Args {
     /// Seconds of idleness over which the daemon's CPU is measured.
     #[arg(long, default_value_t = 10)]
     idle_s: u64,
+    /// Seconds between all ready and the idle window (startup work winds down).
+    #[arg(long, default_value_t = 12)]
+    settle_s: u64,
     /// Restarts of one extension timed per daemon (the median is printed).
     #[arg(long, default_value_t = 9)]
     restarts: usize,
@@ -377,6 +380,9 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
     // Whole-process counters (`/proc/<pid>/stat`), which keep the time of threads that have
     // exited: the blocking pool's threads end during the window, and a sum over live threads
     // would lose theirs.
+    // Settle first: the blocking pool's threads end 10 s after their last task, and each
+    // extension's tree is read every 250 ms at first, less often as it stays quiet.
+    tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
     let kids = children_of(pid);
     let kids_ticks = || -> u64 { kids.iter().filter_map(|k| proc_cpu_ticks(*k).ok()).sum() };
     let cpu0 = proc_cpu_ticks(pid)?;
