@@ -252,7 +252,7 @@ fn install_points(installs: &[f64]) -> Ordered<Ordered<f64>> {
         let mut o = Ordered::default();
         o.push("ms", installs[at - 1]);
         o.push("median_of_10_ms", window[window.len() / 2]);
-        out.push(&at.to_string(), o);
+        out.push(at.to_string(), o);
     }
     out
 }
@@ -545,8 +545,14 @@ fn proc_cpu_ticks(pid: u32) -> anyhow::Result<u64> {
         .context("/proc/<pid>/stat")?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // After `)`, field 3 (state) is index 0, so fields 14 and 15 are indexes 11 and 12.
-    let utime: u64 = fields.get(11).and_then(|v| v.parse().ok()).context("utime")?;
-    let stime: u64 = fields.get(12).and_then(|v| v.parse().ok()).context("stime")?;
+    let utime: u64 = fields
+        .get(11)
+        .and_then(|v| v.parse().ok())
+        .context("utime")?;
+    let stime: u64 = fields
+        .get(12)
+        .and_then(|v| v.parse().ok())
+        .context("stime")?;
     Ok(utime + stime)
 }
 
