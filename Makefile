@@ -16,6 +16,8 @@
 #   make bench-roundtrip     the session's echo round trip beside this machine's pipe floor
 #   make protocol-prototype  the transport comparison: JSON-RPC on stdio against gRPC on a
 #                            Unix socket, beside this machine's floors (about a minute)
+#   make bench-scale         one daemon with 10 and with 1,000 release echo extensions: install
+#                            time, all ready, RSS, threads, idle CPU, echo p50 (a few minutes)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
 #   make bench-telemetry     1,000 calls through the API with export (spans, metrics) off, against a collector
@@ -33,7 +35,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry
+.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale
 
 build:
 	$(CARGO) build --workspace --bins
@@ -46,9 +48,9 @@ test: build
 # and each benchmark's JSON has its shape. They time things, so they are not in `make test`.
 test-bench: build
 ifeq ($(NEXTEST),yes)
-	$(CARGO) nextest run -p conduit-bench --no-fail-fast --hide-progress-bar --failure-output immediate-final
+	$(CARGO) nextest run -p conduit-bench --features grpc --no-fail-fast --hide-progress-bar --failure-output immediate-final
 else
-	$(CARGO) test -p conduit-bench --no-fail-fast
+	$(CARGO) test -p conduit-bench --features grpc --no-fail-fast
 endif
 
 # What OTLP export costs the daemon (docs/performance.md, "Telemetry export"). A debug build,
@@ -76,6 +78,7 @@ fmt-check:
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p conduit-bench --features grpc --all-targets -- -D warnings
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p conduit-protocol -p conduit-rpc -p conduit-extension
@@ -107,9 +110,16 @@ bench-extension:
 	$(TARGET_DIR)/release/bench-extension --regime idle --json $(TARGET_DIR)/bench-extension/results-idle.json
 	$(TARGET_DIR)/release/bench-extension --regime awake --json $(TARGET_DIR)/bench-extension/results.json
 
+# The gRPC side is behind conduit-bench's `grpc` feature, so `make build` never compiles tonic.
 protocol-prototype:
-	$(CARGO) build --release -p conduit-bench
+	$(CARGO) build --release -p conduit-bench --features grpc
 	$(TARGET_DIR)/release/protocol-prototype --json $(TARGET_DIR)/protocol-prototype/results.json
+
+# One daemon with 10 and with 1,000 release echo extensions: install, ready, RSS, threads, idle
+# CPU, echo (docs/performance.md, "Scale"). BENCH_SCALE_ARGS passes options (e.g. --extensions 100).
+bench-scale:
+	$(CARGO) build --release -p conduit-host -p conduit-example-echo -p conduit-bench --bin conduit --bin conduit-echo --bin bench-scale
+	$(TARGET_DIR)/release/bench-scale --json $(TARGET_DIR)/bench-scale/results.json $(BENCH_SCALE_ARGS)
 
 bench-history:
 	$(CARGO) bench -p conduit-store --bench history

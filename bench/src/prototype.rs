@@ -25,6 +25,7 @@
 //! Not here: spawning, timing and reporting (the `protocol-prototype` binary's), and anything
 //! of conduit's own protocol beyond what the SDK already speaks.
 
+#[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod jsonrpc;
 

@@ -140,11 +140,12 @@ impl Daemon {
 
     /// One package's view, or `None` if it is not installed.
     pub fn extension(&self, name: &str) -> anyhow::Result<Option<ExtensionView>> {
-        let records = packages::list(&self.state)?;
-        Ok(records
-            .iter()
-            .find(|r| r.name == name)
-            .map(|r| self.view(r)))
+        // One record read, whatever the number of packages.
+        match packages::get(&self.state, name) {
+            Ok(rec) => Ok(Some(self.view(&rec))),
+            Err(packages::PackageError::NotInstalled { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn view(&self, rec: &PackageRecord) -> ExtensionView {

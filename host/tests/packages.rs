@@ -304,8 +304,9 @@ fn the_registry_is_json_with_the_documented_fields() {
     f.install(&f.folder("notes", "notes", "0.1.0")).unwrap();
     let text = fs::read_to_string(f.state.packages_dir().join(packages::REGISTRY_FILE)).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(json["format"], 1);
-    let rec = &json["packages"]["notes"];
+    assert_eq!(json, serde_json::json!({"format": 2}));
+    let text = fs::read_to_string(record_file(&f, "notes")).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
     for key in [
         "name",
         "version",
@@ -319,6 +320,109 @@ fn the_registry_is_json_with_the_documented_fields() {
     }
     assert_eq!(rec["manifest"]["protocol"], serde_json::json!([1]));
     assert_eq!(rec["files"]["bin/run"]["executable"], true);
+}
+
+fn record_file(f: &Fixture, name: &str) -> PathBuf {
+    f.state
+        .packages_dir()
+        .join(packages::RECORDS_DIR)
+        .join(format!("{name}.json"))
+}
+
+/// Inode and modification time: a file replaced or rewritten has other ones.
+fn identity(path: &Path) -> (u64, i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(path).unwrap();
+    (m.ino(), m.mtime(), m.mtime_nsec())
+}
+
+#[test]
+fn a_change_writes_only_the_changed_package_s_record() {
+    let f = fixture();
+    f.install(&f.folder("a", "alpha", "0.1.0")).unwrap();
+    f.install(&f.folder("b", "beta", "0.1.0")).unwrap();
+    let alpha = identity(&record_file(&f, "alpha"));
+    let registry = identity(&f.state.packages_dir().join(packages::REGISTRY_FILE));
+    let beta = identity(&record_file(&f, "beta"));
+
+    f.install(&f.folder("c", "gamma", "0.1.0")).unwrap();
+    packages::set_enabled(&f.state, "beta", false).unwrap();
+    assert_eq!(
+        identity(&record_file(&f, "alpha")),
+        alpha,
+        "alpha's record was rewritten"
+    );
+    assert_eq!(
+        identity(&f.state.packages_dir().join(packages::REGISTRY_FILE)),
+        registry,
+        "registry.json was rewritten"
+    );
+    assert_ne!(
+        identity(&record_file(&f, "beta")),
+        beta,
+        "beta's change was not written"
+    );
+
+    packages::remove(&f.state, "gamma").unwrap();
+    assert!(!record_file(&f, "gamma").exists());
+    let names: Vec<String> = packages::list(&f.state)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, ["alpha", "beta"]);
+    assert!(!packages::get(&f.state, "beta").unwrap().enabled);
+}
+
+#[test]
+fn a_single_file_registry_is_read_and_rewritten_one_file_per_package_on_the_next_change() {
+    let f = fixture();
+    f.install(&f.folder("a", "alpha", "0.1.0")).unwrap();
+    f.install(&f.folder("b", "beta", "0.1.0")).unwrap();
+    let before = packages::list(&f.state).unwrap();
+    // The store as format 1 wrote it: every record inside registry.json, no record files.
+    let mut all = serde_json::Map::new();
+    for rec in &before {
+        let text = fs::read_to_string(record_file(&f, &rec.name)).unwrap();
+        all.insert(rec.name.clone(), serde_json::from_str(&text).unwrap());
+    }
+    fs::remove_dir_all(f.state.packages_dir().join(packages::RECORDS_DIR)).unwrap();
+    fs::write(
+        f.state.packages_dir().join(packages::REGISTRY_FILE),
+        serde_json::to_string_pretty(&serde_json::json!({"format": 1, "packages": all})).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(packages::list(&f.state).unwrap(), before);
+    assert_eq!(packages::get(&f.state, "beta").unwrap(), before[1]);
+    packages::verify(&f.state, "alpha").unwrap();
+
+    // The first change rewrites the store in format 2 and loses nothing.
+    assert!(packages::set_enabled(&f.state, "alpha", false).unwrap());
+    let text = fs::read_to_string(f.state.packages_dir().join(packages::REGISTRY_FILE)).unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+        serde_json::json!({"format": 2})
+    );
+    assert!(record_file(&f, "alpha").is_file() && record_file(&f, "beta").is_file());
+    let after = packages::list(&f.state).unwrap();
+    assert_eq!(after.len(), 2);
+    assert!(!after[0].enabled);
+    assert_eq!(after[1], before[1]);
+}
+
+#[test]
+fn a_damaged_record_is_reported_with_what_to_do() {
+    let f = fixture();
+    f.install(&f.folder("notes", "notes", "0.1.0")).unwrap();
+    fs::write(record_file(&f, "notes"), "{ not json").unwrap();
+    let err = packages::list(&f.state).unwrap_err();
+    assert!(
+        matches!(&err, PackageError::Corrupt { path, .. } if path.ends_with("notes.json")),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("reinstall"), "{err}");
+    let err = packages::verify(&f.state, "notes").unwrap_err();
+    assert!(err.to_string().contains("damaged"), "{err}");
 }
 
 #[test]
@@ -1050,6 +1154,96 @@ fn verify_names_missing_added_and_replaced_files() {
             .iter()
             .all(|c| matches!(c, FileChange::Missing { .. })),
         "{changes:?}"
+    );
+}
+
+fn verified_file(f: &Fixture) -> PathBuf {
+    f.state
+        .packages_dir()
+        .join(packages::VERIFIED_DIR)
+        .join("notes.json")
+}
+
+/// Writes `text` over `path` keeping its size and putting its modification time back, as a
+/// tamperer covering their tracks would; only the status-change time moves.
+fn rewrite_keeping_mtime(path: &Path, text: &str) {
+    let meta = fs::metadata(path).unwrap();
+    assert_eq!(
+        meta.len(),
+        text.len() as u64,
+        "the test needs a same-size rewrite"
+    );
+    let mtime = meta.modified().unwrap();
+    let file = fs::OpenOptions::new().write(true).open(path).unwrap();
+    (&file).write_all(text.as_bytes()).unwrap();
+    file.set_modified(mtime).unwrap();
+}
+
+#[test]
+fn verify_catches_a_same_size_rewrite_with_the_old_modification_time() {
+    let f = fixture();
+    f.install(&f.folder("notes", "notes", "0.1.0")).unwrap();
+    // The install kept the files' stats; the first check uses them.
+    assert!(verified_file(&f).is_file());
+    packages::verify(&f.state, "notes").unwrap();
+
+    let data = installed(&f, "notes").join("data.txt");
+    let old = fs::read_to_string(&data).unwrap();
+    let forged: String = old.chars().rev().collect();
+    assert_ne!(old, forged);
+    rewrite_keeping_mtime(&data, &forged);
+    let changes = tampered(&f);
+    assert!(
+        matches!(&changes[..], [FileChange::Modified { path, .. }] if path == "data.txt"),
+        "{changes:?}"
+    );
+}
+
+#[test]
+fn verify_hashes_in_full_without_kept_stats_and_keeps_them_again() {
+    let f = fixture();
+    f.install(&f.folder("notes", "notes", "0.1.0")).unwrap();
+    fs::remove_file(verified_file(&f)).unwrap();
+    packages::verify(&f.state, "notes").unwrap();
+    assert!(
+        verified_file(&f).is_file(),
+        "a passing full check keeps the stats"
+    );
+
+    // Damaged kept stats are no shortcut: the full check runs and finds the change.
+    fs::write(verified_file(&f), "{ not json").unwrap();
+    fs::write(
+        installed(&f, "notes").join("bin/run"),
+        "#!/bin/sh
+echo changed
+",
+    )
+    .unwrap();
+    let changes = tampered(&f);
+    assert!(
+        matches!(&changes[..], [FileChange::Modified { path, .. }] if path == "bin/run"),
+        "{changes:?}"
+    );
+    // A removed package leaves no kept stats behind.
+    packages::remove(&f.state, "notes").unwrap();
+    assert!(!verified_file(&f).exists());
+}
+
+#[test]
+fn kept_stats_of_another_install_are_not_trusted() {
+    let f = fixture();
+    let src = f.folder("notes", "notes", "0.1.0");
+    f.install(&src).unwrap();
+    let stale = fs::read(verified_file(&f)).unwrap();
+    // A reinstall is another record: stats kept for the earlier one must not pass it, even when
+    // they are put back by hand.
+    f.install(&src).unwrap();
+    fs::write(verified_file(&f), &stale).unwrap();
+    packages::verify(&f.state, "notes").unwrap();
+    assert_ne!(
+        fs::read(verified_file(&f)).unwrap(),
+        stale,
+        "the full check kept fresh stats"
     );
 }
 

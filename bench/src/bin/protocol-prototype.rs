@@ -5,7 +5,7 @@
 //! Run with `make protocol-prototype`, or:
 //!
 //! ```text
-//! cargo build --release -p conduit-bench
+//! cargo build --release -p conduit-bench --features grpc
 //! target/release/protocol-prototype [--regime idle|awake|both] [--rounds 5] [--json PATH]
 //! ```
 //!
@@ -391,7 +391,7 @@ fn programs_beside(exe: &Path) -> anyhow::Result<floors::Programs> {
         let p = dir.join(name);
         ensure!(
             p.is_file(),
-            "{} is missing: build the whole package (`cargo build --release -p conduit-bench`)",
+            "{} is missing: build the whole package (`cargo build --release -p conduit-bench --features grpc`)",
             p.display()
         );
         Ok(p)

@@ -336,12 +336,11 @@ pub fn install(
         })?;
         refuse_state_inside(state, &origin)?;
         // Refuse a downgrade before the copy; it is checked again under the lock below.
-        plan(&Registry::load(state)?, &manifest, opts)?;
+        plan(&Registry::load_one(state, &manifest.name)?, &manifest, opts)?;
     }
 
     let _lock = StoreLock::exclusive(state)?;
     sweep_stale(state);
-    let registry = Registry::load(state)?;
     let staging = tempfile::Builder::new()
         .prefix("install-")
         .tempdir_in(state.tmp_dir())
@@ -361,6 +360,7 @@ pub fn install(
     // The staged copy is what gets installed, so its manifest is the one that counts (for a
     // folder it is normally the one validated above).
     let manifest = load_staged_manifest(&origin, &root, kind)?;
+    let registry = Registry::load_one(state, &manifest.name)?;
     let change = plan(&registry, &manifest, opts)?;
     let Scan { files, others } = scan(&root).map_err(|e| InstallError::Read {
         origin: origin.clone(),
@@ -413,6 +413,10 @@ pub fn install(
     if let Err(e) = super::readonly::make_read_only(&target) {
         tracing::warn!(package = %record.name, error = %e, "cannot make the installed package read-only");
     }
+    // The files were hashed in staging just now: keep their stats (after the mode change above,
+    // which moves their ctime), so the first start checks them without hashing again (see
+    // `verify.rs`).
+    super::verify::remember(state, &record);
     Ok(InstallOutcome {
         change,
         record,

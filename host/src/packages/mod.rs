@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! <state>/packages/
-//! ├── registry.json        {"format": 1, "packages": {"<name>": PackageRecord, …}}
+//! ├── registry.json        {"format": 2} (format 1 held every record here; still read)
+//! ├── .records/notes.json  the PackageRecord of `notes`: one file per package
+//! ├── .verified/notes.json the stats of `notes`'s files at its last full check (see `verify.rs`)
 //! ├── notes/               the installed files of package `notes`, exactly as recorded
 //! │   ├── conduit-extension.toml
 //! │   └── bin/conduit-notes
@@ -17,7 +19,7 @@
 //! Scratch a killed install or remove leaves in `tmp/` is swept by the next one, under the lock.
 //!
 //! Package names are `[a-z0-9-]` (the manifest enforces it), so no package folder can be called
-//! `registry.json`.
+//! `registry.json`, `.records` or `.verified`.
 //!
 //! Invariants:
 //! - Every mutation ([`install`], [`remove`], [`set_enabled`], [`rollback`]) holds an exclusive `flock` on the
@@ -26,7 +28,8 @@
 //! - A package folder holds only regular files and folders: links are resolved at install time
 //!   and their targets copied, so nothing installed can point outside the package.
 //! - Every regular file of a package folder is in its record's `files`, with its sha256, size
-//!   and executable bit; [`verify`] re-checks exactly that before the daemon starts a package.
+//!   and executable bit; [`verify`] re-checks exactly that before the daemon starts a package
+//!   (hashing again only when the files' stats changed since the last full check).
 //! - A failed install, remove or enable leaves `packages/` as it was: installs are staged under
 //!   `<state>/tmp/` and swapped in by rename, and each step after the first is undone on failure.
 //!   A crash (not a failure) between the swap's renames can leave a package folder missing or
@@ -53,10 +56,10 @@ pub use install::{
     InstallChange, InstallError, InstallOptions, InstallOutcome, UnsafeEntry, install,
 };
 pub use registry::{
-    FileRecord, PackageError, PackageRecord, REGISTRY_FILE, Rollback, get, list, previous, remove,
-    rollback, set_enabled,
+    FileRecord, PackageError, PackageRecord, RECORDS_DIR, REGISTRY_FILE, Rollback, get, list,
+    previous, remove, rollback, set_enabled,
 };
-pub use verify::{FileChange, TamperError, VerifyError, verify};
+pub use verify::{FileChange, TamperError, VERIFIED_DIR, VerifyError, verify};
 
 use crate::state_dir::StateDir;
 

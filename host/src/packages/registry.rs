@@ -1,11 +1,18 @@
-//! `packages/registry.json`: the record of every installed package, and the lock that serialises
-//! changes to the store.
+//! The record of every installed package, and the lock that serialises changes to the store.
 //!
-//! Invariant: the registry file is only ever replaced whole (written to a temporary file in
-//! `<state>/tmp/`, fsynced, renamed over the old one, and the folder fsynced), so a reader sees
-//! the old registry or the new one, never a mix, and a crash never leaves it half-written.
-//! Unknown fields are tolerated on read, so an older conduit can read a newer registry of the same
-//! format number.
+//! Layout (format 2): one file per package, `packages/.records/<name>.json` (a [`PackageRecord`]),
+//! and `packages/registry.json`, which holds only the format number. One file per package makes
+//! an install, remove or enable cost the same with one package installed or a thousand: it reads
+//! and writes that package's record only (a single file of every record grew by a record per
+//! install and was read, rewritten and fsynced whole each time). Format 1 (every record inside
+//! `registry.json`) is still read; the first change under the exclusive lock rewrites it as
+//! format 2.
+//!
+//! Invariant: a record file, and `registry.json`, is only ever replaced whole (written to a
+//! temporary file in `<state>/tmp/`, fsynced, renamed over the old one, and the folder fsynced),
+//! so a reader sees a package's old record or its new one, never a mix, and a crash never leaves
+//! one half-written. A change touches one record, so it is as atomic as before. Unknown fields are
+//! tolerated on read, so an older conduit can read a newer registry of the same format number.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -20,12 +27,20 @@ use serde::{Deserialize, Serialize};
 use crate::manifest::Manifest;
 use crate::state_dir::StateDir;
 
-/// The registry's file name inside `<state>/packages/`.
+/// The registry's file name inside `<state>/packages/`: the format number (and, in format 1,
+/// every record).
 pub const REGISTRY_FILE: &str = "registry.json";
 
-/// The registry format this code reads and writes. Bump it only for a change an older reader
-/// would misread; adding a field does not need it.
-const FORMAT: u32 = 1;
+/// The folder of the per-package records inside `<state>/packages/`. Package names are
+/// `[a-z0-9-]`, so no package folder can have this name.
+pub const RECORDS_DIR: &str = ".records";
+
+/// The registry format this code writes. Bump it only for a change an older reader would
+/// misread; adding a field does not need it.
+const FORMAT: u32 = 2;
+
+/// The format that kept every record inside `registry.json`; read, and rewritten on change.
+const FORMAT_SINGLE_FILE: u32 = 1;
 
 /// One installed package, as recorded at install time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,76 +127,281 @@ impl PackageError {
     }
 }
 
-/// The whole registry file.
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// The registry as one operation sees it: the records it read, and what it changes.
+///
+/// [`Registry::load`] reads every record; [`Registry::load_one`] only the named one (what an
+/// install, remove, enable or verify needs). [`Registry::save`] writes the records that differ
+/// from what was read and deletes those taken out, so a change costs one record's write.
+#[derive(Debug, Default)]
 pub(crate) struct Registry {
-    format: u32,
     pub(crate) packages: BTreeMap<String, PackageRecord>,
     /// The version each package replaced at its last upgrade, downgrade or reinstall, whose
-    /// files are kept in `packages/<name>.previous/` for `conduit ext rollback`.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// files are kept in `packages/<name>.previous/` for `conduit ext rollback`; stored as
+    /// `packages/.records/<name>.previous.json`.
     pub(crate) previous: BTreeMap<String, PackageRecord>,
+    /// The kept records as read, to tell what [`Registry::save`] must write or delete.
+    read_previous: BTreeMap<String, PackageRecord>,
+    /// The records as read, to tell what [`Registry::save`] must write or delete.
+    read: BTreeMap<String, PackageRecord>,
+    /// The store is in format 1 (or has no `registry.json` yet): the next save writes every
+    /// record it holds and then the format-2 `registry.json`.
+    upgrade: bool,
+}
+
+/// `registry.json` in format 1, and the format number of every format.
+#[derive(Deserialize)]
+struct SingleFile {
+    #[serde(default)]
+    packages: BTreeMap<String, PackageRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Head {
+    format: u32,
+}
+
+/// What `registry.json` says.
+enum Stored {
+    /// No registry file: nothing was installed yet (or a first install crashed before writing
+    /// it; its records are read all the same).
+    Missing,
+    /// Format 1: every record is in the file.
+    SingleFile(BTreeMap<String, PackageRecord>),
+    /// Format 2: the records are in [`RECORDS_DIR`].
+    Records,
 }
 
 impl Registry {
-    /// Reads the registry; a store nothing was ever installed in has none, and that is empty.
+    /// Reads every record; a store nothing was ever installed in has none, and that is empty.
     pub(crate) fn load(state: &StateDir) -> Result<Registry, PackageError> {
-        let path = state.packages_dir().join(REGISTRY_FILE);
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok(Registry {
-                    format: FORMAT,
-                    packages: BTreeMap::new(),
-                    previous: BTreeMap::new(),
-                });
-            }
-            Err(e) => return Err(PackageError::io("read", &path, e)),
+        let ((packages, previous), upgrade) = match read_head(state)? {
+            Stored::SingleFile(all) => ((all, BTreeMap::new()), true),
+            Stored::Missing => (read_all_records(state)?, true),
+            Stored::Records => (read_all_records(state)?, false),
         };
-        // Look at the format number first, so a newer registry is reported as newer rather than
-        // as damaged when its shape changed.
-        #[derive(Deserialize)]
-        struct Head {
-            format: u32,
-        }
-        let corrupt = |e: serde_json::Error| PackageError::Corrupt {
-            path: path.clone(),
-            message: e.to_string(),
-        };
-        let head: Head = serde_json::from_slice(&bytes).map_err(corrupt)?;
-        if head.format > FORMAT {
-            return Err(PackageError::NewerFormat {
-                path,
-                found: head.format,
-            });
-        }
-        let registry: Registry = serde_json::from_slice(&bytes).map_err(corrupt)?;
-        if let Some((key, rec)) = registry.packages.iter().find(|(k, r)| **k != r.name) {
-            return Err(PackageError::Corrupt {
-                path,
-                message: format!("the entry `{key}` records a package named `{}`", rec.name),
-            });
-        }
-        Ok(registry)
+        Ok(Registry {
+            read: packages.clone(),
+            packages,
+            read_previous: previous.clone(),
+            previous,
+            upgrade,
+        })
     }
 
-    /// Replaces the registry file atomically; see the module invariant.
-    pub(crate) fn save(&mut self, state: &StateDir) -> Result<(), PackageError> {
-        self.format = FORMAT;
-        let dir = state.packages_dir();
-        let path = dir.join(REGISTRY_FILE);
-        let write = || -> io::Result<()> {
-            let mut tmp = tempfile::Builder::new()
-                .prefix("registry-")
-                .tempfile_in(state.tmp_dir())?;
-            serde_json::to_writer_pretty(&mut tmp, &*self)?;
-            tmp.write_all(b"\n")?;
-            tmp.as_file().sync_all()?;
-            tmp.persist(&path).map_err(|e| e.error)?;
-            sync_dir(&dir)
-        };
-        write().map_err(|e| PackageError::io("write", &path, e))
+    /// Reads the record of `name` only (if it is installed). In format 1 every record is read,
+    /// since the first save rewrites them all.
+    pub(crate) fn load_one(state: &StateDir, name: &str) -> Result<Registry, PackageError> {
+        match read_head(state)? {
+            Stored::SingleFile(_) => Registry::load(state),
+            stored => {
+                let packages: BTreeMap<String, PackageRecord> = read_record(state, name)?
+                    .map(|r| (name.to_owned(), r))
+                    .into_iter()
+                    .collect();
+                let previous: BTreeMap<String, PackageRecord> =
+                    read_record_at(&previous_record_path(state, name), name)?
+                        .map(|r| (name.to_owned(), r))
+                        .into_iter()
+                        .collect();
+                Ok(Registry {
+                    read: packages.clone(),
+                    packages,
+                    read_previous: previous.clone(),
+                    previous,
+                    upgrade: matches!(stored, Stored::Missing),
+                })
+            }
+        }
     }
+
+    /// Writes what changed since the load; see the module invariant. A record that is not
+    /// loaded is left as it is.
+    pub(crate) fn save(&mut self, state: &StateDir) -> Result<(), PackageError> {
+        let records = state.packages_dir().join(RECORDS_DIR);
+        if !records.is_dir() {
+            fs::create_dir_all(&records).map_err(|e| PackageError::io("create", &records, e))?;
+        }
+        let mut wrote = false;
+        for (name, rec) in &self.packages {
+            if self.upgrade || self.read.get(name) != Some(rec) {
+                let path = record_path(state, name);
+                write_atomically(state, &path, rec)
+                    .map_err(|e| PackageError::io("write", &path, e))?;
+                wrote = true;
+            }
+        }
+        for name in self.read.keys().filter(|n| !self.packages.contains_key(*n)) {
+            let path = record_path(state, name);
+            match fs::remove_file(&path) {
+                Ok(()) => wrote = true,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(PackageError::io("delete", &path, e)),
+            }
+        }
+        for (name, rec) in &self.previous {
+            if self.read_previous.get(name) != Some(rec) {
+                let path = previous_record_path(state, name);
+                write_atomically(state, &path, rec)
+                    .map_err(|e| PackageError::io("write", &path, e))?;
+                wrote = true;
+            }
+        }
+        for name in self
+            .read_previous
+            .keys()
+            .filter(|n| !self.previous.contains_key(*n))
+        {
+            let path = previous_record_path(state, name);
+            match fs::remove_file(&path) {
+                Ok(()) => wrote = true,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(PackageError::io("delete", &path, e)),
+            }
+        }
+        if wrote {
+            sync_dir(&records).map_err(|e| PackageError::io("write", &records, e))?;
+        }
+        if self.upgrade {
+            // Last: until this rename a reader still reads format 1 whole, which holds every
+            // record but the one being changed, as it was.
+            let path = state.packages_dir().join(REGISTRY_FILE);
+            write_atomically(state, &path, &Head { format: FORMAT })
+                .and_then(|()| sync_dir(&state.packages_dir()))
+                .map_err(|e| PackageError::io("write", &path, e))?;
+            self.upgrade = false;
+        }
+        self.read = self.packages.clone();
+        self.read_previous = self.previous.clone();
+        Ok(())
+    }
+}
+
+/// `packages/.records/<name>.json`.
+fn record_path(state: &StateDir, name: &str) -> PathBuf {
+    state
+        .packages_dir()
+        .join(RECORDS_DIR)
+        .join(format!("{name}.json"))
+}
+
+fn corrupt(path: &Path, message: impl Into<String>) -> PackageError {
+    PackageError::Corrupt {
+        path: path.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn read_head(state: &StateDir) -> Result<Stored, PackageError> {
+    let path = state.packages_dir().join(REGISTRY_FILE);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Stored::Missing),
+        Err(e) => return Err(PackageError::io("read", &path, e)),
+    };
+    // Look at the format number first, so a newer registry is reported as newer rather than
+    // as damaged when its shape changed.
+    let head: Head = serde_json::from_slice(&bytes).map_err(|e| corrupt(&path, e.to_string()))?;
+    match head.format {
+        f if f > FORMAT => Err(PackageError::NewerFormat { path, found: f }),
+        FORMAT_SINGLE_FILE | 0 => {
+            let file: SingleFile =
+                serde_json::from_slice(&bytes).map_err(|e| corrupt(&path, e.to_string()))?;
+            if let Some((key, rec)) = file.packages.iter().find(|(k, r)| **k != r.name) {
+                return Err(corrupt(
+                    &path,
+                    format!("the entry `{key}` records a package named `{}`", rec.name),
+                ));
+            }
+            Ok(Stored::SingleFile(file.packages))
+        }
+        _ => Ok(Stored::Records),
+    }
+}
+
+/// `packages/.records/<name>.previous.json`: the record of the version kept for a rollback.
+/// Package names have no dots, so no package's own record has this name.
+fn previous_record_path(state: &StateDir, name: &str) -> PathBuf {
+    state
+        .packages_dir()
+        .join(RECORDS_DIR)
+        .join(format!("{name}.previous.json"))
+}
+
+/// The record of `name` in [`RECORDS_DIR`], if there is one.
+fn read_record(state: &StateDir, name: &str) -> Result<Option<PackageRecord>, PackageError> {
+    read_record_at(&record_path(state, name), name)
+}
+
+/// The record at `path`, which must name the package `name`, if there is one.
+fn read_record_at(path: &Path, name: &str) -> Result<Option<PackageRecord>, PackageError> {
+    let path = path.to_owned();
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(PackageError::io("read", &path, e)),
+    };
+    let rec: PackageRecord =
+        serde_json::from_slice(&bytes).map_err(|e| corrupt(&path, e.to_string()))?;
+    if rec.name != name {
+        return Err(corrupt(
+            &path,
+            format!(
+                "the file of `{name}` records a package named `{}`",
+                rec.name
+            ),
+        ));
+    }
+    Ok(Some(rec))
+}
+
+type Records = BTreeMap<String, PackageRecord>;
+
+/// Every record in [`RECORDS_DIR`], and every kept previous record. Names that are neither
+/// `<name>.json` nor `<name>.previous.json` (a temporary file of an editor, say) are skipped.
+fn read_all_records(state: &StateDir) -> Result<(Records, Records), PackageError> {
+    let dir = state.packages_dir().join(RECORDS_DIR);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok((BTreeMap::new(), BTreeMap::new()));
+        }
+        Err(e) => return Err(PackageError::io("read", &dir, e)),
+    };
+    let mut out = BTreeMap::new();
+    let mut kept = BTreeMap::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| PackageError::io("read", &dir, e))?;
+        let file_name = entry.file_name();
+        let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+            continue;
+        };
+        if name.is_empty() || name.starts_with('.') {
+            continue;
+        }
+        if let Some(pkg) = name.strip_suffix(".previous") {
+            if let Some(rec) = read_record_at(&entry.path(), pkg)? {
+                kept.insert(pkg.to_owned(), rec);
+            }
+            continue;
+        }
+        if let Some(rec) = read_record(state, name)? {
+            out.insert(name.to_owned(), rec);
+        }
+    }
+    Ok((out, kept))
+}
+
+/// Replaces `path` with `value` as pretty JSON: a temporary file in `<state>/tmp/`, fsynced, then
+/// renamed over it. The caller fsyncs the folder.
+fn write_atomically(state: &StateDir, path: &Path, value: &impl Serialize) -> io::Result<()> {
+    let mut tmp = tempfile::Builder::new()
+        .prefix("registry-")
+        .tempfile_in(state.tmp_dir())?;
+    serde_json::to_writer_pretty(&mut tmp, value)?;
+    tmp.write_all(b"\n")?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// Makes renames into `dir` durable.
@@ -269,7 +489,7 @@ pub fn list(state: &StateDir) -> Result<Vec<PackageRecord>, PackageError> {
 
 /// The record of the package named `name`.
 pub fn get(state: &StateDir, name: &str) -> Result<PackageRecord, PackageError> {
-    Registry::load(state)?
+    Registry::load_one(state, name)?
         .packages
         .remove(name)
         .ok_or_else(|| PackageError::NotInstalled {
@@ -280,7 +500,7 @@ pub fn get(state: &StateDir, name: &str) -> Result<PackageRecord, PackageError> 
 /// Turns the package named `name` on or off for the daemon; returns whether the flag changed.
 pub fn set_enabled(state: &StateDir, name: &str, enabled: bool) -> Result<bool, PackageError> {
     let _lock = StoreLock::exclusive(state)?;
-    let mut registry = Registry::load(state)?;
+    let mut registry = Registry::load_one(state, name)?;
     let rec = registry
         .packages
         .get_mut(name)
@@ -302,7 +522,7 @@ pub fn set_enabled(state: &StateDir, name: &str, enabled: bool) -> Result<bool, 
 pub fn remove(state: &StateDir, name: &str) -> Result<PackageRecord, PackageError> {
     let _lock = StoreLock::exclusive(state)?;
     sweep_stale(state);
-    let mut registry = Registry::load(state)?;
+    let mut registry = Registry::load_one(state, name)?;
     let Some(rec) = registry.packages.remove(name) else {
         return Err(PackageError::NotInstalled {
             name: name.to_owned(),
@@ -340,6 +560,7 @@ pub fn remove(state: &StateDir, name: &str) -> Result<PackageRecord, PackageErro
     // The kept previous version goes too (a leftover of it is harmless: nothing reads it
     // without its record).
     let _ = fs::rename(previous_dir(state, name), trash.path().join("previous"));
+    super::verify::forget(state, name);
     // `trash` deletes the old files when dropped; if that fails, the next sweep retries.
     Ok(rec)
 }
@@ -397,7 +618,7 @@ pub struct Rollback {
 pub fn rollback(state: &StateDir, name: &str) -> Result<Rollback, PackageError> {
     let _lock = StoreLock::exclusive(state)?;
     sweep_stale(state);
-    let mut registry = Registry::load(state)?;
+    let mut registry = Registry::load_one(state, name)?;
     let Some(current) = registry.packages.get(name).cloned() else {
         return Err(PackageError::NotInstalled {
             name: name.to_owned(),
@@ -455,7 +676,7 @@ pub fn rollback(state: &StateDir, name: &str) -> Result<Rollback, PackageError> 
 
 /// The version kept for a rollback of the package named `name`, if any.
 pub fn previous(state: &StateDir, name: &str) -> Result<Option<PackageRecord>, PackageError> {
-    Ok(Registry::load(state)?
+    Ok(Registry::load_one(state, name)?
         .previous
         .remove(name)
         .filter(|_| previous_dir(state, name).is_dir()))

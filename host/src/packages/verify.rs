@@ -1,17 +1,36 @@
 //! Tamper detection: does an installed package folder still hold exactly what was recorded?
 //!
 //! The daemon calls [`verify`] before every start of a package, so code changed after install
-//! (by hand, by another program, by an attacker with write access) is refused, not run.
+//! (by hand, by another program, by a careless or hostile process of the same user) is refused,
+//! not run.
 //!
 //! Invariant: a package passes only if its folder holds exactly the recorded regular files, with
-//! the recorded sha256, size and executable bit, and nothing but folders besides. Every file is
-//! hashed in full; there is no shortcut through sizes or timestamps, which a tamperer controls.
+//! the recorded sha256, size and executable bit, and nothing but folders besides.
+//!
+//! Hashing every file before every start costs a thousand packages seconds of CPU at each daemon
+//! start, so the files are hashed in full once, and afterwards checked through what the kernel
+//! says of them. After an install, and after every full check that passes, the stat of each file
+//! (device, inode, size, mode, modification and status-change time to the nanosecond) is kept in
+//! `packages/.verified/<name>.json`, tied to the record it was taken under. A later check that
+//! finds the same files with the same stats passes without reading them; any difference (a new,
+//! missing or replaced file, any write, `chmod` or `touch`) falls back to hashing every file,
+//! which reports exactly what changed. The status-change time (`ctime`) cannot be set by an
+//! unprivileged process: any write or change of metadata moves it to the current time. So the
+//! shortcut is passed only by someone who can set the system clock or write the disk beneath
+//! the file system, or who rewrites the `.verified` file too — that is, by whoever can write the
+//! state directory, who could rewrite the registry's recorded hashes just as well.
 
+use std::collections::BTreeMap;
 use std::fmt;
-use std::io;
-use std::path::PathBuf;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
-use super::registry::{PackageError, Registry, StoreLock};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::registry::{PackageError, PackageRecord, Registry, StoreLock};
 use super::tree::scan;
 use super::{FileRecord, package_dir};
 use crate::state_dir::StateDir;
@@ -122,12 +141,14 @@ pub enum VerifyError {
     },
 }
 
-/// Re-hashes the installed files of the package named `name` and compares them with its record.
+/// Checks that the installed files of the package named `name` are those of its record: by
+/// their stats when they match those kept at the last full check, else by hashing every file
+/// (see the module documentation).
 ///
 /// Waits for a running install or remove to finish, so it never sees half of one.
 pub fn verify(state: &StateDir, name: &str) -> Result<(), VerifyError> {
     let _lock = StoreLock::shared(state)?;
-    let registry = Registry::load(state)?;
+    let registry = Registry::load_one(state, name)?;
     let Some(record) = registry.packages.get(name) else {
         return Err(PackageError::NotInstalled {
             name: name.to_owned(),
@@ -135,6 +156,25 @@ pub fn verify(state: &StateDir, name: &str) -> Result<(), VerifyError> {
         .into());
     };
     let dir = package_dir(state, name);
+    let before = stat_tree(&dir);
+    if let (Some(seen), Some(now)) = (read_seen(state, name), &before)
+        && seen.record == record_identity(record)
+        && *now == seen.files
+    {
+        return Ok(());
+    }
+    hash_and_compare(&dir, record)?;
+    // Kept only if nothing changed while the files were being hashed.
+    if let Some(before) = before {
+        keep(state, record, before);
+    }
+    Ok(())
+}
+
+/// The full check: every file hashed and compared with the record.
+fn hash_and_compare(dir: &Path, record: &PackageRecord) -> Result<(), VerifyError> {
+    let name = &record.name;
+    let dir = dir.to_owned();
     let found = match scan(&dir) {
         Ok(found) => found,
         // The whole folder gone is every file missing: report it the same way.
@@ -193,4 +233,143 @@ pub fn verify(state: &StateDir, name: &str) -> Result<(), VerifyError> {
         changes,
     }
     .into())
+}
+
+/// The folder of the kept stats inside `<state>/packages/`. Package names are `[a-z0-9-]`, so no
+/// package folder can have this name.
+pub const VERIFIED_DIR: &str = ".verified";
+
+/// What the kernel said of one installed file at the last full check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct FileStat {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mode: u32,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+/// `packages/.verified/<name>.json`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Seen {
+    /// [`record_identity`] of the record the stats were taken under.
+    record: String,
+    files: BTreeMap<String, FileStat>,
+}
+
+fn seen_path(state: &StateDir, name: &str) -> PathBuf {
+    state
+        .packages_dir()
+        .join(VERIFIED_DIR)
+        .join(format!("{name}.json"))
+}
+
+/// Names one record: a reinstall of the same version, or a hand-edited record, gives another.
+fn record_identity(record: &PackageRecord) -> String {
+    let mut h = Sha256::new();
+    for (path, f) in &record.files {
+        h.update(path.as_bytes());
+        h.update(b"\0");
+        h.update(f.sha256.as_bytes());
+        h.update(format!("\0{}\0{}\n", f.size, f.executable).as_bytes());
+    }
+    format!(
+        "{}@{}:{}",
+        record.version,
+        record.installed_at_ms,
+        hex::encode(h.finalize())
+    )
+}
+
+fn read_seen(state: &StateDir, name: &str) -> Option<Seen> {
+    let bytes = fs::read(seen_path(state, name)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The stats of every regular file under `root`, without following links; `None` if anything
+/// but files and folders is there, or a folder cannot be read (the full check then says what).
+fn stat_tree(root: &Path) -> Option<BTreeMap<String, FileStat>> {
+    let mut out = BTreeMap::new();
+    let mut todo: Vec<(PathBuf, String)> = vec![(root.to_owned(), String::new())];
+    while let Some((dir, rel)) = todo.pop() {
+        for entry in fs::read_dir(&dir).ok()? {
+            let entry = entry.ok()?;
+            let name = entry.file_name().into_string().ok()?;
+            let key = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            let meta = fs::symlink_metadata(entry.path()).ok()?;
+            if meta.is_dir() {
+                todo.push((entry.path(), key));
+            } else if meta.is_file() {
+                out.insert(
+                    key,
+                    FileStat {
+                        dev: meta.dev(),
+                        ino: meta.ino(),
+                        size: meta.size(),
+                        mode: meta.mode(),
+                        mtime: (meta.mtime(), meta.mtime_nsec()),
+                        ctime: (meta.ctime(), meta.ctime_nsec()),
+                    },
+                );
+            } else {
+                return None;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Keeps the stats of the package's files as they are now, for the next [`verify`]. Call only
+/// when the files are known to be the record's: right after an install put them in place, or
+/// after a full check passed. Best effort: without the file, the next check hashes in full.
+pub(crate) fn remember(state: &StateDir, record: &PackageRecord) {
+    if let Some(files) = stat_tree(&package_dir(state, &record.name)) {
+        keep(state, record, files);
+    }
+}
+
+/// Writes `files` as the kept stats of `record`, if they are still the stats on disk.
+fn keep(state: &StateDir, record: &PackageRecord, files: BTreeMap<String, FileStat>) {
+    if stat_tree(&package_dir(state, &record.name)).as_ref() != Some(&files) {
+        return;
+    }
+    // The same paths and sizes as the record, or it is not the record's tree.
+    let matches = files.len() == record.files.len()
+        && record
+            .files
+            .iter()
+            .all(|(p, f)| files.get(p).is_some_and(|s| s.size == f.size));
+    if !matches {
+        return;
+    }
+    let seen = Seen {
+        record: record_identity(record),
+        files,
+    };
+    let write = || -> io::Result<()> {
+        let folder = state.packages_dir().join(VERIFIED_DIR);
+        fs::create_dir_all(&folder)?;
+        let mut tmp = tempfile::Builder::new()
+            .prefix("registry-")
+            .tempfile_in(state.tmp_dir())?;
+        serde_json::to_writer(&mut tmp, &seen)?;
+        tmp.write_all(b"\n")?;
+        // No fsync: a lost or torn file only means the next check hashes in full.
+        tmp.persist(seen_path(state, &record.name))
+            .map_err(|e| e.error)?;
+        Ok(())
+    };
+    if let Err(e) = write() {
+        tracing::debug!(package = %record.name, error = %e, "cannot keep the verified stats");
+    }
+}
+
+/// Forgets the kept stats of a removed package.
+pub(crate) fn forget(state: &StateDir, name: &str) {
+    let _ = fs::remove_file(seen_path(state, name));
 }

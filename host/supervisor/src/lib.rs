@@ -58,7 +58,7 @@ use crate::log::{LogFile, Tail};
 use crate::process::{ChildCommand, Confinement, ExitInfo};
 use crate::sandbox::SandboxStatus;
 pub use crate::stats::{LatencyHistogram, MethodStats, Traffic};
-use crate::tree::{Ledger, ProcId, TRACK_INTERVAL};
+use crate::tree::{Ledger, ProcId, TRACK_INTERVAL, TRACK_INTERVAL_QUIET};
 use crate::usage::{SAMPLE_INTERVAL, Usage};
 
 /// How many exits an extension's status keeps, newest first.
@@ -963,6 +963,14 @@ enum Outcome {
     Stop,
 }
 
+/// The preflights that may run at once: one per CPU.
+fn preflight_permits() -> &'static tokio::sync::Semaphore {
+    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    PERMITS.get_or_init(|| {
+        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    })
+}
+
 async fn actor(
     ext: Extension,
     spec: ExtensionSpec,
@@ -975,13 +983,18 @@ async fn actor(
     let log = LogFile::new(&spec.log_path);
     let mut runs = 0u32;
     loop {
-        // The preflight may hash a whole package: off the runtime's workers.
+        // The preflight may hash a whole package: off the runtime's workers, and at most one
+        // per CPU at once, so a thousand extensions starting together take a few blocking
+        // threads rather than one each (and none waits behind a thousand hashes for a CPU).
         let preflight = match spec.preflight.clone() {
-            Some(check) => Some(
-                tokio::task::spawn_blocking(move || check())
-                    .await
-                    .unwrap_or_else(|e| Err(format!("the preflight check panicked: {e}"))),
-            ),
+            Some(check) => {
+                let _permit = preflight_permits().acquire().await;
+                Some(
+                    tokio::task::spawn_blocking(move || check())
+                        .await
+                        .unwrap_or_else(|e| Err(format!("the preflight check panicked: {e}"))),
+                )
+            }
             None => None,
         };
         if let Some(Err(e)) = preflight {
@@ -1093,13 +1106,18 @@ async fn wait_for_operator(
 }
 
 /// Read the child's tree and record what is new (in memory, the ledger and the status).
-fn track(ext: &Extension, run: &Run) {
+/// Reads and records the run's tree; `true` if it has descendants or the record changed.
+fn track(ext: &Extension, run: &Run) -> bool {
     let seen = tree::tree(run.pid);
     let changed = {
         let mut rec = ext.inner.recorded.lock().unwrap_or_else(|p| p.into_inner());
         let before = rec.len();
-        // Forget what no longer exists at all, so the record stays the size of the tree.
-        rec.retain(|id| tree::stat(id.pid).is_some_and(|s| s.id.start == id.start));
+        // Forget what no longer exists at all, so the record stays the size of the tree (what
+        // was just seen exists: no second read of its stat).
+        rec.retain(|id| {
+            seen.iter().any(|s| s.id == *id)
+                || tree::stat(id.pid).is_some_and(|s| s.id.start == id.start)
+        });
         let pruned = rec.len() != before;
         let mut added = false;
         for s in &seen {
@@ -1107,6 +1125,7 @@ fn track(ext: &Extension, run: &Run) {
         }
         (added || pruned).then(|| rec.clone())
     };
+    let was_changed = changed.is_some();
     if let Some(set) = changed
         && let Some(l) = &run.ledger
         && let Err(e) = l.write(&set)
@@ -1127,9 +1146,11 @@ fn track(ext: &Extension, run: &Run) {
         .status
         .descendants
         != desc;
+    let busy = was_changed || !desc.is_empty();
     if differs {
         ext.update(|s| s.descendants = desc);
     }
+    busy
 }
 
 async fn run_once(
@@ -1315,8 +1336,11 @@ async fn run_once(
     // Crash detection: stdout EOF or child exit, whichever comes first; meanwhile the tree is
     // read and recorded every TRACK_INTERVAL.
     let watch = session_peer(&run);
-    let mut tick = tokio::time::interval(TRACK_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Every TRACK_INTERVAL while the tree has descendants or just changed; a tree that is only
+    // the extension itself is read ever less often, down to every TRACK_INTERVAL_QUIET, so a
+    // thousand idle extensions cost the daemon a fraction of a CPU percent rather than ten.
+    let mut every = TRACK_INTERVAL;
+    let mut next_track = tokio::time::Instant::now() + every;
     // In a cgroup the kernel enforces memory.max itself: its OOM kills are counted there.
     let ooms = spec
         .confine
@@ -1365,7 +1389,10 @@ async fn run_once(
                 stop_run(ext, run, spec.stop_grace, "the daemon stopping").await;
                 return Outcome::Stop;
             }
-            _ = tick.tick() => track(ext, &run),
+            () = tokio::time::sleep_until(next_track) => {
+                every = if track(ext, &run) { TRACK_INTERVAL } else { (every * 2).min(TRACK_INTERVAL_QUIET) };
+                next_track = tokio::time::Instant::now() + every;
+            }
         }
     }
 }

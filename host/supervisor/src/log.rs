@@ -20,6 +20,10 @@ pub const TAIL_LINES: usize = 20;
 pub const TAIL_LINE_BYTES: usize = 1024;
 /// The log file's cap.
 pub const LOG_CAP_BYTES: u64 = 1024 * 1024;
+/// The stderr read buffer starts this small and grows by four, up to `READ_MAX`, each time a
+/// read fills it.
+const READ_MIN: usize = 1024;
+const READ_MAX: usize = 16 * 1024;
 
 /// How every run marker starts; a line of the log that starts so is a marker.
 pub const RUN_MARKER_PREFIX: &str = "=== conduit: run started ";
@@ -166,12 +170,17 @@ impl LogFile {
                 written += m.len() as u64;
             }
         }
-        let mut buf = vec![0u8; 16 * 1024];
+        // Small until the child writes more than a line or two at once: a thousand quiet
+        // extensions would otherwise hold 16 MiB of read buffers between them.
+        let mut buf = vec![0u8; READ_MIN];
         loop {
             let n = match stderr.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            if n == buf.len() && buf.len() < READ_MAX {
+                buf.resize((buf.len() * 4).min(READ_MAX), 0);
+            }
             tail.push_bytes(&buf[..n]);
             let mut chunk = &buf[..n];
             while !chunk.is_empty() {

@@ -193,14 +193,16 @@ pub fn reap_orphans(keep: impl Fn(crate::tree::ProcId) -> bool) -> (usize, usize
     let me = std::process::id();
     let (mut reaped, mut killed) = (0, 0);
     for pid in crate::tree::children(me) {
-        let Some(st) = crate::tree::stat(pid) else {
-            continue;
-        };
         // Held while reaping, so a child spawned meanwhile is a leader before it can be seen.
+        // Leaders first: the extensions themselves are most of the children, and need no read
+        // of their stat (a thousand of them every pass kept the daemon busy).
         let leaders = leaders();
         if leaders.contains(&pid) {
             continue;
         }
+        let Some(st) = crate::tree::stat(pid) else {
+            continue;
+        };
         if st.is_zombie() {
             use nix::sys::wait::{WaitPidFlag, waitpid};
             if waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)).is_ok() {

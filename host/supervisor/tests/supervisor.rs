@@ -463,3 +463,34 @@ async fn garbage_an_oversized_line_and_a_callback_flood_leave_the_extension_serv
     );
     env.sup.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflights_of_many_starting_extensions_run_at_most_one_per_cpu_at_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let env = env();
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut exts = Vec::new();
+    // Three times as many as may run at once, each check slow enough to overlap the others.
+    for i in 0..3 * cpus {
+        let mut s = spec(&env, &format!("many-{i}"), "ok");
+        let (running, most) = (running.clone(), most.clone());
+        s.preflight = Some(Arc::new(move || {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(100));
+            running.fetch_sub(1, Ordering::SeqCst);
+            Err("refused by the test".into())
+        }));
+        exts.push(env.sup.start(s).await);
+    }
+    for ext in &exts {
+        ext.wait_for(READY, |s| s == State::Refused).await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(
+        (1..=cpus).contains(&most),
+        "{most} preflights ran at once on {cpus} CPUs"
+    );
+    env.sup.shutdown().await;
+}
