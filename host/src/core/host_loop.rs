@@ -422,9 +422,12 @@ impl HostLoop {
             .values()
             .flat_map(|c| c.work_kinds.iter().map(|k| k.name.as_str()))
             .collect();
-        // work kind → (extension, has a trigger)
+        // work kind → (extension, has a trigger). When two extensions declare one work kind,
+        // the one whose name sorts first owns it, every pass alike (docs/operations.md §6).
         let mut kinds: HashMap<&str, (&Extension, bool)> = HashMap::new();
-        for (e, caps) in exts.values() {
+        let mut by_name: Vec<_> = exts.values().collect();
+        by_name.sort_by(|a, b| a.0.name().cmp(b.0.name()));
+        for (e, caps) in by_name {
             for k in &caps.work_kinds {
                 kinds.entry(k.name.as_str()).or_insert((e, k.trigger));
             }

@@ -1,10 +1,11 @@
 //! The supervisor's side of an extension's limits, for one run: the tree sampled from `/proc`
-//! every [`crate::usage::SAMPLE_INTERVAL`], held to its CPU share by SIGSTOP/SIGCONT, and
+//! every [`crate::usage::SAMPLE_INTERVAL`] while it runs or nears a limit, less often while it
+//! is idle (see [`usage::next_interval`]), held to its CPU share by SIGSTOP/SIGCONT, and
 //! stopped — killed, recorded as `over-limit`, counted — when it is over its memory or task
 //! limit. The decisions are pure ([`crate::usage`]); this module gathers the facts and applies
 //! them.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::limits::Limits;
 use crate::process::Confinement;
@@ -37,6 +38,10 @@ pub(crate) struct Enforcer {
     ticks: f64,
     throttled: bool,
     throttles: u64,
+    /// The tree's CPU ticks at the last sample, to tell an idle tree from a busy one.
+    last_ticks: Option<u64>,
+    every: Duration,
+    due: tokio::time::Instant,
 }
 
 impl Enforcer {
@@ -47,7 +52,15 @@ impl Enforcer {
             ticks: usage::ticks_per_second() as f64,
             throttled: false,
             throttles: 0,
+            last_ticks: None,
+            every: usage::SAMPLE_INTERVAL,
+            due: tokio::time::Instant::now() + usage::SAMPLE_INTERVAL,
         }
+    }
+
+    /// When the next sample is due.
+    pub(crate) fn due(&self) -> tokio::time::Instant {
+        self.due
     }
 
     /// One sample; `Some(why)` when the tree must be stopped for a limit.
@@ -58,6 +71,10 @@ impl Enforcer {
         if let Some((_, why)) = usage::over_limit(&u, &self.limits) {
             return Some(why);
         }
+        let idle = self.last_ticks == Some(u.cpu_ticks);
+        self.last_ticks = Some(u.cpu_ticks);
+        self.every = usage::next_interval(self.every, idle && !self.throttled, &u, &self.limits);
+        self.due = tokio::time::Instant::now() + self.every;
         match self
             .budget
             .step(Instant::now(), u.cpu_ticks as f64 / self.ticks)

@@ -59,7 +59,7 @@ use crate::process::{ChildCommand, Confinement, ExitInfo};
 use crate::sandbox::SandboxStatus;
 pub use crate::stats::{LatencyHistogram, MethodStats, Traffic};
 use crate::tree::{Ledger, ProcId, TRACK_INTERVAL, TRACK_INTERVAL_QUIET};
-use crate::usage::{SAMPLE_INTERVAL, Usage};
+use crate::usage::Usage;
 
 /// How many exits an extension's status keeps, newest first.
 pub const RECENT_EXITS: usize = 5;
@@ -1239,8 +1239,6 @@ async fn run_once(
     let peer = session_peer(&run);
     let init = InitializeParams::current(&spec.host_version);
     let asked = Instant::now();
-    let mut sample = tokio::time::interval(SAMPLE_INTERVAL);
-    sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut enforcer = spec.confine.limits.map(Enforcer::new);
     let handshake = {
         let call = tokio::time::timeout(
@@ -1262,8 +1260,8 @@ async fn run_once(
                     stop_run(ext, run, spec.stop_grace, why).await;
                     return outcome;
                 }
-                _ = sample.tick(), if enforcer.is_some() => {
-                    let e = enforcer.as_mut().expect("ticks only with an enforcer");
+                () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() => {
+                    let e = enforcer.as_mut().expect("sampled only with an enforcer");
                     if let Some(why) = e.sample(ext, run.pid) {
                         return over_limit(ext, run, None, why).await;
                     }
@@ -1349,8 +1347,8 @@ async fn run_once(
         .map(|d| cgroup::read_use(d).oom_kills);
     loop {
         tokio::select! {
-            _ = sample.tick(), if enforcer.is_some() => {
-                let e = enforcer.as_mut().expect("ticks only with an enforcer");
+            () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() => {
+                let e = enforcer.as_mut().expect("sampled only with an enforcer");
                 if let Some(why) = e.sample(ext, run.pid) {
                     return over_limit(ext, run, Some(ready_at), why).await;
                 }
@@ -1395,6 +1393,14 @@ async fn run_once(
             }
         }
     }
+}
+
+/// When the enforcer (if any) wants its next sample.
+fn sample_due(enforcer: &Option<Enforcer>) -> tokio::time::Instant {
+    enforcer.as_ref().map_or_else(
+        || tokio::time::Instant::now() + Duration::from_secs(3600),
+        Enforcer::due,
+    )
 }
 
 fn session_peer(run: &Run) -> Peer {

@@ -18,8 +18,27 @@ use serde::{Deserialize, Serialize};
 
 use crate::limits::{LimitKey, Limits, format_bytes};
 
-/// How often a ready extension's use is read and its limits enforced.
+/// How often an extension's use is read and its limits enforced while it uses CPU or nears a
+/// limit.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The longest gap between two samples of an idle tree. A tree that uses no CPU can neither
+/// allocate nor fork, so reading it less often loses nothing; a thousand idle extensions would
+/// otherwise cost the daemon ten thousand `/proc` reads a second.
+pub const SAMPLE_INTERVAL_IDLE: Duration = Duration::from_secs(2);
+
+/// The gap to the next sample, after one that found the tree `idle` (no CPU used since the
+/// sample before) and using `u`: doubled while idle and under half of its memory and task
+/// limits, up to [`SAMPLE_INTERVAL_IDLE`]; back to [`SAMPLE_INTERVAL`] as soon as it is not.
+pub fn next_interval(prev: Duration, idle: bool, u: &TreeUse, limits: &Limits) -> Duration {
+    let far_from_limits =
+        u.rss_bytes.saturating_mul(2) < limits.memory && u64::from(u.tasks) * 2 < u64::from(limits.tasks);
+    if idle && far_from_limits {
+        (prev * 2).min(SAMPLE_INTERVAL_IDLE)
+    } else {
+        SAMPLE_INTERVAL
+    }
+}
 
 /// The most CPU time an idle extension saves up to spend in one go, in seconds of its share.
 pub const BURST: f64 = 0.5;
@@ -204,6 +223,44 @@ impl CpuBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_idle_tree_far_from_its_limits_is_sampled_ever_less_often_and_a_busy_one_at_once() {
+        let limits = Limits {
+            memory: 100 << 20,
+            cpu: 1.0,
+            tasks: 10,
+            open_files: 64,
+        };
+        let calm = TreeUse {
+            rss_bytes: 10 << 20,
+            cpu_ticks: 5,
+            tasks: 1,
+            processes: 1,
+        };
+        let mut every = SAMPLE_INTERVAL;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            every = next_interval(every, true, &calm, &limits);
+            seen.push(every.as_millis());
+        }
+        assert_eq!(seen, [200, 400, 800, 1600, 2000, 2000]);
+        // CPU used since the last sample: back to the short interval at once.
+        assert_eq!(next_interval(every, false, &calm, &limits), SAMPLE_INTERVAL);
+        // Idle, but at half of a limit (the edge) or past it: the short interval.
+        let half_memory = TreeUse {
+            rss_bytes: 50 << 20,
+            ..calm
+        };
+        assert_eq!(next_interval(every, true, &half_memory, &limits), SAMPLE_INTERVAL);
+        let just_under = TreeUse {
+            rss_bytes: (50 << 20) - 1,
+            ..calm
+        };
+        assert_eq!(next_interval(SAMPLE_INTERVAL, true, &just_under, &limits).as_millis(), 200);
+        let half_tasks = TreeUse { tasks: 5, ..calm };
+        assert_eq!(next_interval(every, true, &half_tasks, &limits), SAMPLE_INTERVAL);
+    }
 
     #[test]
     fn stat_fields_are_read_after_the_command_name() {
