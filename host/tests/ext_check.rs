@@ -375,6 +375,20 @@ fn minus_32000_without_its_limit_fails_overload_as_a_server_error() {
 }
 
 #[test]
+fn refusing_an_id_in_use_with_overloaded_fails_overload() {
+    // docs/protocol.md §3.4: while 64 are held, a request reusing one of their ids is
+    // invalid_request; a package that looks at the limit first answers overloaded.
+    let run = check(&fixture("overload-first"), true);
+    let (detail, fix) = fails_exactly(&run, "overload", &[]);
+    assert!(
+        detail.contains("while 64 are held, a request with the id")
+            && detail.contains("-32000"),
+        "{detail}"
+    );
+    assert!(fix.contains("an id in use wins over overloaded"), "{fix}");
+}
+
+#[test]
 fn a_package_speaking_only_version_2_fails_the_handshake() {
     let session_rules: Vec<&str> = ALL_RULES
         .iter()

@@ -298,8 +298,15 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
             main.finish().await;
             instances.push(main);
             if let Some(init) = &hs.init {
-                results.push(overload(&ctx, &cmd, dir, init, &mut instances).await);
-                results.extend(lifecycle(&ctx, &cmd, dir, &mut instances).await);
+                // Lifecycle first: whether an id in use is refused at all (duplicate-id) decides
+                // whether overload judges that refusal's order against the limit, so that a
+                // package without the one defect fails one rule, not two.
+                let life = lifecycle(&ctx, &cmd, dir, &mut instances).await;
+                let ids_refused = life
+                    .iter()
+                    .any(|r| r.id == rules::DUPLICATE_ID && r.status == Status::Pass);
+                results.push(overload(&ctx, &cmd, dir, init, &mut instances, ids_refused).await);
+                results.extend(life);
             }
         }
     }
@@ -527,6 +534,7 @@ async fn overload(
     dir: &Path,
     init: &conduit_protocol::InitializeResult,
     instances: &mut Vec<Instance>,
+    judge_order: bool,
 ) -> RuleResult {
     if !rules::declares_sleep(init) {
         return RuleResult::skip(rules::OVERLOAD, rules::NEEDS_SLEEP);
@@ -543,7 +551,7 @@ async fn overload(
     };
     let hs = rules::handshake::handshake(ctx, &mut inst).await;
     let res = match hs.init {
-        Some(_) => rules::flow::overload(ctx, &mut inst).await,
+        Some(_) => rules::flow::overload(ctx, &mut inst, judge_order).await,
         None => RuleResult::fail(
             rules::OVERLOAD,
             format!(

@@ -25,6 +25,8 @@ picks a behaviour with flags; without flags it follows docs/protocol.md and pass
   --eof-exit-code N     exits with code N at stdin EOF (breaks stdin-eof when N is not 0)
   --overload-without-limit
                         refuses the 65th request with -32000 but no data.limit (breaks overload)
+  --overload-first      looks at the limit before the ids in use (breaks overload: an id in use
+                        must win over overloaded, docs/protocol.md §3.4)
 
 Invariant: stdout carries only protocol messages (but for --banner); logs go to stderr.
 """
@@ -277,7 +279,10 @@ class Server:
         a = self.args
         key = json.dumps(id)
         with self.lock:
-            if key in self.running and not a.no_duplicate_check:
+            if a.overload_first and len(self.running) >= LIMIT:
+                refusal = RpcError(OVERLOADED, f"already serving {LIMIT} requests; retry after one finishes",
+                                   {"limit": LIMIT})
+            elif key in self.running and not a.no_duplicate_check:
                 refusal = RpcError(INVALID_REQUEST, f"id {key} is in use by a running request")
             elif len(self.running) >= LIMIT and not a.no_overload_limit:
                 refusal = RpcError(OVERLOADED, f"already serving {LIMIT} requests; retry after one finishes",
@@ -416,7 +421,7 @@ def main():
     parser.add_argument("--grandchild", metavar="FILE")
     for flag in ("lax-json", "serve-batches", "lax-ids", "keep-last-member", "method-with-result",
                  "strict-members", "params-first", "no-duplicate-check", "no-handshake-gate",
-                 "serve-after-shutdown", "overload-without-limit"):
+                 "serve-after-shutdown", "overload-without-limit", "overload-first"):
         parser.add_argument(f"--{flag}", action="store_true")
     parser.add_argument("--eof-exit-code", type=int, default=0)
     args = parser.parse_args()

@@ -13,10 +13,13 @@ use std::time::{Duration, Instant};
 
 use conduit_protocol::calls::SleepParams;
 use conduit_protocol::methods::host::{CHECK_SLEEP, SHUTDOWN};
-use conduit_protocol::{ErrorCode, InitializeResult, MAX_CONCURRENT_REQUESTS, SHUTDOWN_GRACE};
+use conduit_protocol::{
+    ErrorCode, InitializeResult, MAX_CONCURRENT_REQUESTS, RequestId, SHUTDOWN_GRACE,
+};
 use conduit_rpc::CallError;
 use tokio_util::sync::CancellationToken;
 
+use super::shapes::{Expect, case, run_cases};
 use super::{
     CANCELLATION, NEEDS_SLEEP, OVERLOAD, PROBE_METHOD, RAW_ID, SHUTDOWN as SHUTDOWN_RULE,
     SHUTTING_DOWN, call_failure, declares_sleep, error_text, ms, raw, rpc_is,
@@ -132,12 +135,24 @@ type Held = (
 );
 
 /// `overload`: with 64 requests held, the 65th is answered `overloaded` at once.
-pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
+/// With `judge_order` (the package refuses an id in use: duplicate-id passed), a request reusing
+/// a held id while 64 are held must be refused as such, not as overloaded (§3.4).
+pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance, judge_order: bool) -> RuleResult {
     let limit = MAX_CONCURRENT_REQUESTS;
     let fix = "serve at most 64 requests at once: answer a request that arrives while 64 are unfinished at once with overloaded (-32000) and data {\"limit\": 64}, without running its handler (docs/protocol.md §10)";
     let peer = inst.peer();
+    // One of the 64 is written by hand, so that its id can be sent again while all are held:
+    // an id in use is refused before the limit is looked at (§3.4).
+    let rid = RAW_ID + 70;
+    let hold_line = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{rid},\"method\":\"{CHECK_SLEEP}\",\"params\":{{\"ms\":{}}}}}\n",
+        HOLD.ms
+    );
+    if let Err(e) = inst.write_raw(hold_line.into_bytes(), ctx.prompt()).await {
+        return RuleResult::fail(OVERLOAD, format!("could not write check.sleep: {e}"), fix);
+    }
     let mut held: Vec<Held> = Vec::with_capacity(limit);
-    for _ in 0..limit {
+    for _ in 1..limit {
         let token = CancellationToken::new();
         let (p, t) = (peer.clone(), token.clone());
         let task = tokio::spawn(async move {
@@ -154,7 +169,7 @@ pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
     // The session queues a call for writing as soon as it is pending, so once all 64 are
     // pending (and a moment has passed for the writer), the 65th is written after them.
     let until = Instant::now() + ctx.prompt();
-    while peer.outgoing_in_flight() < limit
+    while peer.outgoing_in_flight() < limit - 1
         && Instant::now() < until
         && !held.iter().any(|(_, t)| t.is_finished())
     {
@@ -167,10 +182,41 @@ pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
         .call_raw(CHECK_SLEEP, &raw(&HOLD), Some(REFUSE_WITHIN))
         .await;
     let took = t0.elapsed();
+    // Still holding 64: the id of the hand-written one again.
+    let order = if judge_order && rpc_result_is(&res, ErrorCode::Overloaded) {
+        let again = format!(
+            r#"{{"jsonrpc":"2.0","id":{rid},"method":"{CHECK_SLEEP}","params":{{"ms":1}}}}"#
+        );
+        Some(
+            run_cases(
+                ctx,
+                inst,
+                OVERLOAD,
+                vec![case(
+                    format!("while 64 are held, a request with the id {rid} of one of them"),
+                    again,
+                    Expect::Error(RequestId::num(rid), ErrorCode::InvalidRequest),
+                )],
+                "refuse a request whose id is in use with invalid_request (-32600) before looking at the limit: an id in use wins over overloaded (docs/protocol.md §3.4)",
+            )
+            .await,
+        )
+    } else {
+        None
+    };
     // A refusal of an earlier request was written before the answer to the 65th.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let early = early_answers(&mut held).await;
+    let cancel = format!(
+        "{{\"jsonrpc\":\"2.0\",\"method\":\"$/cancel\",\"params\":{{\"id\":{rid}}}}}\n"
+    );
+    let _ = inst.write_raw(cancel.into_bytes(), ctx.prompt()).await;
     release(held).await;
+    if let Some(r) = order
+        && r.status != crate::check::Status::Pass
+    {
+        return r;
+    }
 
     if let Some((n, what)) = early.first() {
         return RuleResult::fail(
@@ -246,6 +292,10 @@ pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleResult {
             )
         }
     }
+}
+
+fn rpc_result_is<T>(res: &Result<T, CallError>, code: ErrorCode) -> bool {
+    matches!(res, Err(e) if rpc_is(e, code))
 }
 
 /// Held requests that were answered although nobody cancelled them: (their number, what).

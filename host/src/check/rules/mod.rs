@@ -111,7 +111,7 @@ pub const RULES: &[(&str, &str)] = &[
     ),
     (
         OVERLOAD,
-        "with 64 requests held, the 65th is answered overloaded (-32000) with data {\"limit\": 64} at once",
+        "with 64 requests held, the 65th is answered overloaded (-32000) with data {\"limit\": 64} at once, and a request reusing a held id invalid_request (an id in use wins)",
     ),
     (
         NOT_INITIALIZED,
@@ -158,7 +158,7 @@ pub(crate) fn section(id: &str) -> &'static str {
         OVERSIZED_LINE => "§2",
         CANCELLATION => "§9",
         DUPLICATE_ID => "§3.3",
-        OVERLOAD => "§10, §12",
+        OVERLOAD => "§10, §12, §3.4",
         NOT_INITIALIZED => "§4",
         SHUTDOWN => "§5",
         SHUTTING_DOWN => "§5",
