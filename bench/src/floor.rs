@@ -2,7 +2,7 @@
 //!
 //! Every figure the benchmarks report is set beside one of these, measured in the same regime
 //! of the same run, because the absolute numbers move several-fold with the machine's state
-//! (SPEC §12) while the ratios carry over.
+//! (docs/performance.md, "Machine") while the ratios carry over.
 //!
 //! | floor | host side | child side |
 //! |---|---|---|

@@ -8,7 +8,7 @@
 //! - [`measure`]: histograms, CPU time of both processes, median and spread.
 //! - [`machine`]: what a result file says about where it was measured.
 //! - [`ordered`]: JSON objects that keep their keys in the order they were measured.
-//! - [`regime`]: the machine's "awake" speed regime (SPEC §12), held by low-priority busy loops,
+//! - [`regime`]: the machine's "awake" speed regime (docs/performance.md, "Machine"), held by low-priority busy loops,
 //!   and pinning processes to CPUs.
 //! - [`prototype`]: what the transport comparison's host and its JSON-RPC and gRPC extension
 //!   children share.

@@ -1,4 +1,4 @@
-//! This machine's two speeds (SPEC §12), and how to hold the faster one.
+//! This machine's two speeds (docs/performance.md, "Machine"), and how to hold the faster one.
 //!
 //! The VMs' vCPUs halt when idle, and waking one costs more than a pipe round trip's work:
 //! the same call measures several times slower on an idle machine than on one kept awake.

@@ -1,4 +1,4 @@
-//! The extension drills of SPEC §11 (listed with their bounds and figures in
+//! The extension drills (listed with their bounds and figures in
 //! `docs/reliability.md`): a real daemon runs a misbehaving test extension
 //! (`host/supervisor/tests/fixtures/misbehave.py`, the misbehaviour chosen by its argument or
 //! by the method called) beside a healthy one, and each drill checks the same five things:

@@ -381,8 +381,7 @@ fn refusing_an_id_in_use_with_overloaded_fails_overload() {
     let run = check(&fixture("overload-first"), true);
     let (detail, fix) = fails_exactly(&run, "overload", &[]);
     assert!(
-        detail.contains("while 64 are held, a request with the id")
-            && detail.contains("-32000"),
+        detail.contains("while 64 are held, a request with the id") && detail.contains("-32000"),
         "{detail}"
     );
     assert!(fix.contains("an id in use wins over overloaded"), "{fix}");

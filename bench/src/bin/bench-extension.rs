@@ -47,7 +47,7 @@ struct Args {
     #[arg(long, default_value_t = 20)]
     warmup: usize,
     /// `idle`: nothing else runs. `awake`: a `nice -n 19` busy loop pinned to each CPU keeps
-    /// the vCPUs from halting between calls (SPEC §12).
+    /// the vCPUs from halting between calls (docs/performance.md, "Machine").
     #[arg(long, value_enum, default_value_t = RegimeArg::Idle)]
     regime: RegimeArg,
     /// Where the host side's calls come from: `host-loop` (the default: a thread of its own

@@ -23,7 +23,7 @@
 //!
 //! Each figure is the median over rounds (5 by default), with its spread. A round measures
 //! the floors, then both transports, in alternating order, so that drift of the machine falls
-//! on all alike. The machine's two speeds (SPEC §12) are measured one after the other: idle,
+//! on all alike. The machine's two speeds (docs/performance.md, "Machine") are measured one after the other: idle,
 //! then awake with one `nice -n 19` busy loop pinned to each CPU; within each, every placement
 //! (`same`, `split`, `free`; see [`Placement`]).
 //!

@@ -4,7 +4,7 @@
 //! Run with: `cargo run --release -p conduit-bench --bin roundtrip` (about 15 seconds; see
 //! `bench/README.md` for the options).
 //!
-//! The machines this runs on have two speeds (SPEC §12): idle vCPUs halt between wake-ups and a
+//! The machines this runs on have two speeds (docs/performance.md, "Machine"): idle vCPUs halt between wake-ups and a
 //! pipe round trip across CPUs costs tens of µs or more; kept awake by a lowest-priority busy
 //! loop it costs a fraction of that. Every workload therefore runs in both regimes, and in
 //! three placements of the two processes (one CPU, two CPUs, the scheduler's choice), and is

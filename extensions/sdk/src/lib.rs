@@ -134,7 +134,7 @@ pub const LOG_ENV: &str = "CONDUIT_LOG";
 /// Installs a `tracing` subscriber that writes to stderr (filter from `CONDUIT_LOG`, default
 /// `info`) unless one is already installed, and runs everything on a current-thread tokio
 /// runtime: an extension's work is a few small handlers between reads, and keeping every hop on
-/// one thread measured faster than a multi-thread runtime (SPEC §12). Handlers that compute for
+/// one thread measured faster than a multi-thread runtime. Handlers that compute for
 /// long should move that work to `tokio::task::spawn_blocking`, or they hold up the reader.
 pub fn run(ext: Extension) -> i32 {
     init_tracing();

@@ -31,8 +31,8 @@ pub const SAMPLE_INTERVAL_IDLE: Duration = Duration::from_secs(2);
 /// sample before) and using `u`: doubled while idle and under half of its memory and task
 /// limits, up to [`SAMPLE_INTERVAL_IDLE`]; back to [`SAMPLE_INTERVAL`] as soon as it is not.
 pub fn next_interval(prev: Duration, idle: bool, u: &TreeUse, limits: &Limits) -> Duration {
-    let far_from_limits =
-        u.rss_bytes.saturating_mul(2) < limits.memory && u64::from(u.tasks) * 2 < u64::from(limits.tasks);
+    let far_from_limits = u.rss_bytes.saturating_mul(2) < limits.memory
+        && u64::from(u.tasks) * 2 < u64::from(limits.tasks);
     if idle && far_from_limits {
         (prev * 2).min(SAMPLE_INTERVAL_IDLE)
     } else {
@@ -252,14 +252,23 @@ mod tests {
             rss_bytes: 50 << 20,
             ..calm
         };
-        assert_eq!(next_interval(every, true, &half_memory, &limits), SAMPLE_INTERVAL);
+        assert_eq!(
+            next_interval(every, true, &half_memory, &limits),
+            SAMPLE_INTERVAL
+        );
         let just_under = TreeUse {
             rss_bytes: (50 << 20) - 1,
             ..calm
         };
-        assert_eq!(next_interval(SAMPLE_INTERVAL, true, &just_under, &limits).as_millis(), 200);
+        assert_eq!(
+            next_interval(SAMPLE_INTERVAL, true, &just_under, &limits).as_millis(),
+            200
+        );
         let half_tasks = TreeUse { tasks: 5, ..calm };
-        assert_eq!(next_interval(every, true, &half_tasks, &limits), SAMPLE_INTERVAL);
+        assert_eq!(
+            next_interval(every, true, &half_tasks, &limits),
+            SAMPLE_INTERVAL
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! From rounds to results: each figure's median and spread over the rounds, its ratio to the
-//! floor measured beside it, the targets of SPEC §12, the printed table and the JSON.
+//! floor measured beside it, the performance targets, the printed table and the JSON.
 //!
 //! The JSON's `floors` and `transports` objects hold medians only, under fixed keys that
 //! scripts and `docs/performance.md` read; `spread` holds every figure's min, max and rounds.
@@ -39,7 +39,7 @@ pub(crate) struct Conditions {
     pub(crate) wall_s: f64,
 }
 
-/// One target of SPEC §12, judged.
+/// One performance target, judged.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Target {
     pub(crate) transport: String,
@@ -270,7 +270,7 @@ pub(crate) fn summarise(
     }
 }
 
-/// SPEC §12's targets, for every transport (they are JSON-RPC's; gRPC's are for comparison).
+/// The performance targets, for every transport (they are JSON-RPC's; gRPC's are for comparison).
 fn judge(regime: Regime, floors: &Ordered<f64>, transports: &Ordered<Ordered<f64>>) -> Vec<Target> {
     let fl = |k: &str| floors.get(k).copied().unwrap_or(f64::NAN);
     let (p50_limit, p99_limit) = match regime {
@@ -443,7 +443,7 @@ pub(crate) fn table(regime: Regime, placement: &str, r: &RegimeResult) -> String
         fl("kill_to_eof_jsonrpc_child_us"),
         fl("kill_to_eof_grpc_child_us"),
     );
-    let _ = writeln!(t, "targets (SPEC §12):");
+    let _ = writeln!(t, "targets:");
     for g in &r.targets {
         let shown = if g.target.contains("(µs") {
             format!("{} µs", num(g.value))

@@ -207,9 +207,8 @@ pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance, judge_order: bo
     // A refusal of an earlier request was written before the answer to the 65th.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let early = early_answers(&mut held).await;
-    let cancel = format!(
-        "{{\"jsonrpc\":\"2.0\",\"method\":\"$/cancel\",\"params\":{{\"id\":{rid}}}}}\n"
-    );
+    let cancel =
+        format!("{{\"jsonrpc\":\"2.0\",\"method\":\"$/cancel\",\"params\":{{\"id\":{rid}}}}}\n");
     let _ = inst.write_raw(cancel.into_bytes(), ctx.prompt()).await;
     release(held).await;
     if let Some(r) = order
