@@ -26,8 +26,9 @@ text = open(sys.argv[1], errors="replace").read()
 passed = failed = 0
 m = re.findall(r"Summary \[.*?\] +(\d+) tests? run: (\d+) passed(?:.*?(\d+) failed)?", text)
 if m:
+    # Whatever ran and did not pass failed: nextest reports timeouts apart from failures.
     for run, p, f in m:
-        passed += int(p); failed += int(f or 0)
+        passed += int(p); failed += int(run) - int(p)
 else:
     for p, f in re.findall(r"test result: \w+\. (\d+) passed; (\d+) failed", text):
         passed += int(p); failed += int(f)

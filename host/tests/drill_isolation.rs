@@ -28,8 +28,9 @@ fn socket(f: &Fixture) -> PathBuf {
     f.state().join("run/conduit.sock")
 }
 
-/// A `core_ext.py` package in `hang` mode declaring the work kinds `k0` … `k39`.
-fn hung_pkg(f: &Fixture, name: &str) -> PathBuf {
+/// A `core_ext.py` package in `hang` mode declaring the work kinds `h{index}k0` … `h{index}k39`:
+/// each hung extension its own 40 (a work kind is one extension's).
+fn hung_pkg(f: &Fixture, name: &str, index: usize) -> PathBuf {
     let pkg = f.dir.path().join("src").join(name);
     std::fs::create_dir_all(&pkg).unwrap();
     std::fs::copy(
@@ -37,15 +38,18 @@ fn hung_pkg(f: &Fixture, name: &str) -> PathBuf {
         pkg.join("core_ext.py"),
     )
     .unwrap();
-    let decl: Vec<String> = (0..40)
-        .map(|i| format!("{{ name = \"k{i}\", trigger = true }}"))
+    let kinds: Vec<String> = (0..40).map(|i| format!("h{index}k{i}")).collect();
+    let decl: Vec<String> = kinds
+        .iter()
+        .map(|k| format!("{{ name = \"{k}\", trigger = true }}"))
         .collect();
     std::fs::write(
         pkg.join("conduit-extension.toml"),
         format!(
-            "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"core_ext.py\", \"hang\", \"40\"]\n\n\
+            "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"core_ext.py\", \"hang\", \"{}\"]\n\n\
              [capabilities]\nwork_kinds = [{}]\nrecurrences = [\"tick\"]\n\
              dependency_filters = [\"match\"]\nemissions = [\"note\"]\ningress = [\"feed\"]\nmethods = [\"make-artifact\", \"open-streams\"]\n",
+            kinds.join(","),
             decl.join(", ")
         ),
     )
@@ -66,8 +70,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 fn hung_neighbours() {
     let mut f = Fixture::new();
     let hung: Vec<String> = (0..10).map(|i| format!("hung-{i}")).collect();
-    for name in &hung {
-        f.install(&hung_pkg(&f, name));
+    for (i, name) in hung.iter().enumerate() {
+        f.install(&hung_pkg(&f, name, i));
     }
     f.install(&notes_pkg(&f));
     f.start_daemon_with(&[("CONDUIT_UNRESPONSIVE_AFTER", "2".as_ref())]);
@@ -82,7 +86,7 @@ fn hung_neighbours() {
         std::thread::spawn(move || {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let kind = format!("k{}.x", n % 40);
+                let kind = format!("h{}k{}.x", n % 10, (n / 10) % 40);
                 let _ = try_push(&sock, "hung-feed", &format!("h{n}"), &kind, json!({}));
                 n += 1;
                 if n >= 400 {
@@ -92,12 +96,17 @@ fn hung_neighbours() {
             n
         })
     };
+    let until = Instant::now() + PATIENCE;
     while !hung
         .iter()
         .all(|h| f.status(h)["health"]["condition"] != "healthy")
     {
         std::thread::sleep(Duration::from_millis(50));
         assert!(!feeder.is_finished());
+        assert!(
+            Instant::now() < until,
+            "not every hung extension left `healthy` within {PATIENCE:?}"
+        );
     }
     let mut lat = Vec::with_capacity(200);
     let mut max_pass_us = 0u64;
