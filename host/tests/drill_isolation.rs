@@ -1,7 +1,7 @@
 //! Drills for isolation and restart safety, against the real daemon and the `notes` example.
 //!
-//! - `hung_neighbours`: 10 extensions that each declare 40 work kinds and never answer an
-//!   in-transaction call, beside `notes`, with events for every hung kind pending; 200 `notes`
+//! - `hung_neighbours`: 10 extensions that each declare 40 work kinds of their own and never
+//!   answer an in-transaction call, beside `notes`, with events for every hung kind pending; 200 `notes`
 //!   events pushed one after another, each timed from its push to its being routed (polled
 //!   through the API). Bound: p99 under 1.5 s. The daemon runs with
 //!   `CONDUIT_UNRESPONSIVE_AFTER=2`, so the hung extensions are also found unresponsive and
