@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::limits::Limits;
 use crate::process::Confinement;
 use crate::usage::{self, CpuBudget, Duty, Usage};
-use crate::{ExitCause, ExitRecord, Extension, Outcome, Run, end_run, kill_run, track, tree};
+use crate::{ExitCause, Extension, Outcome, Run, kill_and_record, tree};
 
 /// How the limits of `c` are enforced, for `ext status`.
 pub(crate) fn mechanism(c: &Confinement) -> String {
@@ -25,7 +25,12 @@ pub(crate) fn mechanism(c: &Confinement) -> String {
 
 /// Send `sig` to every live process of the tree rooted at `pid`.
 pub(crate) fn signal_tree(pid: u32, sig: nix::sys::signal::Signal) {
-    for p in tree::tree(pid) {
+    signal_procs(&tree::tree(pid), sig);
+}
+
+/// Send `sig` to each of `procs` (a tree as [`tree::tree`] just read it).
+fn signal_procs(procs: &[tree::ProcStat], sig: nix::sys::signal::Signal) {
+    for p in procs {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.id.pid as i32), sig);
     }
 }
@@ -67,7 +72,7 @@ impl Enforcer {
     pub(crate) fn sample(&mut self, ext: &Extension, pid: u32) -> Option<String> {
         use nix::sys::signal::Signal;
         let procs = tree::tree(pid);
-        let u = usage::tree_use(procs.iter().map(|p| p.id.pid));
+        let u = usage::tree_use(&procs);
         if let Some((_, why)) = usage::over_limit(&u, &self.limits) {
             return Some(why);
         }
@@ -85,11 +90,11 @@ impl Enforcer {
                 }
                 self.throttled = true;
                 // Every tick: a process forked just before the last SIGSTOP is stopped too.
-                signal_tree(pid, Signal::SIGSTOP);
+                signal_procs(&procs, Signal::SIGSTOP);
             }
             Duty::Run if self.throttled => {
                 self.throttled = false;
-                signal_tree(pid, Signal::SIGCONT);
+                signal_procs(&procs, Signal::SIGCONT);
             }
             Duty::Run => {}
         }
@@ -114,30 +119,18 @@ impl Enforcer {
 /// count it; the actor restarts it with backoff.
 pub(crate) async fn over_limit(
     ext: &Extension,
-    mut run: Run,
+    run: Run,
     ready_at: Option<Instant>,
     why: String,
 ) -> Outcome {
-    ext.inner.peer.send_replace(None);
-    let in_flight = ext.in_flight();
-    track(ext, &run);
     tracing::warn!(extension = %ext.name(), reason = %why, "stopping the extension: it is over a limit");
-    let exit = kill_run(&mut run).await;
-    let rec = ExitRecord::new(
-        run.pid,
-        ExitCause::OverLimit,
-        Some(why.clone()),
-        exit,
-        in_flight,
-    );
-    ext.update(|s| {
-        s.record_exit(rec);
+    kill_and_record(ext, run, ExitCause::OverLimit, Some(why.clone()), |s| {
         if let Some(r) = &mut s.resources {
             r.limit_stops += 1;
             r.usage = None;
         }
-    });
-    end_run(ext, run).await;
+    })
+    .await;
     Outcome::Failed {
         ready_at,
         error: Some(format!("stopped: {why}")),

@@ -582,16 +582,18 @@ impl Extension {
         }
         let done = Done(&self.inner, id);
         // The request carries its remaining time (docs/protocol.md §11), written into the
-        // params' text; `initialize` is not sent from here.
+        // params' text; `initialize` is not sent from here. The insertion keeps valid JSON
+        // valid, so the text goes out as built, without a second parse.
         let carried = deadline.and_then(|d| {
-            let text =
-                conduit_protocol::meta::with_remaining_ms(params.get(), d.as_millis() as u64)?;
-            RawValue::from_string(text).ok()
+            conduit_protocol::meta::with_remaining_ms(params.get(), d.as_millis() as u64)
         });
-        let params = carried.as_deref().unwrap_or(params);
-        let res =
-            tracing::Instrument::instrument(peer.call_raw(method, params, deadline), span.clone())
-                .await;
+        let call = async {
+            match &carried {
+                Some(text) => peer.call_prebuilt(method, text, deadline).await,
+                None => peer.call_raw(method, params, deadline).await,
+            }
+        };
+        let res = tracing::Instrument::instrument(call, span.clone()).await;
         let took = t.elapsed();
         if matches!(res, Err(CallError::Closed { .. })) {
             // It failed because the child ended: left for the actor, which lists it in the
@@ -1411,45 +1413,52 @@ fn session_peer(run: &Run) -> Peer {
 }
 
 /// The child closed its stdout while still running: the host kills it, and says so.
-async fn closed_stdout(ext: &Extension, mut run: Run, ready_at: Option<Instant>) -> Outcome {
-    ext.inner.peer.send_replace(None);
-    let in_flight = ext.in_flight();
-    track(ext, &run);
-    let exit = kill_run(&mut run).await;
-    let rec = ExitRecord::new(run.pid, ExitCause::ClosedStdout, None, exit, in_flight);
+async fn closed_stdout(ext: &Extension, run: Run, ready_at: Option<Instant>) -> Outcome {
+    let exit = kill_and_record(ext, run, ExitCause::ClosedStdout, None, |_| {}).await;
     let error = format!(
         "the extension closed its stdout while still running; the host stopped it ({})",
         exit.map_or("its status was not collected".to_owned(), |e| e.to_string())
     );
-    ext.update(|s| s.record_exit(rec));
-    end_run(ext, run).await;
     Outcome::Failed {
         ready_at,
         error: Some(error),
     }
 }
 
-/// The host gave up on the child (no handshake in time, a failed handshake): kill it, record
-/// why.
-async fn host_killed(
+/// The host ends a run: no further calls reach it, its tree is recorded, it is killed, and its
+/// exit is recorded with `cause` and `why` (and `also`, in the same status update); returns how
+/// it exited, when that was collected.
+pub(crate) async fn kill_and_record(
     ext: &Extension,
     mut run: Run,
-    ready_at: Option<Instant>,
-    why: String,
-) -> Outcome {
+    cause: ExitCause,
+    why: Option<String>,
+    also: impl FnOnce(&mut Status),
+) -> Option<ExitInfo> {
     ext.inner.peer.send_replace(None);
     let in_flight = ext.in_flight();
     track(ext, &run);
     let exit = kill_run(&mut run).await;
-    let rec = ExitRecord::new(
-        run.pid,
+    let rec = ExitRecord::new(run.pid, cause, why, exit, in_flight);
+    ext.update(|s| {
+        s.record_exit(rec);
+        also(s);
+    });
+    end_run(ext, run).await;
+    exit
+}
+
+/// The host gave up on the child (no handshake in time, a failed handshake): kill it, record
+/// why.
+async fn host_killed(ext: &Extension, run: Run, ready_at: Option<Instant>, why: String) -> Outcome {
+    let exit = kill_and_record(
+        ext,
+        run,
         ExitCause::StoppedByHost,
         Some(why.clone()),
-        exit,
-        in_flight,
-    );
-    ext.update(|s| s.record_exit(rec));
-    end_run(ext, run).await;
+        |_| {},
+    )
+    .await;
     let error = match exit {
         Some(e) => format!("{why}; the host stopped it ({e})"),
         None => why,

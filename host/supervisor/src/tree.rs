@@ -56,6 +56,8 @@ pub struct ProcStat {
     pub ppid: u32,
     pub pgrp: u32,
     pub session: u32,
+    /// What it uses, from the same line (what the limits are enforced on).
+    pub usage: crate::usage::ProcUse,
 }
 
 impl ProcStat {
@@ -72,10 +74,18 @@ pub fn stat(pid: u32) -> Option<ProcStat> {
 }
 
 fn parse_stat(pid: u32, text: &str) -> Option<ProcStat> {
-    // `pid (comm) state ppid pgrp session …`; comm may contain spaces and parentheses.
+    // `pid (comm) state ppid pgrp session …`; comm may contain spaces and parentheses. After
+    // the comm, counting from 0: state 0, ppid 1, pgrp 2, session 3, utime 11, stime 12,
+    // num_threads 17, starttime 19, rss 21 (pages).
     let rest = &text[text.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i)?.parse::<u64>().ok();
     Some(ProcStat {
+        usage: crate::usage::ProcUse {
+            cpu_ticks: n(11)? + n(12)?,
+            threads: n(17)? as u32,
+            rss_pages: n(21)?,
+        },
         id: ProcId {
             pid,
             start: f.get(19)?.parse().ok()?,
@@ -330,6 +340,9 @@ mod tests {
         let s = parse_stat(4242, line).unwrap();
         assert_eq!((s.ppid, s.pgrp, s.session, s.state), (1, 4242, 4242, 'S'));
         assert_eq!(s.id.start, 987654);
+        let line = "77 (a (b) c) R 1 77 77 0 -1 0 0 0 0 0 250 50 0 0 20 0 3 0 1234 100000 512 0";
+        let u = parse_stat(77, line).unwrap().usage;
+        assert_eq!((u.cpu_ticks, u.threads, u.rss_pages), (300, 3, 512));
     }
 
     #[test]

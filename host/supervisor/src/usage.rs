@@ -51,26 +51,6 @@ pub struct ProcUse {
     pub rss_pages: u64,
 }
 
-/// Read `/proc/<pid>/stat`; `None` if the process is gone.
-pub fn proc_use(pid: u32) -> Option<ProcUse> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text)
-}
-
-fn parse_stat(text: &str) -> Option<ProcUse> {
-    // After `pid (comm)`: state(3) ppid pgrp session tty tpgid flags minflt cminflt majflt
-    // cmajflt utime(14) stime(15) cutime cstime priority nice num_threads(20) itrealvalue
-    // starttime vsize rss(24).
-    let rest = &text[text.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let n = |i: usize| f.get(i)?.parse::<u64>().ok();
-    Some(ProcUse {
-        cpu_ticks: n(11)? + n(12)?,
-        threads: n(17)? as u32,
-        rss_pages: n(21)?,
-    })
-}
-
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
 pub fn ticks_per_second() -> u64 {
     // SAFETY: sysconf has no preconditions.
@@ -95,17 +75,16 @@ pub struct TreeUse {
     pub processes: u32,
 }
 
-/// Sum the use of `pids`.
-pub fn tree_use(pids: impl IntoIterator<Item = u32>) -> TreeUse {
+/// Sum the use of a tree's processes, as [`crate::tree::tree`] read them (one read of each
+/// process's `stat` serves both the tree and its use).
+pub fn tree_use(procs: &[crate::tree::ProcStat]) -> TreeUse {
     let page = page_size();
     let mut u = TreeUse::default();
-    for pid in pids {
-        if let Some(p) = proc_use(pid) {
-            u.rss_bytes += p.rss_pages * page;
-            u.cpu_ticks += p.cpu_ticks;
-            u.tasks += p.threads.max(1);
-            u.processes += 1;
-        }
+    for p in procs.iter().map(|p| p.usage) {
+        u.rss_bytes += p.rss_pages * page;
+        u.cpu_ticks += p.cpu_ticks;
+        u.tasks += p.threads.max(1);
+        u.processes += 1;
     }
     u
 }
@@ -269,15 +248,6 @@ mod tests {
             next_interval(every, true, &half_tasks, &limits),
             SAMPLE_INTERVAL
         );
-    }
-
-    #[test]
-    fn stat_fields_are_read_after_the_command_name() {
-        let line = "77 (a (b) c) R 1 77 77 0 -1 0 0 0 0 0 250 50 0 0 20 0 3 0 1234 100000 512 0";
-        let u = parse_stat(line).unwrap();
-        assert_eq!(u.cpu_ticks, 300);
-        assert_eq!(u.threads, 3);
-        assert_eq!(u.rss_pages, 512);
     }
 
     #[test]
