@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::PATIENCE;
 use support::fixture::{Fixture, kill};
-use support::{drill, http, stage_rust_example, workspace_root};
+use support::{drill, http, stage_rust_example};
 
 fn socket(f: &Fixture) -> PathBuf {
     f.state().join("run/conduit.sock")
@@ -31,30 +31,8 @@ fn socket(f: &Fixture) -> PathBuf {
 /// A `core_ext.py` package in `hang` mode declaring the work kinds `h{index}k0` … `h{index}k39`:
 /// each hung extension its own 40 (a work kind is one extension's).
 fn hung_pkg(f: &Fixture, name: &str, index: usize) -> PathBuf {
-    let pkg = f.dir.path().join("src").join(name);
-    std::fs::create_dir_all(&pkg).unwrap();
-    std::fs::copy(
-        workspace_root().join("host/tests/fixtures/core_ext.py"),
-        pkg.join("core_ext.py"),
-    )
-    .unwrap();
     let kinds: Vec<String> = (0..40).map(|i| format!("h{index}k{i}")).collect();
-    let decl: Vec<String> = kinds
-        .iter()
-        .map(|k| format!("{{ name = \"{k}\", trigger = true }}"))
-        .collect();
-    std::fs::write(
-        pkg.join("conduit-extension.toml"),
-        format!(
-            "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"core_ext.py\", \"hang\", \"{}\"]\n\n\
-             [capabilities]\nwork_kinds = [{}]\nrecurrences = [\"tick\"]\n\
-             dependency_filters = [\"match\"]\nemissions = [\"note\"]\ningress = [\"feed\"]\nmethods = [\"make-artifact\", \"open-streams\"]\n",
-            kinds.join(","),
-            decl.join(", ")
-        ),
-    )
-    .unwrap();
-    pkg
+    f.core_ext_kinds(name, "hang", &kinds)
 }
 
 fn notes_pkg(f: &Fixture) -> PathBuf {

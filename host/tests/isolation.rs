@@ -19,35 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::PATIENCE;
 use support::fixture::Fixture;
-use support::{http, workspace_root};
-
-/// A package running `core_ext.py MODE KINDS`, declaring the work kinds `kinds` (each with a
-/// trigger) and the other capabilities the fixture serves.
-fn core_pkg(f: &Fixture, name: &str, mode: &str, kinds: &[String]) -> PathBuf {
-    let pkg = f.dir.path().join("src").join(name);
-    std::fs::create_dir_all(&pkg).unwrap();
-    std::fs::copy(
-        workspace_root().join("host/tests/fixtures/core_ext.py"),
-        pkg.join("core_ext.py"),
-    )
-    .unwrap();
-    let list = kinds.join(",");
-    let decl: Vec<String> = kinds
-        .iter()
-        .map(|k| format!("{{ name = \"{k}\", trigger = true }}"))
-        .collect();
-    std::fs::write(
-        pkg.join("conduit-extension.toml"),
-        format!(
-            "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"core_ext.py\", \"{mode}\", \"{list}\"]\n\n\
-             [capabilities]\nwork_kinds = [{}]\nrecurrences = [\"tick\"]\n\
-             dependency_filters = [\"match\"]\nemissions = [\"note\"]\ningress = [\"feed\"]\nmethods = [\"make-artifact\", \"open-streams\"]\n",
-            decl.join(", ")
-        ),
-    )
-    .unwrap();
-    pkg
-}
+use support::http;
 
 fn kinds(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("k{i}")).collect()
@@ -65,8 +37,8 @@ fn routed(sock: &Path, id: i64) -> Option<Value> {
 #[test]
 fn a_hung_extension_is_degraded_its_events_wait_and_another_extensions_are_routed_at_once() {
     let mut f = Fixture::new();
-    f.install(&core_pkg(&f, "hung", "hang", &kinds(40)));
-    f.install(&core_pkg(&f, "good", "ok", &["job".into()]));
+    f.install(&f.core_ext_kinds("hung", "hang", &kinds(40)));
+    f.install(&f.core_ext_kinds("good", "ok", &["job".into()]));
     f.start_daemon();
     f.wait_state("hung", "ready", PATIENCE);
     f.wait_state("good", "ready", PATIENCE);
@@ -161,7 +133,7 @@ fn a_hung_extension_is_degraded_its_events_wait_and_another_extensions_are_route
 #[test]
 fn a_degraded_extension_is_probed_off_the_writer_and_restored_when_it_answers() {
     let mut f = Fixture::new();
-    f.install(&core_pkg(&f, "late", "hang-until-file", &["job".into()]));
+    f.install(&f.core_ext_kinds("late", "hang-until-file", &["job".into()]));
     f.start_daemon();
     f.wait_state("late", "ready", PATIENCE);
     let sock = socket(&f);
@@ -217,7 +189,7 @@ fn a_degraded_extension_is_probed_off_the_writer_and_restored_when_it_answers() 
 #[test]
 fn an_extension_that_answers_nothing_is_shown_unresponsive_and_restarted() {
     let mut f = Fixture::new();
-    f.install(&core_pkg(&f, "stuck", "hang", &["job".into()]));
+    f.install(&f.core_ext_kinds("stuck", "hang", &["job".into()]));
     f.start_daemon_with(&[("CONDUIT_UNRESPONSIVE_AFTER", "2".as_ref())]);
     let before = f.wait_state("stuck", "ready", PATIENCE)["pid"].clone();
     let sock = socket(&f);
@@ -294,7 +266,7 @@ fn events_accepted_before_a_restart_wait_for_their_owner_and_each_ends_in_a_work
     let mut f = Fixture::new();
     // `slow-start` takes a second before it reads its handshake: the window in which today's
     // first pass, running before packages are registered, routes their events to no Work.
-    f.install(&core_pkg(&f, "jobs", "slow-start", &["job".into()]));
+    f.install(&f.core_ext_kinds("jobs", "slow-start", &["job".into()]));
     f.start_daemon();
     f.wait_state("jobs", "ready", PATIENCE);
     assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
@@ -326,7 +298,7 @@ fn events_accepted_before_a_restart_wait_for_their_owner_and_each_ends_in_a_work
 #[test]
 fn an_event_kind_routes_to_the_longest_declared_work_kind_at_a_dot_boundary() {
     let mut f = Fixture::new();
-    f.install(&core_pkg(&f, "dots", "ok", &["a".into(), "a.b".into()]));
+    f.install(&f.core_ext_kinds("dots", "ok", &["a".into(), "a.b".into()]));
     f.start_daemon();
     f.wait_state("dots", "ready", PATIENCE);
     let sock = socket(&f);
@@ -353,7 +325,7 @@ fn a_dotted_work_kind_alone_receives_its_events() {
     // docs/protocol.md §6.1 with only `node.job` declared (issue: the host once took the
     // part before the first dot, so `node.job.x` went nowhere).
     let mut f = Fixture::new();
-    f.install(&core_pkg(&f, "dotted", "ok", &["node.job".into()]));
+    f.install(&f.core_ext_kinds("dotted", "ok", &["node.job".into()]));
     f.start_daemon();
     f.wait_state("dotted", "ready", PATIENCE);
     let sock = socket(&f);
@@ -389,7 +361,7 @@ fn a_dotted_work_kind_alone_receives_its_events() {
 #[test]
 fn a_degraded_extensions_timers_waits_and_emissions_wait_and_resume_when_it_answers() {
     let mut f = Fixture::new();
-    f.install(&core_pkg(&f, "late", "hang-until-file", &["job".into()]));
+    f.install(&f.core_ext_kinds("late", "hang-until-file", &["job".into()]));
     f.start_daemon();
     f.wait_state("late", "ready", PATIENCE);
     let sock = socket(&f);
@@ -433,4 +405,31 @@ fn a_degraded_extensions_timers_waits_and_emissions_wait_and_resume_when_it_answ
         (e["state"] == "committed").then_some(e)
     });
     assert_eq!(e["records"][0]["body"]["n"], 1, "{e:#}");
+}
+
+#[test]
+fn a_work_kind_two_packages_declare_goes_to_the_one_whose_name_sorts_first() {
+    let mut f = Fixture::new();
+    // Installed in the other order, so neither install order nor chance passes the test.
+    let job = ["job".to_owned()];
+    f.install(&f.core_ext_kinds("zeta", "ok", &job));
+    f.install(&f.core_ext_kinds("alpha", "ok", &job));
+    f.start_daemon();
+    f.wait_state("alpha", "ready", PATIENCE);
+    f.wait_state("zeta", "ready", PATIENCE);
+    let sock = socket(&f);
+    // One event at a time, each routed before the next is pushed, so each is routed by a pass
+    // of its own: an owner picked afresh every pass would be zeta at least once in eight with
+    // a probability of 255/256.
+    for i in 0..8 {
+        let id = http::push(&sock, "feed", &format!("j{i}"), "job.run", json!({}));
+        f.wait_until("the job event to be routed", || routed(&sock, id));
+    }
+    let triggers = |name: &str| {
+        f.status(name)["calls"]["work_kind.trigger"]["count"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert!(triggers("alpha") >= 8, "{}", f.context());
+    assert_eq!(triggers("zeta"), 0, "{}", f.context());
 }

@@ -457,17 +457,10 @@ fn under_a_notify_socket_the_daemon_says_ready_status_watchdog_and_stopping() {
     assert!(!String::from_utf8_lossy(&environ).contains("NOTIFY_SOCKET"));
 
     // Heartbeats at the configured rate: more often than the 2 s watchdog, not a flood.
-    let start = Instant::now();
-    while got.times_of("WATCHDOG=1").len() < 4 {
-        assert!(
-            start.elapsed() < PATIENCE,
-            "{:#?}{}",
-            got.all(),
-            f.context()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let beats = got.times_of("WATCHDOG=1");
+    let beats = f.wait_until("four heartbeats", || {
+        let beats = got.times_of("WATCHDOG=1");
+        (beats.len() >= 4).then_some(beats)
+    });
     let mut gaps: Vec<i64> = beats.windows(2).map(|w| w[1] - w[0]).collect();
     gaps.sort();
     assert!(
@@ -488,27 +481,19 @@ fn under_a_notify_socket_the_daemon_says_ready_status_watchdog_and_stopping() {
     // The host loop stalled on purpose: the heartbeat stops, then comes back.
     std::fs::write(&stall, "").unwrap();
     let stalled_at = now_ms();
-    let start = Instant::now();
-    loop {
-        let last = got.times_of("WATCHDOG=1").last().copied().unwrap_or(0);
-        // 3 s without a pass, then one beat interval, then a margin.
-        if now_ms() - last > 5000 && last < now_ms() - 5000 {
-            break;
-        }
-        assert!(
-            start.elapsed() < PATIENCE,
-            "the heartbeat never stopped while the loop was stalled (stalled at {stalled_at}): {:?}",
-            got.times_of("WATCHDOG=1")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    f.wait_until(
+        &format!("the heartbeat to stop while the loop is stalled (stalled at {stalled_at})"),
+        || {
+            let last = got.times_of("WATCHDOG=1").last().copied().unwrap_or(0);
+            // 3 s without a pass, then one beat interval, then a margin.
+            (now_ms() - last > 5000).then_some(())
+        },
+    );
     let n = got.times_of("WATCHDOG=1").len();
     std::fs::remove_file(&stall).unwrap();
-    let start = Instant::now();
-    while got.times_of("WATCHDOG=1").len() == n {
-        assert!(start.elapsed() < PATIENCE, "the heartbeat never came back");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    f.wait_until("the heartbeat to come back", || {
+        (got.times_of("WATCHDOG=1").len() > n).then_some(())
+    });
 
     // SIGTERM: STOPPING=1, exit 0, no extension process left.
     let pgids: Vec<u32> = ["echo", "slow"]

@@ -48,6 +48,10 @@ use tokio_util::sync::CancellationToken;
 use super::health::{Action, ProbeCall};
 use super::{Core, now_ms};
 
+/// The live extensions of a pass and their capabilities, by name (ordered: the pass visits
+/// them, and settles a work kind two of them declare, in name order).
+type Exts = BTreeMap<String, (Extension, conduit_protocol::Capabilities)>;
+
 /// How many unrouted events one routing step reads (and one trigger call carries).
 pub const ROUTE_BATCH: u32 = 200;
 /// How many due timers, active waits and planned emissions one pass handles of each.
@@ -225,7 +229,7 @@ impl HostLoop {
     /// One pass over everything live.
     pub fn pass(&self) -> PassReport {
         let mut r = PassReport::default();
-        let mut exts: HashMap<String, (Extension, conduit_protocol::Capabilities)> = self
+        let mut exts: Exts = self
             .core
             .extensions()
             .into_iter()
@@ -264,7 +268,7 @@ impl HostLoop {
 
     /// Bring each extension's health up to date: note new runs, start due probes (off the
     /// writer), restart the unresponsive; and fix the set this pass skips.
-    fn tend_health(&self, exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>) {
+    fn tend_health(&self, exts: &Exts) {
         let now = now_ms();
         let threshold = self.core.unresponsive_after();
         let mut skip = self.skip.borrow_mut();
@@ -317,7 +321,7 @@ impl HostLoop {
         !self.skip.borrow().contains(ext)
     }
 
-    fn start_polls(&self, exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>) {
+    fn start_polls(&self, exts: &Exts) {
         for (name, (ext, caps)) in exts {
             let status = ext.brief();
             if status.state != conduit_supervisor::State::Ready {
@@ -413,7 +417,7 @@ impl HostLoop {
 
     fn route(
         &self,
-        exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        exts: &Exts,
         settling: &HashMap<String, conduit_protocol::Capabilities>,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
@@ -423,11 +427,10 @@ impl HostLoop {
             .flat_map(|c| c.work_kinds.iter().map(|k| k.name.as_str()))
             .collect();
         // work kind → (extension, has a trigger). When two extensions declare one work kind,
-        // the one whose name sorts first owns it, every pass alike (docs/operations.md §6).
+        // the one whose name sorts first owns it, every pass alike (docs/operations.md §6):
+        // `exts` is ordered by name.
         let mut kinds: HashMap<&str, (&Extension, bool)> = HashMap::new();
-        let mut by_name: Vec<_> = exts.values().collect();
-        by_name.sort_by(|a, b| a.0.name().cmp(b.0.name()));
-        for (e, caps) in by_name {
+        for (e, caps) in exts.values() {
             for k in &caps.work_kinds {
                 kinds.entry(k.name.as_str()).or_insert((e, k.trigger));
             }
@@ -537,7 +540,7 @@ impl HostLoop {
 
     fn fire_timers(
         &self,
-        exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        exts: &Exts,
         settling: &HashMap<String, conduit_protocol::Capabilities>,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
@@ -589,7 +592,7 @@ impl HostLoop {
 
     fn match_waits(
         &self,
-        exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        exts: &Exts,
         settling: &HashMap<String, conduit_protocol::Capabilities>,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
@@ -656,7 +659,7 @@ impl HostLoop {
 
     fn commit_emissions(
         &self,
-        exts: &HashMap<String, (Extension, conduit_protocol::Capabilities)>,
+        exts: &Exts,
         settling: &HashMap<String, conduit_protocol::Capabilities>,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {

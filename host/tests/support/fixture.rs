@@ -94,6 +94,12 @@ impl Fixture {
     /// A package running `host/tests/fixtures/core_ext.py` in `mode`, with every capability the
     /// core calls declared.
     pub fn core_ext(&self, name: &str, mode: &str) -> PathBuf {
+        self.core_ext_kinds(name, mode, &["job".to_owned()])
+    }
+
+    /// Like [`Fixture::core_ext`], declaring the work kinds `kinds` (each with a trigger) in
+    /// the manifest and the handshake alike.
+    pub fn core_ext_kinds(&self, name: &str, mode: &str, kinds: &[String]) -> PathBuf {
         let pkg = self.dir.path().join("src").join(name);
         std::fs::create_dir_all(&pkg).unwrap();
         std::fs::copy(
@@ -101,12 +107,18 @@ impl Fixture {
             pkg.join("core_ext.py"),
         )
         .unwrap();
+        let list = kinds.join(",");
+        let decl: Vec<String> = kinds
+            .iter()
+            .map(|k| format!("{{ name = \"{k}\", trigger = true }}"))
+            .collect();
         std::fs::write(
             pkg.join("conduit-extension.toml"),
             format!(
-                "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"core_ext.py\", \"{mode}\"]\n\n\
-                 [capabilities]\nwork_kinds = [{{ name = \"job\", trigger = true }}]\nrecurrences = [\"tick\"]\n\
-                 dependency_filters = [\"match\"]\nemissions = [\"note\"]\ningress = [\"feed\"]\nmethods = [\"make-artifact\", \"open-streams\"]\n"
+                "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"core_ext.py\", \"{mode}\", \"{list}\"]\n\n\
+                 [capabilities]\nwork_kinds = [{}]\nrecurrences = [\"tick\"]\n\
+                 dependency_filters = [\"match\"]\nemissions = [\"note\"]\ningress = [\"feed\"]\nmethods = [\"make-artifact\", \"open-streams\"]\n",
+                decl.join(", ")
             ),
         )
         .unwrap();
