@@ -100,6 +100,7 @@
 mod artifact;
 mod ctx;
 mod extension;
+mod params;
 mod serve;
 
 pub use artifact::ArtifactWriter;
