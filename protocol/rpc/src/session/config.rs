@@ -20,8 +20,9 @@ pub struct SessionConfig {
     pub max_outgoing: usize,
     /// Bytes held for the peer at once: the write queue plus frames whose senders wait for
     /// room or for a call slot. A call or notification that would pass it fails at once with
-    /// [`CallError::Overloaded`]; an answer that would is replaced by an `overloaded` error.
-    /// At least the frame cap, so one message of the largest size can always be sent.
+    /// [`CallError::Overloaded`](super::error::CallError::Overloaded); an answer that would is
+    /// replaced by an `overloaded` error. At least the frame cap, so one message of the
+    /// largest size can always be sent.
     pub max_held_bytes: usize,
     /// Where the session counts its traffic. Shared, so one set of counters can outlive a
     /// session (the host keeps one per extension across its restarts).
