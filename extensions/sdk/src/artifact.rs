@@ -29,7 +29,7 @@ use futures::FutureExt as _;
 use futures::stream::{FuturesUnordered, StreamExt};
 use sha2::{Digest, Sha256};
 
-use crate::ctx::{Host, HostError};
+use crate::error::HostError;
 
 /// How long a best-effort `artifact.abort` may take; nobody waits for its answer but the task
 /// that sends it.
@@ -39,8 +39,9 @@ const ABORT_DEADLINE: Duration = Duration::from_secs(5);
 /// on the wire; it would only make them queue here instead of there.
 const MAX_WINDOW: usize = conduit_protocol::MAX_CONCURRENT_REQUESTS;
 
+/// Whether the stream is still open, or how it ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
+enum StreamStatus {
     Open,
     /// A chunk or the close failed; the stream was aborted (or the host ended it).
     Failed,
@@ -67,7 +68,7 @@ pub struct ArtifactWriter {
     size: u64,
     hasher: Sha256,
     in_flight: FuturesUnordered<BoxFuture<Result<ChunkAck, CallError>>>,
-    state: State,
+    status: StreamStatus,
 }
 
 impl fmt::Debug for ArtifactWriter {
@@ -80,21 +81,29 @@ impl fmt::Debug for ArtifactWriter {
             .field("seq", &self.seq)
             .field("size", &self.size)
             .field("in_flight", &self.in_flight.len())
-            .field("state", &self.state)
+            .field("status", &self.status)
             .finish()
     }
 }
 
 impl ArtifactWriter {
-    pub(crate) async fn open(host: &Host, open: ArtifactOpen) -> Result<Self, HostError> {
+    /// Open a stream with `artifact.open`; every call of the stream is made with `deadline`
+    /// (the [`Host`](crate::Host)'s).
+    pub(crate) async fn open(
+        peer: &Peer,
+        deadline: Option<Duration>,
+        open: ArtifactOpen,
+    ) -> Result<Self, HostError> {
         let name = open.name.clone();
-        let opened: ArtifactOpened = host.call(methods::ext::ARTIFACT_OPEN, &open).await?;
+        let opened: ArtifactOpened = peer
+            .call(methods::ext::ARTIFACT_OPEN, &open, deadline)
+            .await?;
         let max_chunk_bytes = opened
             .max_chunk_bytes
             .min(conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES);
         let mut w = ArtifactWriter {
-            peer: host.peer.clone(),
-            deadline: host.deadline,
+            peer: peer.clone(),
+            deadline,
             name,
             stream_id: opened.stream_id,
             max_chunk_bytes,
@@ -105,7 +114,7 @@ impl ArtifactWriter {
             size: 0,
             hasher: Sha256::new(),
             in_flight: FuturesUnordered::new(),
-            state: State::Open,
+            status: StreamStatus::Open,
         };
         if max_chunk_bytes == 0 {
             // Nothing could ever be sent; give the stream back rather than hold it open.
@@ -198,7 +207,7 @@ impl ArtifactWriter {
             .await
         {
             Ok(stored) => {
-                self.state = State::Done;
+                self.status = StreamStatus::Done;
                 Ok(stored)
             }
             Err(e) => Err(self.fail(e).await),
@@ -207,10 +216,10 @@ impl ArtifactWriter {
 
     /// Give up on the stream: the host discards what it received.
     pub async fn abort(mut self) -> Result<(), HostError> {
-        if self.state != State::Open {
+        if self.status != StreamStatus::Open {
             return Ok(());
         }
-        self.state = State::Done;
+        self.status = StreamStatus::Done;
         self.in_flight.clear();
         let _: Empty = self
             .peer
@@ -226,9 +235,9 @@ impl ArtifactWriter {
     }
 
     fn check_open(&self) -> Result<(), HostError> {
-        match self.state {
-            State::Open => Ok(()),
-            State::Failed | State::Done => Err(HostError::Artifact {
+        match self.status {
+            StreamStatus::Open => Ok(()),
+            StreamStatus::Failed | StreamStatus::Done => Err(HostError::Artifact {
                 name: self.name.clone(),
                 detail: "the stream has already failed or ended".into(),
             }),
@@ -283,7 +292,7 @@ impl ArtifactWriter {
     /// the stream unless the host already ended it, and hand back the error.
     async fn fail(&mut self, e: CallError) -> HostError {
         tracing::debug!(artifact = %self.name, stream = %self.stream_id, error = %e, "artifact stream failed");
-        self.state = State::Failed;
+        self.status = StreamStatus::Failed;
         self.in_flight.clear();
         // `artifact_invalid` ends the stream on the host (§8); an abort would only draw another.
         if !e.is(ErrorCode::ArtifactInvalid) {
@@ -293,7 +302,7 @@ impl ArtifactWriter {
     }
 
     async fn abort_now(&mut self) {
-        self.state = State::Failed;
+        self.status = StreamStatus::Failed;
         let abort = ArtifactAbort {
             stream_id: self.stream_id.clone(),
         };
@@ -309,7 +318,7 @@ impl ArtifactWriter {
 
 impl Drop for ArtifactWriter {
     fn drop(&mut self) {
-        if self.state != State::Open {
+        if self.status != StreamStatus::Open {
             return;
         }
         // Dropped unfinished: the chunks in flight are cancelled as their calls drop; tell the

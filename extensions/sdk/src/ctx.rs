@@ -18,13 +18,14 @@ use conduit_protocol::calls::{
     PushParams, PushResult, Work, WorkRef,
 };
 use conduit_protocol::handshake::InitializeParams;
-use conduit_protocol::{ErrorCode, RpcError, methods};
-use conduit_rpc::{CallError, Peer};
+use conduit_protocol::methods;
+use conduit_rpc::Peer;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::artifact::ArtifactWriter;
+use crate::error::HostError;
 
 /// The context of one request: its cancellation, the host's handshake, and the host handle.
 #[derive(Clone, Debug)]
@@ -83,66 +84,6 @@ impl Ctx {
     }
 }
 
-/// Why a callback to the host failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum HostError {
-    /// The call itself failed: the host answered an error (for example `not_found`,
-    /// `reentrant_write`, `artifact_invalid`), the deadline passed, or the session ended.
-    #[error(transparent)]
-    Call(#[from] CallError),
-    /// An artifact stream failed on this side: the host's `artifact.open` answer was unusable,
-    /// or the stream was used after it failed.
-    #[error("artifact `{name}`: {detail}")]
-    Artifact { name: String, detail: String },
-}
-
-impl HostError {
-    /// The error code this failure is reported as (the host's own code when it answered one).
-    pub fn code(&self) -> i32 {
-        match self {
-            HostError::Call(e) => e.code(),
-            HostError::Artifact { .. } => ErrorCode::InternalError.number(),
-        }
-    }
-
-    /// Whether the failure carries `code`.
-    pub fn is(&self, code: ErrorCode) -> bool {
-        self.code() == code.number()
-    }
-
-    /// Whether sending the same call again later may succeed (docs/protocol.md §12): the
-    /// protocol's one classification, so a -32000 without `data.limit` (a generic server
-    /// error) is not retryable, while conduit's `overloaded`, which always names its limit, is.
-    pub fn is_retryable(&self) -> bool {
-        self.class().is_retryable()
-    }
-
-    /// How to read the failure: see `conduit_protocol::classify`.
-    pub fn class(&self) -> conduit_protocol::ErrorClass {
-        match self {
-            HostError::Call(e) => e.class(),
-            HostError::Artifact { .. } => conduit_protocol::ErrorClass::Permanent,
-        }
-    }
-
-    /// As a wire error, to answer the handler's own request with: the host's error unchanged,
-    /// a local failure as its code with this error's message.
-    pub fn to_rpc_error(&self) -> RpcError {
-        match self {
-            HostError::Call(e) => e.to_rpc_error(),
-            HostError::Artifact { .. } => RpcError::internal(self.to_string()),
-        }
-    }
-}
-
-/// Lets a handler pass a failed callback on with `?`.
-impl From<HostError> for RpcError {
-    fn from(e: HostError) -> Self {
-        e.to_rpc_error()
-    }
-}
-
 /// The host, as seen from a handler: typed callbacks and artifact streams. Cheap to clone; a
 /// clone may be moved into a spawned task to call the host after the handler has answered.
 #[derive(Clone, Debug)]
@@ -196,7 +137,7 @@ impl Host {
     /// `artifact.open`: start an artifact stream. Write to the returned writer, then
     /// [`finish`](ArtifactWriter::finish) it; dropped unfinished, it aborts the stream.
     pub async fn artifact(&self, open: ArtifactOpen) -> Result<ArtifactWriter, HostError> {
-        ArtifactWriter::open(self, open).await
+        ArtifactWriter::open(&self.peer, self.deadline, open).await
     }
 
     /// Store `bytes` as one artifact: open (with `size` filled in), chunks, close.

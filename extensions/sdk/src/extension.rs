@@ -258,7 +258,7 @@ impl Extension {
         );
         let method = name.clone();
         let route: MethodFn = Arc::new(move |cx, params| {
-            match crate::serve::parse_params::<P>(&method, params, false) {
+            match crate::params::parse_params::<P>(&method, params, false) {
                 Ok(p) => {
                     let fut = handler(cx, p);
                     Box::pin(async move { to_raw(&fut.await?) })

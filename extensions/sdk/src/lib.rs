@@ -99,11 +99,14 @@
 
 mod artifact;
 mod ctx;
+mod error;
 mod extension;
+mod params;
 mod serve;
 
 pub use artifact::ArtifactWriter;
-pub use ctx::{Ctx, Host, HostError};
+pub use ctx::{Ctx, Host};
+pub use error::HostError;
 pub use extension::Extension;
 pub use serve::ExitReason;
 

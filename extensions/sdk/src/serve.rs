@@ -50,6 +50,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::ctx::{Ctx, Host};
 use crate::extension::{Extension, TypedFn};
+use crate::params::parse_params;
 
 /// How long the session may take, after `shutdown` was answered, to write what is queued.
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
@@ -140,7 +141,9 @@ enum Phase {
     Stopping,
 }
 
-struct State {
+/// Where the session is in its life, and what the host sent in `initialize` once it was
+/// answered.
+struct Lifecycle {
     phase: Phase,
     init: Option<Arc<InitializeParams>>,
 }
@@ -148,7 +151,7 @@ struct State {
 /// The session's handler: the handshake, then routing by method and name.
 struct Dispatch {
     ext: Extension,
-    state: Mutex<State>,
+    lifecycle: Mutex<Lifecycle>,
     /// Tracks every request being answered (except `shutdown` itself), so that `shutdown` and
     /// stdin EOF can wait for them.
     tracker: TaskTracker,
@@ -164,7 +167,7 @@ impl Dispatch {
     fn new(ext: Extension) -> Self {
         Dispatch {
             ext,
-            state: Mutex::new(State {
+            lifecycle: Mutex::new(Lifecycle {
                 phase: Phase::New,
                 init: None,
             }),
@@ -175,10 +178,10 @@ impl Dispatch {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lifecycle> {
         // Every critical section is a plain read or assignment, so a poisoned lock still holds
         // a consistent state.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.lifecycle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn initialize(&self, req: &Request) -> HandlerResult {
@@ -458,21 +461,6 @@ impl<R: AsyncRead + Unpin> AsyncRead for DrainAtEof<R> {
             }
         }
     }
-}
-
-/// Read params as `P`; absent params read as `{}` (§3.1). Protocol methods take objects only
-/// (the protocol's one parser, `conduit_protocol::parse_params`); a custom method's handler
-/// decides for itself, so an array may reach it.
-pub(crate) fn parse_params<P: DeserializeOwned>(
-    method: &str,
-    params: Option<&str>,
-    object_only: bool,
-) -> Result<P, RpcError> {
-    if object_only {
-        return conduit_protocol::parse_params(method, params);
-    }
-    let raw = params.unwrap_or("{}");
-    serde_json::from_str(raw).map_err(|e| RpcError::invalid_params(method, e))
 }
 
 fn undeclared(method: &str, what: &str, name: &str) -> RpcError {

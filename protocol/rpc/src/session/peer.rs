@@ -1,0 +1,281 @@
+//! [`Peer`], the cheap handle for calls, and the outgoing call path: an id, the held-bytes
+//! reservation, an outgoing slot, an entry of the pending table, the frame queued, the answer
+//! awaited.
+//!
+//! Invariant: a call that is dropped or times out before its answer removes its pending entry
+//! and sends `$/cancel` (`PendingGuard`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use conduit_protocol::RequestId;
+use conduit_protocol::message;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::error::{CallError, CloseReason};
+use super::shared::{Failure, Shared};
+use super::writer::SendError;
+
+/// The other side of a session: make calls, send notifications. Cheap to clone.
+#[derive(Clone)]
+pub struct Peer {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("name", &self.shared.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Removes a pending call and sends `$/cancel` if the call is dropped or times out before its
+/// answer arrives.
+struct PendingGuard<'a> {
+    shared: &'a Shared,
+    id: i64,
+    armed: bool,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let was_pending = self.shared.lock().pending.remove(&self.id).is_some();
+            if was_pending {
+                self.shared.send_cancel(self.id);
+            }
+        }
+    }
+}
+
+impl Peer {
+    /// Call `method` with raw params; wait at most `deadline` for the answer.
+    pub async fn call_raw(
+        &self,
+        method: &str,
+        params: &RawValue,
+        deadline: Option<Duration>,
+    ) -> Result<Box<RawValue>, CallError> {
+        self.call_raw_cancellable(method, params, deadline, None)
+            .await
+    }
+
+    /// Like [`Peer::call_raw`]; when `cancel` fires, `$/cancel` is sent and the call goes on
+    /// waiting for the peer's answer (normally `cancelled`, at once) within the deadline.
+    pub async fn call_raw_cancellable(
+        &self,
+        method: &str,
+        params: &RawValue,
+        deadline: Option<Duration>,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<Box<RawValue>, CallError> {
+        match deadline {
+            None => self.exchange(method, params.get(), cancel).await,
+            Some(d) => {
+                match tokio::time::timeout(d, self.exchange(method, params.get(), cancel)).await {
+                    Ok(r) => r,
+                    // The pending guard inside removes the call and sends `$/cancel` as it drops.
+                    Err(_) => Err(CallError::DeadlineExceeded {
+                        method: method.into(),
+                        deadline: d,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Call `method` with params given as JSON text the caller built itself and vouches for —
+    /// a large payload written straight into one buffer, say — sent as is, without the parse a
+    /// [`RawValue`] would cost. Text that is not valid JSON makes the peer answer a parse
+    /// error (a call that then waits for its deadline): use it only for params you generate.
+    pub async fn call_prebuilt(
+        &self,
+        method: &str,
+        params_json: &str,
+        deadline: Option<Duration>,
+    ) -> Result<Box<RawValue>, CallError> {
+        match deadline {
+            None => self.exchange(method, params_json, None).await,
+            Some(d) => {
+                match tokio::time::timeout(d, self.exchange(method, params_json, None)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(CallError::DeadlineExceeded {
+                        method: method.into(),
+                        deadline: d,
+                    }),
+                }
+            }
+        }
+    }
+
+    async fn exchange(
+        &self,
+        method: &str,
+        params: &str,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<Box<RawValue>, CallError> {
+        let shared = &*self.shared;
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        // The id on the caller's span (the host's `extension.call` declares `request_id`); a
+        // static level check first, so with spans off this costs nothing.
+        if tracing::level_enabled!(tracing::Level::DEBUG) {
+            tracing::Span::current().record("request_id", id);
+        }
+        let mut frame = Vec::with_capacity(48 + method.len() + params.len());
+        message::write_request_json(&mut frame, &RequestId::num(id), method, params);
+        if frame.len() > shared.max_message_bytes {
+            return Err(CallError::TooLarge {
+                method: method.into(),
+                detail: format!(
+                    "the request is {} bytes, over the {}-byte message cap",
+                    frame.len(),
+                    shared.max_message_bytes
+                ),
+            });
+        }
+        frame.push(b'\n');
+
+        let closed = |reason| CallError::Closed {
+            method: method.into(),
+            reason,
+        };
+        // Counted from here: a caller waiting for a slot holds its frame too.
+        let held = shared
+            .reserve(frame.len())
+            .map_err(|(held, limit)| CallError::Overloaded {
+                method: method.into(),
+                size: frame.len(),
+                held,
+                limit,
+            })?;
+        let _slot = tokio::select! {
+            biased;
+            p = shared.outgoing_slots.acquire() => p.map_err(|_| closed(shared.close_reason()))?,
+            () = shared.ended.cancelled() => return Err(closed(shared.close_reason())),
+        };
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut st = shared.lock();
+            if let Some(reason) = &st.closed {
+                return Err(CallError::Closed {
+                    method: method.into(),
+                    reason: reason.clone(),
+                });
+            }
+            st.pending.insert(id, tx);
+        }
+        let mut guard = PendingGuard {
+            shared,
+            id,
+            armed: true,
+        };
+        shared.send_held(frame, held).await.map_err(closed)?;
+        let mut rx = rx;
+        let answer = match cancel {
+            None => (&mut rx).await,
+            Some(token) => tokio::select! {
+                biased;
+                a = &mut rx => a,
+                () = token.cancelled() => {
+                    shared.send_cancel(id);
+                    rx.await
+                }
+            },
+        };
+        guard.armed = false;
+        let answer = answer.map_err(|_| closed(shared.close_reason()))?;
+        match answer {
+            Ok(raw) => Ok(raw),
+            Err(Failure::Rpc(error)) => Err(CallError::Rpc {
+                method: method.into(),
+                error,
+            }),
+            Err(Failure::TooLarge(len)) => Err(CallError::TooLarge {
+                method: method.into(),
+                detail: format!(
+                    "the answer was {len} bytes, over the {}-byte message cap",
+                    shared.max_message_bytes
+                ),
+            }),
+        }
+    }
+
+    /// Call `method` with typed params and result.
+    pub async fn call<P: Serialize + ?Sized, R: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: &P,
+        deadline: Option<Duration>,
+    ) -> Result<R, CallError> {
+        let params = serde_json::value::to_raw_value(params).map_err(|e| CallError::BadResult {
+            method: method.into(),
+            detail: format!("params do not serialize: {e}"),
+        })?;
+        let raw = self.call_raw(method, &params, deadline).await?;
+        serde_json::from_str(raw.get()).map_err(|e| CallError::BadResult {
+            method: method.into(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// Send a notification.
+    pub async fn notify<P: Serialize + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+    ) -> Result<(), CallError> {
+        let params = serde_json::value::to_raw_value(params).map_err(|e| CallError::BadResult {
+            method: method.into(),
+            detail: format!("params do not serialize: {e}"),
+        })?;
+        let mut frame = Vec::with_capacity(32 + method.len() + params.get().len());
+        message::write_notification(&mut frame, method, &params);
+        if frame.len() > self.shared.max_message_bytes {
+            return Err(CallError::TooLarge {
+                method: method.into(),
+                detail: format!("{} bytes", frame.len()),
+            });
+        }
+        frame.push(b'\n');
+        let size = frame.len();
+        self.shared.send(frame).await.map_err(|e| match e {
+            SendError::Closed(reason) => CallError::Closed {
+                method: method.into(),
+                reason,
+            },
+            SendError::Overloaded(held, limit) => CallError::Overloaded {
+                method: method.into(),
+                size,
+                held,
+                limit,
+            },
+        })
+    }
+
+    /// Whether the session has ended.
+    pub fn is_closed(&self) -> bool {
+        self.shared.ended.is_cancelled()
+    }
+
+    /// Resolves when the session ends.
+    pub async fn closed(&self) -> CloseReason {
+        self.shared.ended.cancelled().await;
+        self.shared.close_reason()
+    }
+
+    /// How many incoming requests are being served now.
+    pub fn incoming_in_flight(&self) -> usize {
+        self.shared.lock().incoming.len()
+    }
+
+    /// How many outgoing calls await an answer now.
+    pub fn outgoing_in_flight(&self) -> usize {
+        self.shared.lock().pending.len()
+    }
+}
