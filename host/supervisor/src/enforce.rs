@@ -108,8 +108,8 @@ impl Enforcer {
             throttles: self.throttles,
         };
         // Written without waking state waiters: use changes every tick, the state does not.
-        let mut core = ext.inner.core.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = &mut core.status.resources {
+        let mut status = ext.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = &mut status.resources {
             r.usage = Some(now);
         }
         None

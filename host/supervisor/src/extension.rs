@@ -73,13 +73,11 @@ pub(crate) enum Cmd {
     Stop,
 }
 
-pub(crate) struct Core {
-    pub(crate) status: Status,
-}
-
 pub(crate) struct Inner {
     name: String,
-    pub(crate) core: Mutex<Core>,
+    /// What [`Extension::brief`] copies out; changed only through [`Extension::update`] (which
+    /// tells the state's waiters), except the use, which changes every sample.
+    pub(crate) status: Mutex<Status>,
     /// Every process seen in the current child's tree (see [`crate::tree`]).
     pub(crate) recorded: Mutex<BTreeSet<ProcId>>,
     /// Calls awaiting an answer: id → (method, since when).
@@ -118,7 +116,7 @@ impl Extension {
         Extension {
             inner: Arc::new(Inner {
                 name,
-                core: Mutex::new(Core { status }),
+                status: Mutex::new(status),
                 recorded: Mutex::new(BTreeSet::new()),
                 in_flight: Mutex::new(HashMap::new()),
                 next_call: std::sync::atomic::AtomicU64::new(0),
@@ -141,10 +139,9 @@ impl Extension {
     /// asks on every pass (the host loop), where [`Extension::status`] computes percentiles.
     pub fn brief(&self) -> Status {
         self.inner
-            .core
+            .status
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .status
             .clone()
     }
 
@@ -375,11 +372,12 @@ impl Extension {
             .contains(&id)
     }
 
+    /// Change the status, then tell the state's waiters.
     pub(crate) fn update(&self, f: impl FnOnce(&mut Status)) {
         let state = {
-            let mut core = self.inner.core.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut core.status);
-            core.status.state
+            let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut status);
+            status.state
         };
         self.inner.changes.send_replace(state);
     }

@@ -77,10 +77,9 @@ pub(crate) fn track(ext: &Extension, run: &Run) -> bool {
     desc.sort_unstable();
     let differs = ext
         .inner
-        .core
+        .status
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .status
         .descendants
         != desc;
     let busy = was_changed || !desc.is_empty();
