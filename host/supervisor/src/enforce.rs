@@ -73,7 +73,7 @@ impl Enforcer {
     pub(crate) fn sample(&mut self, ext: &Extension, pid: u32) -> Option<String> {
         use nix::sys::signal::Signal;
         let procs = tree::tree(pid);
-        let u = usage::tree_use(&procs);
+        let u = usage::tree_use(procs.iter().map(|p| p.usage));
         if let Some((_, why)) = usage::over_limit(&u, &self.limits) {
             return Some(why);
         }

@@ -253,7 +253,7 @@ async fn end_run(ext: &Extension, mut run: Run) {
 
 /// SIGKILL the child's group and the child, and collect its status (bounded).
 async fn kill_run(run: &mut Run) -> Option<ExitInfo> {
-    let _ = process::signal_group(run.pid, nix::sys::signal::Signal::SIGKILL);
+    let _ = tree::signal_group(run.pid, nix::sys::signal::Signal::SIGKILL);
     let _ = run.child.start_kill();
     tokio::time::timeout(Duration::from_secs(2), run.child.wait())
         .await
@@ -303,7 +303,7 @@ pub(crate) async fn stop_run(ext: &Extension, mut run: Run, grace: Duration, why
     if status.is_none() {
         tracing::warn!(extension = %ext.name(), "did not exit after shutdown; sending SIGTERM");
         track(ext, &run);
-        let _ = process::signal_group(run.pid, Signal::SIGTERM);
+        let _ = tree::signal_group(run.pid, Signal::SIGTERM);
         status = tokio::time::timeout(Duration::from_secs(2), run.child.wait())
             .await
             .ok()
@@ -311,7 +311,7 @@ pub(crate) async fn stop_run(ext: &Extension, mut run: Run, grace: Duration, why
     }
     if status.is_none() {
         tracing::warn!(extension = %ext.name(), "did not exit after SIGTERM; sending SIGKILL");
-        let _ = process::signal_group(run.pid, Signal::SIGKILL);
+        let _ = tree::signal_group(run.pid, Signal::SIGKILL);
         status = tokio::time::timeout(Duration::from_secs(2), run.child.wait())
             .await
             .ok()
