@@ -15,7 +15,6 @@ use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::ExtensionSpec;
 use crate::backoff::{Jitter, RestartTracker, RunFacts};
 use crate::cgroup;
 use crate::enforce::{Enforcer, mechanism};
@@ -27,6 +26,7 @@ use crate::run::{
     Outcome, Run, closed_stdout, finish_failed, host_killed, over_limit, session_peer, stop_run,
     track,
 };
+use crate::spec::ExtensionSpec;
 use crate::status::{Resources, State, now_ms};
 use crate::tree::{Ledger, TRACK_INTERVAL, TRACK_INTERVAL_QUIET};
 

@@ -13,9 +13,9 @@ use tokio_util::sync::CancellationToken;
 use crate::actor::actor;
 use crate::extension::{Cmd, Extension};
 use crate::process;
+use crate::spec::{CallbackHandlers, ExtensionSpec};
 use crate::status::{State, Status};
 use crate::tree::TRACK_INTERVAL;
-use crate::{CallbackHandlers, ExtensionSpec};
 
 struct Running {
     ext: Extension,
