@@ -20,7 +20,7 @@ use crate::cgroup;
 use crate::enforce::{Enforcer, mechanism};
 use crate::extension::{Cmd, Extension};
 use crate::limits;
-use crate::log::{LogFile, Tail};
+use crate::log::LogFile;
 use crate::process::{self, ExitInfo};
 use crate::run::{
     Outcome, Run, closed_stdout, finish_failed, host_killed, over_limit, session_peer, stop_run,
@@ -96,7 +96,7 @@ pub(crate) async fn actor(
         }
         runs += 1;
         let outcome = run_once(&ext, &spec, &handler, &log, &mut cmds, &shutdown).await;
-        ext.inner.peer.send_replace(None);
+        ext.set_peer(None);
         match outcome {
             Outcome::Stop => break,
             Outcome::Restart => {
@@ -234,8 +234,7 @@ async fn run_once(
     let (Some(stdin), Some(stdout), Some(stderr)) = (stdin, stdout, stderr) else {
         unreachable!("all three are piped in process::spawn");
     };
-    let tail = Tail::default();
-    *ext.inner.tail.lock().unwrap_or_else(|p| p.into_inner()) = tail.clone();
+    let tail = ext.new_tail();
     let stderr_log = LogFile::new(log.path());
     let marker = crate::log::run_marker(now_ms(), pid, &spec.version);
     let stderr =
@@ -245,7 +244,7 @@ async fn run_once(
         stdin,
         SharedHandler(handler.clone()),
         SessionConfig {
-            counters: ext.inner.traffic.clone(),
+            counters: ext.session_counters(),
             ..SessionConfig::named(&spec.name)
         },
     );
@@ -256,11 +255,7 @@ async fn run_once(
         stderr,
         ledger: spec.ledger.as_ref().map(Ledger::new),
     };
-    ext.inner
-        .recorded
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clear();
+    ext.forget_recorded();
     track(ext, &run);
     ext.update(|s| s.pid = Some(pid));
 
@@ -351,7 +346,7 @@ async fn run_once(
     let ready_at = Instant::now();
     tracing::info!(extension = %spec.name, pid, version = %result.extension.version, "extension ready");
     // The peer first: whoever sees `ready` can call at once.
-    ext.inner.peer.send_replace(Some(peer));
+    ext.set_peer(Some(peer));
     ext.update(|s| {
         s.state = State::Ready;
         s.ready_since_ms = Some(now_ms());
@@ -408,13 +403,13 @@ async fn run_once(
                 };
             }
             cmd = cmds.recv() => {
-                ext.inner.peer.send_replace(None);
+                ext.set_peer(None);
                 let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
                 stop_run(ext, run, spec.stop_grace, why).await;
                 return outcome;
             }
             () = shutdown.cancelled() => {
-                ext.inner.peer.send_replace(None);
+                ext.set_peer(None);
                 stop_run(ext, run, spec.stop_grace, "the daemon stopping").await;
                 return Outcome::Stop;
             }

@@ -107,11 +107,7 @@ impl Enforcer {
             throttled: self.throttled,
             throttles: self.throttles,
         };
-        // Written without waking state waiters: use changes every tick, the state does not.
-        let mut status = ext.inner.status.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = &mut status.resources {
-            r.usage = Some(now);
-        }
+        ext.show_usage(now);
         None
     }
 }

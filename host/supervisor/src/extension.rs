@@ -3,7 +3,11 @@
 //! commands the actor takes (restart, stop).
 //!
 //! A call fails at once when the extension is not ready ([`ExtCallError::NotRunning`]); every
-//! call's latency is recorded per method. No lock here is held across an await.
+//! call's latency is recorded per method.
+//!
+//! What the handle holds is private to this file: the actor, a run's end and the enforcer
+//! change it through the handle's crate-private methods, so every one of its locks is taken and
+//! released here, and none is held across an await.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -19,7 +23,8 @@ use tokio::sync::{mpsc, watch};
 use crate::log::Tail;
 use crate::stats::{self, LatencyHistogram, Traffic};
 use crate::status::{InFlightCall, State, Status};
-use crate::tree::ProcId;
+use crate::tree::{self, ProcId, ProcStat};
+use crate::usage::Usage;
 
 /// Params with the request's remaining time first (docs/protocol.md §11).
 #[derive(Serialize)]
@@ -73,24 +78,24 @@ pub(crate) enum Cmd {
     Stop,
 }
 
-pub(crate) struct Inner {
+struct Inner {
     name: String,
     /// What [`Extension::brief`] copies out; changed only through [`Extension::update`] (which
     /// tells the state's waiters), except the use, which changes every sample.
-    pub(crate) status: Mutex<Status>,
+    status: Mutex<Status>,
     /// Every process seen in the current child's tree (see [`crate::tree`]).
-    pub(crate) recorded: Mutex<BTreeSet<ProcId>>,
+    recorded: Mutex<BTreeSet<ProcId>>,
     /// Calls awaiting an answer: id → (method, since when).
-    pub(crate) in_flight: Mutex<HashMap<u64, (Box<str>, Instant)>>,
+    in_flight: Mutex<HashMap<u64, (Box<str>, Instant)>>,
     next_call: std::sync::atomic::AtomicU64,
-    pub(crate) peer: watch::Sender<Option<Peer>>,
+    peer: watch::Sender<Option<Peer>>,
     stats: stats::Stats,
     /// Every session's bytes and refusals, across the extension's restarts.
-    pub(crate) traffic: Arc<SessionCounters>,
+    traffic: Arc<SessionCounters>,
     /// Host calls that failed with `overloaded` (not sent, or refused by the extension).
     overloaded_calls: std::sync::atomic::AtomicU64,
-    pub(crate) tail: Mutex<Tail>,
-    pub(crate) cmds: mpsc::UnboundedSender<Cmd>,
+    tail: Mutex<Tail>,
+    cmds: mpsc::UnboundedSender<Cmd>,
     /// Sends every state change, for waiters (tests, the CLI's "wait until ready").
     changes: watch::Sender<State>,
 }
@@ -98,7 +103,7 @@ pub(crate) struct Inner {
 /// A handle on one supervised extension. Cheap to clone.
 #[derive(Clone)]
 pub struct Extension {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Extension {
@@ -380,5 +385,101 @@ impl Extension {
             status.state
         };
         self.inner.changes.send_replace(state);
+    }
+
+    /// Write the tree's current use into the status without waking the state's waiters: the
+    /// use changes every sample, the state does not.
+    pub(crate) fn show_usage(&self, usage: Usage) {
+        let mut status = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = &mut status.resources {
+            r.usage = Some(usage);
+        }
+    }
+
+    /// Show `desc` as the child's descendants; the state's waiters are told only when that
+    /// changes the status.
+    pub(crate) fn show_descendants(&self, desc: Vec<u32>) {
+        let differs = self
+            .inner
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .descendants
+            != desc;
+        if differs {
+            self.update(|s| s.descendants = desc);
+        }
+    }
+
+    /// Let calls through to `peer` (the run is ready), or stop them (`None`: the run ends).
+    pub(crate) fn set_peer(&self, peer: Option<Peer>) {
+        self.inner.peer.send_replace(peer);
+    }
+
+    /// Ask the actor to stop the extension for good.
+    pub(crate) fn ask_to_stop(&self) {
+        let _ = self.inner.cmds.send(Cmd::Stop);
+    }
+
+    /// A fresh stderr tail for a new run, shown in the status from now on.
+    pub(crate) fn new_tail(&self) -> Tail {
+        let tail = Tail::default();
+        *self.inner.tail.lock().unwrap_or_else(|p| p.into_inner()) = tail.clone();
+        tail
+    }
+
+    /// The byte and refusal counters every session of this extension adds to.
+    pub(crate) fn session_counters(&self) -> Arc<SessionCounters> {
+        self.inner.traffic.clone()
+    }
+
+    /// Add the processes just `seen` in the child's tree to the record, and forget recorded
+    /// ones that no longer exist at all, so the record stays the size of the tree. Returns the
+    /// record when it changed.
+    pub(crate) fn record_tree(&self, seen: &[ProcStat]) -> Option<BTreeSet<ProcId>> {
+        let mut rec = self
+            .inner
+            .recorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let before = rec.len();
+        // What was just seen exists: no second read of its stat.
+        rec.retain(|id| {
+            seen.iter().any(|s| s.id == *id)
+                || tree::stat(id.pid).is_some_and(|s| s.id.start == id.start)
+        });
+        let pruned = rec.len() != before;
+        let mut added = false;
+        for s in seen {
+            added |= rec.insert(s.id);
+        }
+        (added || pruned).then(|| rec.clone())
+    }
+
+    /// Every process recorded of the current (or last) child.
+    pub(crate) fn recorded(&self) -> BTreeSet<ProcId> {
+        self.inner
+            .recorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Forget the processes recorded of the last child, before a new one starts.
+    pub(crate) fn forget_recorded(&self) {
+        self.inner
+            .recorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// Forget the calls in flight: the run they went to has ended, and every one has failed.
+    pub(crate) fn forget_in_flight(&self) {
+        self.inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 }

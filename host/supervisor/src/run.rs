@@ -42,26 +42,12 @@ pub(crate) enum Outcome {
     /// Stop for good.
     Stop,
 }
+
 /// Read the child's tree and record what is new (in memory, the ledger and the status); `true`
 /// if it has descendants or the record changed.
 pub(crate) fn track(ext: &Extension, run: &Run) -> bool {
     let seen = tree::tree(run.pid);
-    let changed = {
-        let mut rec = ext.inner.recorded.lock().unwrap_or_else(|p| p.into_inner());
-        let before = rec.len();
-        // Forget what no longer exists at all, so the record stays the size of the tree (what
-        // was just seen exists: no second read of its stat).
-        rec.retain(|id| {
-            seen.iter().any(|s| s.id == *id)
-                || tree::stat(id.pid).is_some_and(|s| s.id.start == id.start)
-        });
-        let pruned = rec.len() != before;
-        let mut added = false;
-        for s in &seen {
-            added |= rec.insert(s.id);
-        }
-        (added || pruned).then(|| rec.clone())
-    };
+    let changed = ext.record_tree(&seen);
     let was_changed = changed.is_some();
     if let Some(set) = changed
         && let Some(l) = &run.ledger
@@ -75,17 +61,8 @@ pub(crate) fn track(ext: &Extension, run: &Run) -> bool {
         .filter(|p| *p != run.pid)
         .collect();
     desc.sort_unstable();
-    let differs = ext
-        .inner
-        .status
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .descendants
-        != desc;
     let busy = was_changed || !desc.is_empty();
-    if differs {
-        ext.update(|s| s.descendants = desc);
-    }
+    ext.show_descendants(desc);
     busy
 }
 
@@ -119,7 +96,7 @@ async fn kill_and_record(
     why: Option<String>,
     also: impl FnOnce(&mut Status),
 ) -> Option<ExitInfo> {
-    ext.inner.peer.send_replace(None);
+    ext.set_peer(None);
     let in_flight = ext.in_flight();
     track(ext, &run);
     let exit = kill_run(&mut run).await;
@@ -188,7 +165,7 @@ pub(crate) async fn finish_failed(
     ready_at: Option<Instant>,
     error: String,
 ) -> Outcome {
-    ext.inner.peer.send_replace(None);
+    ext.set_peer(None);
     let in_flight = ext.in_flight();
     let exit = match exit {
         Some(e) => Some(e),
@@ -220,17 +197,8 @@ pub(crate) async fn finish_failed(
 async fn end_run(ext: &Extension, mut run: Run) {
     drop(run.session.take());
     // Every call of this run has failed now; what its exit record listed is done with.
-    ext.inner
-        .in_flight
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clear();
-    let recorded = ext
-        .inner
-        .recorded
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    ext.forget_in_flight();
+    let recorded = ext.recorded();
     let killed = tree::kill_all(&recorded, Some(run.pid), Duration::from_secs(1)).await;
     if killed > 0 {
         tracing::info!(extension = %ext.name(), killed, "killed the processes the extension left");

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::actor::actor;
-use crate::extension::{Cmd, Extension};
+use crate::extension::Extension;
 use crate::process;
 use crate::spec::{CallbackHandlers, ExtensionSpec};
 use crate::status::{State, Status};
@@ -139,7 +139,7 @@ impl Supervisor {
             // The old one stops first (it owns the package's processes and log); its history
             // goes on in the new one.
             if let Some(old) = previous {
-                let _ = old.ext.inner.cmds.send(Cmd::Stop);
+                old.ext.ask_to_stop();
                 let _ = old.task.await;
                 let old = old.ext.brief();
                 actor_ext.update(|s| s.carry_history(&old));
@@ -162,7 +162,7 @@ impl Supervisor {
     pub async fn stop(&self, name: &str) {
         let running = self.lock().remove(name);
         if let Some(r) = running {
-            let _ = r.ext.inner.cmds.send(Cmd::Stop);
+            r.ext.ask_to_stop();
             let _ = r.task.await;
             self.retire(&r.ext);
         }
