@@ -1,16 +1,17 @@
 //! The supervisor's side of an extension's limits, for one run: the tree sampled from `/proc`
 //! every [`crate::usage::SAMPLE_INTERVAL`] while it runs or nears a limit, less often while it
-//! is idle (see [`usage::next_interval`]), held to its CPU share by SIGSTOP/SIGCONT, and
-//! stopped — killed, recorded as `over-limit`, counted — when it is over its memory or task
-//! limit. The decisions are pure ([`crate::usage`]); this module gathers the facts and applies
-//! them.
+//! is idle (see [`usage::next_interval`]), held to its CPU share by SIGSTOP/SIGCONT, and told
+//! apart when it is over its memory or task limit (the run then ends as `over-limit`: see
+//! `run.rs`). The decisions are pure ([`crate::usage`]); this module gathers the facts and
+//! applies them.
 
 use std::time::{Duration, Instant};
 
+use crate::extension::Extension;
 use crate::limits::Limits;
 use crate::process::Confinement;
+use crate::tree;
 use crate::usage::{self, CpuBudget, Duty, Usage};
-use crate::{ExitCause, Extension, Outcome, Run, kill_and_record, tree};
 
 /// How the limits of `c` are enforced, for `ext status`.
 pub(crate) fn mechanism(c: &Confinement) -> String {
@@ -72,7 +73,7 @@ impl Enforcer {
     pub(crate) fn sample(&mut self, ext: &Extension, pid: u32) -> Option<String> {
         use nix::sys::signal::Signal;
         let procs = tree::tree(pid);
-        let u = usage::tree_use(&procs);
+        let u = usage::tree_use(procs.iter().map(|p| p.usage));
         if let Some((_, why)) = usage::over_limit(&u, &self.limits) {
             return Some(why);
         }
@@ -106,33 +107,7 @@ impl Enforcer {
             throttled: self.throttled,
             throttles: self.throttles,
         };
-        // Written without waking state waiters: use changes every tick, the state does not.
-        let mut core = ext.inner.core.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = &mut core.status.resources {
-            r.usage = Some(now);
-        }
+        ext.show_usage(now);
         None
-    }
-}
-
-/// The tree went over a limit: kill it (a tree over its memory is owed no grace), record why,
-/// count it; the actor restarts it with backoff.
-pub(crate) async fn over_limit(
-    ext: &Extension,
-    run: Run,
-    ready_at: Option<Instant>,
-    why: String,
-) -> Outcome {
-    tracing::warn!(extension = %ext.name(), reason = %why, "stopping the extension: it is over a limit");
-    kill_and_record(ext, run, ExitCause::OverLimit, Some(why.clone()), |s| {
-        if let Some(r) = &mut s.resources {
-            r.limit_stops += 1;
-            r.usage = None;
-        }
-    })
-    .await;
-    Outcome::Failed {
-        ready_at,
-        error: Some(format!("stopped: {why}")),
     }
 }

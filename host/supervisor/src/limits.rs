@@ -18,9 +18,9 @@
 //! Enforcement without cgroups (see `docs/operations.md`, "Limits and the sandbox"): in the
 //! child, `RLIMIT_NOFILE` = `open_files` and `RLIMIT_DATA` = twice `memory` (a backstop for one
 //! process allocating faster than the supervisor looks); in the supervisor, the tree's summed
-//! RSS and task count are read from `/proc` every [`crate::usage::SAMPLE_INTERVAL`] and an
+//! RSS and task count are read from `/proc` every `usage::SAMPLE_INTERVAL` and an
 //! extension over either is stopped, and the CPU share is held by a SIGSTOP/SIGCONT duty cycle
-//! ([`crate::usage::CpuBudget`]). `RLIMIT_NPROC` is not used: it counts every process of the
+//! (`usage::CpuBudget`). `RLIMIT_NPROC` is not used: it counts every process of the
 //! user, not of the extension, and root ignores it. `RLIMIT_CPU` is not used: it bounds the
 //! total CPU seconds of a process's life, so it would end a healthy long-running extension and
 //! cannot express a share.

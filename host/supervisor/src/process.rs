@@ -1,4 +1,5 @@
-//! Spawning an extension process in isolation, and stopping its whole process group.
+//! Spawning an extension process in isolation (in its own process group, which `tree.rs`
+//! signals to stop it).
 //!
 //! Each child gets: its own process group (so a stop reaches its grandchildren), the package
 //! folder as working directory, an environment built from an allow-list plus `CONDUIT_*`
@@ -22,7 +23,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Mutex;
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::Signal;
 
 use crate::limits::Limits;
 use crate::sandbox::{SandboxRules, SandboxStatus};
@@ -347,51 +348,6 @@ fn mark_inherited_fds_cloexec() {
                 libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
             }
         }
-    }
-}
-
-/// Send `sig` to the whole group led by `pgid`. A group that no longer exists is not an error.
-pub fn signal_group(pgid: u32, sig: Signal) -> io::Result<()> {
-    match killpg(Pid::from_raw(pgid as i32), sig) {
-        Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
-        Err(e) => Err(io::Error::from(e)),
-    }
-}
-
-/// Whether any process of the group is still alive. A killed grandchild stays a zombie until
-/// its new parent reaps it; a zombie runs nothing and holds nothing open, so it does not count.
-pub fn group_alive(pgid: u32) -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        if let Ok(dir) = std::fs::read_dir("/proc") {
-            return dir.flatten().any(|e| {
-                let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-                    return false;
-                };
-                // `pid (comm) state ppid pgrp …`; comm may contain spaces and parentheses.
-                let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-                    return false;
-                };
-                let mut fields = rest.split_whitespace();
-                let state = fields.next();
-                let pgrp = fields.nth(1).and_then(|f| f.parse::<u32>().ok());
-                pgrp == Some(pgid) && state != Some("Z") && state != Some("X")
-            });
-        }
-    }
-    // Signal 0 checks for existence without sending anything.
-    matches!(
-        nix::sys::signal::killpg(Pid::from_raw(pgid as i32), None),
-        Ok(())
-    )
-}
-
-/// SIGKILL the group and wait (at most `within`) until none of it runs.
-pub async fn kill_group_and_wait(pgid: u32, within: std::time::Duration) {
-    let _ = signal_group(pgid, Signal::SIGKILL);
-    let deadline = std::time::Instant::now() + within;
-    while group_alive(pgid) && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
 

@@ -8,7 +8,7 @@
 //!   exec and kept across exec): while it lives, whatever its descendants do — double fork
 //!   included — they stay in its process tree, which is read from
 //!   `/proc/<pid>/task/<tid>/children`;
-//! - the daemon is a subreaper too ([`crate::process::become_subreaper`]), so when an extension
+//! - the daemon is a subreaper too (`process::become_subreaper`), so when an extension
 //!   dies its orphans come to the daemon instead of init, where the supervisor finds them;
 //! - every process ever seen in an extension's tree is recorded with its start time (so a reused
 //!   pid is never mistaken for it), in memory and in a small file in the state directory (the
@@ -24,7 +24,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
@@ -205,11 +205,10 @@ pub async fn kill_all(recorded: &BTreeSet<ProcId>, pgid: Option<u32>, within: Du
     let mut killed = BTreeSet::new();
     loop {
         if let Some(g) = pgid {
-            let _ = crate::process::signal_group(g, Signal::SIGKILL);
+            let _ = signal_group(g, Signal::SIGKILL);
         }
         let left = still_running(recorded);
-        let group_left =
-            pgid.is_some_and(|g| !cfg!(target_os = "linux") && crate::process::group_alive(g));
+        let group_left = pgid.is_some_and(|g| !cfg!(target_os = "linux") && group_alive(g));
         if (left.is_empty() && !group_left) || Instant::now() >= deadline {
             return killed.len();
         }
@@ -237,6 +236,51 @@ pub fn kill_all_blocking(recorded: &BTreeSet<ProcId>, within: Duration) -> usize
             }
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Send `sig` to the whole group led by `pgid`. A group that no longer exists is not an error.
+pub fn signal_group(pgid: u32, sig: Signal) -> io::Result<()> {
+    match killpg(Pid::from_raw(pgid as i32), sig) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// Whether any process of the group is still alive. A killed grandchild stays a zombie until
+/// its new parent reaps it; a zombie runs nothing and holds nothing open, so it does not count.
+pub fn group_alive(pgid: u32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            return dir.flatten().any(|e| {
+                let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                    return false;
+                };
+                // `pid (comm) state ppid pgrp …`; comm may contain spaces and parentheses.
+                let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                    return false;
+                };
+                let mut fields = rest.split_whitespace();
+                let state = fields.next();
+                let pgrp = fields.nth(1).and_then(|f| f.parse::<u32>().ok());
+                pgrp == Some(pgid) && state != Some("Z") && state != Some("X")
+            });
+        }
+    }
+    // Signal 0 checks for existence without sending anything.
+    matches!(
+        nix::sys::signal::killpg(Pid::from_raw(pgid as i32), None),
+        Ok(())
+    )
+}
+
+/// SIGKILL the group and wait (at most `within`) until none of it runs.
+pub async fn kill_group_and_wait(pgid: u32, within: Duration) {
+    let _ = signal_group(pgid, Signal::SIGKILL);
+    let deadline = Instant::now() + within;
+    while group_alive(pgid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

@@ -75,12 +75,12 @@ pub struct TreeUse {
     pub processes: u32,
 }
 
-/// Sum the use of a tree's processes, as [`crate::tree::tree`] read them (one read of each
-/// process's `stat` serves both the tree and its use).
-pub fn tree_use(procs: &[crate::tree::ProcStat]) -> TreeUse {
+/// Sum the use of a tree's processes, each as read from its `stat` with the tree itself (one
+/// read of each process's `stat` serves both the tree and its use).
+pub fn tree_use(procs: impl IntoIterator<Item = ProcUse>) -> TreeUse {
     let page = page_size();
     let mut u = TreeUse::default();
-    for p in procs.iter().map(|p| p.usage) {
+    for p in procs {
         u.rss_bytes += p.rss_pages * page;
         u.cpu_ticks += p.cpu_ticks;
         u.tasks += p.threads.max(1);
@@ -202,6 +202,32 @@ impl CpuBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trees_use_is_the_sum_of_its_processes_and_each_counts_at_least_one_task() {
+        let one = ProcUse {
+            cpu_ticks: 7,
+            threads: 3,
+            rss_pages: 2,
+        };
+        // A process whose thread count read as 0 is still one task.
+        let other = ProcUse {
+            cpu_ticks: 5,
+            threads: 0,
+            rss_pages: 1,
+        };
+        let u = tree_use([one, other]);
+        assert_eq!(
+            u,
+            TreeUse {
+                rss_bytes: 3 * page_size(),
+                cpu_ticks: 12,
+                tasks: 4,
+                processes: 2,
+            }
+        );
+        assert_eq!(tree_use([]), TreeUse::default());
+    }
 
     #[test]
     fn an_idle_tree_far_from_its_limits_is_sampled_ever_less_often_and_a_busy_one_at_once() {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conduit_protocol::ErrorCode;
-use conduit_supervisor::process::group_alive;
+use conduit_supervisor::tree::group_alive;
 use conduit_supervisor::{ExtensionSpec, State, Supervisor, no_callbacks};
 use serde_json::{Value, json};
 

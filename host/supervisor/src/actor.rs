@@ -1,0 +1,430 @@
+//! The actor: one task per extension that owns its child, session and stderr task, and walks
+//! the states of the crate's diagram. [`actor`] loops over runs (preflight, start, the restart
+//! policy's delay); [`run_once`] is one run, from spawning the child through its handshake to
+//! its end. How a run ends is in `run.rs`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use conduit_protocol::handshake::{InitializeParams, InitializeResult};
+use conduit_protocol::{ErrorCode, PROTOCOL_VERSIONS, methods};
+use conduit_rpc::{
+    BoxFuture, CallError, Handler, HandlerResult, Peer, Request, Session, SessionConfig,
+};
+use serde_json::value::RawValue;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::{Jitter, RestartTracker, RunFacts};
+use crate::cgroup;
+use crate::enforce::{Enforcer, mechanism};
+use crate::extension::{Cmd, Extension};
+use crate::limits;
+use crate::log::LogFile;
+use crate::process::{self, ExitInfo};
+use crate::run::{
+    Outcome, Run, closed_stdout, finish_failed, host_killed, over_limit, session_peer, stop_run,
+    track,
+};
+use crate::spec::ExtensionSpec;
+use crate::status::{Resources, State, now_ms};
+use crate::tree::{Ledger, TRACK_INTERVAL, TRACK_INTERVAL_QUIET};
+
+/// The callback handler of one extension, shared by the sessions of all its runs.
+struct SharedHandler(Arc<dyn Handler>);
+
+impl Handler for SharedHandler {
+    fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
+        self.0.request(req)
+    }
+    fn notification(&self, method: &str, params: Option<&RawValue>, peer: &Peer) {
+        self.0.notification(method, params, peer)
+    }
+}
+
+/// The preflights that may run at once: one per CPU.
+fn preflight_permits() -> &'static tokio::sync::Semaphore {
+    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    PERMITS.get_or_init(|| {
+        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    })
+}
+
+pub(crate) async fn actor(
+    ext: Extension,
+    spec: ExtensionSpec,
+    handler: Arc<dyn Handler>,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    shutdown: CancellationToken,
+) {
+    let mut tracker = RestartTracker::default();
+    let mut jitter = Jitter::default();
+    let log = LogFile::new(&spec.log_path);
+    let mut runs = 0u32;
+    loop {
+        // The preflight may hash a whole package: off the runtime's workers, and at most one
+        // per CPU at once, so a thousand extensions starting together take a few blocking
+        // threads rather than one each (and none waits behind a thousand hashes for a CPU).
+        let preflight = match spec.preflight.clone() {
+            Some(check) => {
+                let _permit = preflight_permits().acquire().await;
+                Some(
+                    tokio::task::spawn_blocking(move || check())
+                        .await
+                        .unwrap_or_else(|e| Err(format!("the preflight check panicked: {e}"))),
+                )
+            }
+            None => None,
+        };
+        if let Some(Err(e)) = preflight {
+            tracing::error!(extension = %spec.name, error = %e, "refusing to start");
+            ext.update(|s| {
+                s.state = State::Refused;
+                s.last_error = Some(e);
+                s.pid = None;
+                s.spawn_to_ready_ms = None;
+                s.handshake_ms = None;
+            });
+            match wait_for_operator(&mut cmds, &shutdown).await {
+                Cmd::Restart => continue,
+                Cmd::Stop => break,
+            }
+        }
+        // Every start after the first is a restart, whatever asked for it.
+        if runs > 0 {
+            ext.update(|s| s.restarts += 1);
+        }
+        runs += 1;
+        let outcome = run_once(&ext, &spec, &handler, &log, &mut cmds, &shutdown).await;
+        ext.set_peer(None);
+        match outcome {
+            Outcome::Stop => break,
+            Outcome::Restart => {
+                spec.policy.reset(&mut tracker);
+                continue;
+            }
+            Outcome::Incompatible(msg) => {
+                ext.update(|s| {
+                    s.state = State::Incompatible;
+                    s.last_error = Some(msg);
+                    s.pid = None;
+                    s.spawn_to_ready_ms = None;
+                    s.handshake_ms = None;
+                });
+                match wait_for_operator(&mut cmds, &shutdown).await {
+                    Cmd::Restart => continue,
+                    Cmd::Stop => break,
+                }
+            }
+            Outcome::Failed { ready_at, error } => {
+                let decision = spec.policy.on_failure(
+                    &mut tracker,
+                    RunFacts {
+                        ready_at,
+                        died_at: Instant::now(),
+                    },
+                    jitter.unit(),
+                );
+                let state = if decision.crash_looping {
+                    State::CrashLooping
+                } else {
+                    State::BackingOff
+                };
+                let cause = error.as_deref().unwrap_or("exited");
+                let delay_ms = decision.delay.as_millis() as u64;
+                tracing::warn!(extension = %spec.name, delay_ms, failures = decision.failures, %state, error = %cause, "extension failed; restarting after a delay");
+                // A span from the failure to the next start (its duration is the backoff).
+                let restart_span = tracing::debug_span!("extension.restart", extension = %spec.name, cause, delay_ms, failures = decision.failures, state = %state);
+                ext.update(|s| {
+                    s.state = state;
+                    s.pid = None;
+                    s.ready_since_ms = None;
+                    s.spawn_to_ready_ms = None;
+                    s.handshake_ms = None;
+                    if error.is_some() {
+                        s.last_error = error;
+                    }
+                    s.next_start_at_ms = Some(now_ms() + decision.delay.as_millis() as i64);
+                    s.backoff_ms = Some(delay_ms);
+                });
+                tokio::select! {
+                    () = tokio::time::sleep(decision.delay) => {}
+                    cmd = cmds.recv() => match cmd {
+                        Some(Cmd::Restart) => spec.policy.reset(&mut tracker),
+                        Some(Cmd::Stop) | None => break,
+                    },
+                    () = shutdown.cancelled() => break,
+                }
+                ext.update(|s| {
+                    s.next_start_at_ms = None;
+                    s.backoff_ms = None;
+                });
+                drop(restart_span);
+            }
+        }
+    }
+    ext.update(|s| {
+        s.state = State::Stopped;
+        s.pid = None;
+        s.spawn_to_ready_ms = None;
+        s.handshake_ms = None;
+        s.next_start_at_ms = None;
+        s.backoff_ms = None;
+        s.descendants.clear();
+    });
+}
+
+async fn wait_for_operator(
+    cmds: &mut mpsc::UnboundedReceiver<Cmd>,
+    shutdown: &CancellationToken,
+) -> Cmd {
+    tokio::select! {
+        cmd = cmds.recv() => cmd.unwrap_or(Cmd::Stop),
+        () = shutdown.cancelled() => Cmd::Stop,
+    }
+}
+
+async fn run_once(
+    ext: &Extension,
+    spec: &ExtensionSpec,
+    handler: &Arc<dyn Handler>,
+    log: &LogFile,
+    cmds: &mut mpsc::UnboundedReceiver<Cmd>,
+    shutdown: &CancellationToken,
+) -> Outcome {
+    ext.update(|s| {
+        s.state = State::Starting;
+        s.pid = None;
+        s.descendants.clear();
+        s.spawn_to_ready_ms = None;
+        s.handshake_ms = None;
+    });
+    let spawned = Instant::now();
+    let mut child = match process::spawn_confined(&spec.command, &spec.confine) {
+        Ok((c, applied)) => {
+            if let Some(limits) = spec.confine.limits {
+                let mechanism = mechanism(&spec.confine);
+                let notes = spec.limit_notes.clone();
+                let sources = spec.limit_sources.clone();
+                ext.update(|s| {
+                    let stops = s.resources.as_ref().map_or(0, |r| r.limit_stops);
+                    s.resources = Some(Resources {
+                        limits,
+                        sources,
+                        mechanism,
+                        sandbox: applied.sandbox,
+                        usage: None,
+                        limit_stops: stops,
+                        notes,
+                    });
+                });
+            }
+            c
+        }
+        Err(e) => {
+            let error = format!("cannot start `{}`: {e}", spec.command.program.display());
+            return Outcome::Failed {
+                ready_at: None,
+                error: Some(error),
+            };
+        }
+    };
+    let pid = child.id().unwrap_or(0);
+    let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+    let (Some(stdin), Some(stdout), Some(stderr)) = (stdin, stdout, stderr) else {
+        unreachable!("all three are piped in process::spawn");
+    };
+    let tail = ext.new_tail();
+    let stderr_log = LogFile::new(log.path());
+    let marker = crate::log::run_marker(now_ms(), pid, &spec.version);
+    let stderr =
+        tokio::spawn(async move { stderr_log.capture_run(stderr, tail, Some(marker)).await });
+    let session = Session::new(
+        stdout,
+        stdin,
+        SharedHandler(handler.clone()),
+        SessionConfig {
+            counters: ext.session_counters(),
+            ..SessionConfig::named(&spec.name)
+        },
+    );
+    let mut run = Run {
+        child,
+        pid,
+        session: Some(session),
+        stderr,
+        ledger: spec.ledger.as_ref().map(Ledger::new),
+    };
+    ext.forget_recorded();
+    track(ext, &run);
+    ext.update(|s| s.pid = Some(pid));
+
+    // The handshake, bounded by the start timeout; the child dying meanwhile ends it early.
+    // The limits hold from the start: a package that allocates before it answers is stopped
+    // there too.
+    let peer = session_peer(&run);
+    let init = InitializeParams::current(&spec.host_version);
+    let asked = Instant::now();
+    let mut enforcer = spec.confine.limits.map(Enforcer::new);
+    let handshake = {
+        let call = tokio::time::timeout(
+            spec.start_timeout,
+            peer.call::<_, InitializeResult>(methods::host::INITIALIZE, &init, None),
+        );
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                r = &mut call => break r,
+                status = run.child.wait() => {
+                    let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
+                    return finish_failed(ext, run, exit, None, "exited during the handshake".into()).await;
+                }
+                () = shutdown.cancelled() => { stop_run(ext, run, spec.stop_grace, "the daemon stopping").await; return Outcome::Stop; }
+                // A stop or restart asked for during the handshake is not kept waiting for it.
+                cmd = cmds.recv() => {
+                    let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
+                    stop_run(ext, run, spec.stop_grace, why).await;
+                    return outcome;
+                }
+                () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() => {
+                    let e = enforcer.as_mut().expect("sampled only with an enforcer");
+                    if let Some(why) = e.sample(ext, run.pid) {
+                        return over_limit(ext, run, None, why).await;
+                    }
+                }
+            }
+        }
+    };
+    let result = match handshake {
+        Err(_) => {
+            let msg = format!("no answer to `initialize` within {:?}", spec.start_timeout);
+            return host_killed(ext, run, None, msg).await;
+        }
+        Ok(Err(e)) if e.is(ErrorCode::VersionMismatch) => {
+            let data = match &e {
+                CallError::Rpc { error, .. } => error.data.as_ref().map(|d| d.get().to_owned()),
+                _ => None,
+            };
+            let msg = format!(
+                "the extension speaks none of this host's protocol versions {PROTOCOL_VERSIONS:?}: {} (data: {})",
+                e,
+                data.as_deref().unwrap_or("none")
+            );
+            stop_run(ext, run, spec.stop_grace, "an incompatible handshake").await;
+            return Outcome::Incompatible(msg);
+        }
+        Ok(Err(e)) if e.is(ErrorCode::ExtensionExited) => {
+            // It closed stdout (or exited) during the handshake: which, the exit tells.
+            let exit = tokio::time::timeout(Duration::from_millis(200), run.child.wait())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|st| ExitInfo::from_status(st, now_ms()));
+            return match exit {
+                Some(exit) => {
+                    finish_failed(ext, run, Some(exit), None, format!("handshake failed: {e}"))
+                        .await
+                }
+                None => closed_stdout(ext, run, None).await,
+            };
+        }
+        Ok(Err(e)) => {
+            let msg = format!("handshake failed: {e}");
+            return host_killed(ext, run, None, msg).await;
+        }
+        Ok(Ok(r)) => r,
+    };
+    if !PROTOCOL_VERSIONS.contains(&result.protocol_version) {
+        let msg = format!(
+            "the extension chose protocol version {}, which this host does not speak (it speaks {PROTOCOL_VERSIONS:?})",
+            result.protocol_version
+        );
+        stop_run(ext, run, spec.stop_grace, "an incompatible handshake").await;
+        return Outcome::Incompatible(msg);
+    }
+
+    let ready_at = Instant::now();
+    tracing::info!(extension = %spec.name, pid, version = %result.extension.version, "extension ready");
+    // The peer first: whoever sees `ready` can call at once.
+    ext.set_peer(Some(peer));
+    ext.update(|s| {
+        s.state = State::Ready;
+        s.ready_since_ms = Some(now_ms());
+        s.spawn_to_ready_ms = Some(ready_at.duration_since(spawned).as_millis() as u64);
+        s.handshake_ms = Some(ready_at.duration_since(asked).as_millis() as u64);
+        s.protocol_version = Some(result.protocol_version);
+        s.capabilities = Some(result.capabilities.clone());
+        s.last_error = None;
+    });
+
+    // Crash detection: stdout EOF or child exit, whichever comes first; meanwhile the tree is
+    // read and recorded every TRACK_INTERVAL.
+    let watch = session_peer(&run);
+    // Every TRACK_INTERVAL while the tree has descendants or just changed; a tree that is only
+    // the extension itself is read ever less often, down to every TRACK_INTERVAL_QUIET, so a
+    // thousand idle extensions cost the daemon a fraction of a CPU percent rather than ten.
+    let mut every = TRACK_INTERVAL;
+    let mut next_track = tokio::time::Instant::now() + every;
+    // In a cgroup the kernel enforces memory.max itself: its OOM kills are counted there.
+    let ooms = spec
+        .confine
+        .cgroup
+        .as_deref()
+        .map(|d| cgroup::read_use(d).oom_kills);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() => {
+                let e = enforcer.as_mut().expect("sampled only with an enforcer");
+                if let Some(why) = e.sample(ext, run.pid) {
+                    return over_limit(ext, run, Some(ready_at), why).await;
+                }
+            }
+            status = run.child.wait() => {
+                let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
+                if let (Some(before), Some(dir), Some(l)) = (ooms, spec.confine.cgroup.as_deref(), spec.confine.limits)
+                    && cgroup::read_use(dir).oom_kills > before
+                {
+                    let why = format!("over its {} memory limit (killed by the kernel at the cgroup's memory.max)", limits::format_bytes(l.memory));
+                    return over_limit(ext, run, Some(ready_at), why).await;
+                }
+                return finish_failed(ext, run, exit, Some(ready_at), String::new()).await;
+            }
+            _ = watch.closed() => {
+                // It closed stdout (or the pipe broke) but may still be alive: end it. If it
+                // had exited, its status is there to collect at once.
+                let exit = tokio::time::timeout(Duration::from_millis(50), run.child.wait())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .map(|st| ExitInfo::from_status(st, now_ms()));
+                return match exit {
+                    Some(exit) => finish_failed(ext, run, Some(exit), Some(ready_at), String::new()).await,
+                    None => closed_stdout(ext, run, Some(ready_at)).await,
+                };
+            }
+            cmd = cmds.recv() => {
+                ext.set_peer(None);
+                let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
+                stop_run(ext, run, spec.stop_grace, why).await;
+                return outcome;
+            }
+            () = shutdown.cancelled() => {
+                ext.set_peer(None);
+                stop_run(ext, run, spec.stop_grace, "the daemon stopping").await;
+                return Outcome::Stop;
+            }
+            () = tokio::time::sleep_until(next_track) => {
+                every = if track(ext, &run) { TRACK_INTERVAL } else { (every * 2).min(TRACK_INTERVAL_QUIET) };
+                next_track = tokio::time::Instant::now() + every;
+            }
+        }
+    }
+}
+
+/// When the enforcer (if any) wants its next sample.
+fn sample_due(enforcer: &Option<Enforcer>) -> tokio::time::Instant {
+    enforcer.as_ref().map_or_else(
+        || tokio::time::Instant::now() + Duration::from_secs(3600),
+        Enforcer::due,
+    )
+}
