@@ -49,11 +49,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::IncomingStream;
 use axum::{Json, Router};
+use conduit_store::{Fault, StoreError};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::core::ops::{Declared, OwnerError};
 use crate::daemon::Daemon;
 
 /// Who is on the other end of a connection.
@@ -507,6 +509,35 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A store failure as an answer, by [`StoreError::fault`], the classification the callbacks'
+/// wire errors follow too: a full disk is 507, the caller's value 400, a missing record 404,
+/// the store's own failure 500 `store`, and a bug in the host (a panic) 500 `internal`.
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        let (status, code) = match e.fault() {
+            Fault::DiskFull => {
+                return ApiError::new(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "disk_full",
+                    crate::core::disk_full_message(&e),
+                );
+            }
+            Fault::Invalid => (StatusCode::BAD_REQUEST, "invalid"),
+            Fault::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            Fault::Store => (StatusCode::INTERNAL_SERVER_ERROR, "store"),
+            Fault::Host => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+/// A name no running extension owns: the caller's mistake, 400 `invalid`.
+impl From<OwnerError> for ApiError {
+    fn from(e: OwnerError) -> Self {
+        bad_request(e.to_string())
+    }
+}
+
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> Self {
         ApiError::new(
@@ -662,31 +693,6 @@ async fn reload(State(d): State<Arc<Daemon>>) -> ApiResult {
 
 // ---- events, work, timers, waits, emissions, artifacts --------------------------------------
 
-use conduit_store::StoreError;
-
-fn store_err(e: StoreError) -> ApiError {
-    if e.is_disk_full() {
-        return ApiError::new(
-            StatusCode::INSUFFICIENT_STORAGE,
-            "disk_full",
-            crate::core::disk_full_message(&e),
-        );
-    }
-    match e {
-        StoreError::InvalidLimit { .. } | StoreError::Invalid { .. } => {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid", e.to_string())
-        }
-        StoreError::NotFound { .. } => {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
-        }
-        other => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "store",
-            other.to_string(),
-        ),
-    }
-}
-
 fn bad_request(msg: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "invalid", msg)
 }
@@ -745,23 +751,12 @@ struct PushBody {
 async fn push_event(State(d): State<Arc<Daemon>>, Body(b): Body<PushBody>) -> ApiResult {
     conduit_protocol::check_event_fields(&b.source, &b.delivery_id, &b.kind)
         .map_err(|e| bad_request(e.to_string()))?;
-    let payload = payload(b.payload)?;
-    let core = d.core().clone();
-    let accepted = core
-        .write(move |tx| {
-            tx.accept_event(
-                &b.source,
-                &b.delivery_id,
-                &b.kind,
-                &payload,
-                crate::core::now_ms(),
-            )
-        })
-        .await
-        .map_err(store_err)?;
-    if !accepted.duplicate {
-        core.nudge();
-    }
+    let event = conduit_protocol::calls::NewEvent {
+        payload: payload(b.payload)?,
+        delivery_id: b.delivery_id,
+        kind: b.kind,
+    };
+    let accepted = d.core().accept_event(b.source, event).await?;
     let status = if accepted.duplicate {
         StatusCode::OK
     } else {
@@ -792,19 +787,14 @@ async fn list_events(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -
     let events = d
         .core()
         .read(move |r| r.list_events(q.after, q.source.as_deref(), limit))
-        .await
-        .map_err(store_err)?;
+        .await?;
     let next = events.last().map(|e| e.event.id);
     Ok(Json(json!({ "events": events, "next_after": next })).into_response())
 }
 
 async fn list_work(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
     let limit = q.limit()?;
-    let work = d
-        .core()
-        .read(move |r| r.list_work(q.after, limit))
-        .await
-        .map_err(store_err)?;
+    let work = d.core().read(move |r| r.list_work(q.after, limit)).await?;
     let next = work.last().map(|w| w.id);
     Ok(Json(json!({ "work": work, "next_after": next })).into_response())
 }
@@ -814,19 +804,14 @@ async fn list_timers(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -
     let rows = d
         .core()
         .read(move |r| r.list_timers(q.after, limit))
-        .await
-        .map_err(store_err)?;
+        .await?;
     let next = rows.last().map(|t| t.id);
     Ok(Json(json!({ "timers": rows, "next_after": next })).into_response())
 }
 
 async fn list_waits(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
     let limit = q.limit()?;
-    let rows = d
-        .core()
-        .read(move |r| r.list_waits(q.after, limit))
-        .await
-        .map_err(store_err)?;
+    let rows = d.core().read(move |r| r.list_waits(q.after, limit)).await?;
     let next = rows.last().map(|w| w.id);
     Ok(Json(json!({ "waits": rows, "next_after": next })).into_response())
 }
@@ -836,50 +821,42 @@ async fn list_emissions(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>
     let rows = d
         .core()
         .read(move |r| r.list_emissions(q.after, limit))
-        .await
-        .map_err(store_err)?;
+        .await?;
     let next = rows.last().map(|e| e.id);
     Ok(Json(json!({ "emissions": rows, "next_after": next })).into_response())
 }
 
-async fn one_work(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
-    let w = d
-        .core()
-        .read(move |r| r.work(id))
-        .await
-        .map_err(store_err)?;
-    w.map(|w| Json(w).into_response())
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no work {id}")))
+/// `GET /v1/<records>/{id}`: the record `read` finds, or 404 `no <what> <id>`.
+async fn one_record<T: serde::Serialize + Send + 'static>(
+    d: &Daemon,
+    what: &str,
+    id: i64,
+    read: impl FnOnce(&conduit_store::ReadTx<'_>, i64) -> Result<Option<T>, StoreError> + Send + 'static,
+) -> ApiResult {
+    match d.core().read(move |r| read(r, id)).await? {
+        Some(rec) => Ok(Json(rec).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no {what} {id}"),
+        )),
+    }
 }
 
-/// The running extension that declared `name` in the capability list `pick`, unless the
-/// caller named one.
-fn owner(
-    d: &Daemon,
-    named: Option<String>,
-    what: &str,
-    name: &str,
-    pick: impl Fn(&conduit_protocol::Capabilities) -> bool,
-) -> Result<String, ApiError> {
-    if let Some(ext) = named {
-        let caps = d
-            .core()
-            .capabilities(&ext)
-            .ok_or_else(|| bad_request(format!("extension `{ext}` is not running here")))?;
-        return if pick(&caps) {
-            Ok(ext)
-        } else {
-            Err(bad_request(format!(
-                "extension `{ext}` does not declare the {what} `{name}`"
-            )))
-        };
-    }
-    d.core()
-        .extensions()
-        .into_iter()
-        .find(|(_, c)| pick(c))
-        .map(|(e, _)| e.name().to_owned())
-        .ok_or_else(|| bad_request(format!("no running extension declares the {what} `{name}`; `conduit ext status` shows what each declares")))
+async fn one_work(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&d, "work", id, |r, id| r.work(id)).await
+}
+
+async fn one_timer(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&d, "timer", id, |r, id| r.timer(id)).await
+}
+
+async fn one_wait(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&d, "wait", id, |r, id| r.wait(id)).await
+}
+
+async fn one_emission(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&d, "emission", id, |r, id| r.emission(id)).await
 }
 
 #[derive(Deserialize)]
@@ -891,29 +868,12 @@ struct TimerBody {
 }
 
 async fn create_timer(State(d): State<Arc<Daemon>>, Body(b): Body<TimerBody>) -> ApiResult {
-    let rec = b.recurrence.clone();
-    let ext = owner(&d, b.extension, "recurrence", &rec, |c| {
-        c.recurrences.contains(&rec)
-    })?;
-    let now = crate::core::now_ms();
-    let first = b.first_at_ms.unwrap_or(now);
-    let core = d.core().clone();
+    let core = d.core();
+    let ext = core.owner(b.extension.as_deref(), Declared::Recurrence, &b.recurrence)?;
     let id = core
-        .write(move |tx| tx.create_timer(&ext, &b.recurrence, &b.spec, first, now))
-        .await
-        .map_err(store_err)?;
-    core.nudge();
+        .create_timer(ext, b.recurrence, b.spec, b.first_at_ms)
+        .await?;
     Ok((StatusCode::CREATED, Json(json!({ "timer_id": id }))).into_response())
-}
-
-async fn one_timer(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
-    let t = d
-        .core()
-        .read(move |r| r.timer(id))
-        .await
-        .map_err(store_err)?;
-    t.map(|t| Json(t).into_response())
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no timer {id}")))
 }
 
 #[derive(Deserialize)]
@@ -925,37 +885,16 @@ struct WaitBody {
 }
 
 async fn create_wait(State(d): State<Arc<Daemon>>, Body(b): Body<WaitBody>) -> ApiResult {
-    let filter = b.filter.clone();
-    let ext = owner(&d, b.extension, "dependency filter", &filter, |c| {
-        c.dependency_filters.contains(&filter)
-    })?;
-    let core = d.core().clone();
+    let core = d.core();
+    let ext = core.owner(
+        b.extension.as_deref(),
+        Declared::DependencyFilter,
+        &b.filter,
+    )?;
     let id = core
-        .write(move |tx| {
-            // Only events after the wait was made can satisfy it.
-            let after = tx.latest_event_id()?.unwrap_or(0);
-            tx.create_wait(
-                &ext,
-                &b.filter,
-                &b.subject,
-                b.work_id,
-                after,
-                crate::core::now_ms(),
-            )
-        })
-        .await
-        .map_err(store_err)?;
+        .create_wait(ext, b.filter, b.subject, b.work_id)
+        .await?;
     Ok((StatusCode::CREATED, Json(json!({ "wait_id": id }))).into_response())
-}
-
-async fn one_wait(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
-    let w = d
-        .core()
-        .read(move |r| r.wait(id))
-        .await
-        .map_err(store_err)?;
-    w.map(|w| Json(w).into_response())
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no wait {id}")))
 }
 
 #[derive(Deserialize)]
@@ -968,41 +907,13 @@ struct EmissionBody {
 }
 
 async fn create_emission(State(d): State<Arc<Daemon>>, Body(b): Body<EmissionBody>) -> ApiResult {
-    let em = b.emission.clone();
     let payload = payload(b.payload)?;
-    let ext = owner(&d, b.extension, "emission", &em, |c| {
-        c.emissions.contains(&em)
-    })?;
-    let core = d.core().clone();
+    let core = d.core();
+    let ext = core.owner(b.extension.as_deref(), Declared::Emission, &b.emission)?;
     let planned = core
-        .write(move |tx| {
-            tx.plan_emission(
-                &ext,
-                &b.emission,
-                b.work_id,
-                &payload,
-                crate::core::now_ms(),
-            )
-        })
-        .await
-        .map_err(store_err)?;
-    core.nudge();
+        .plan_emission(ext, b.emission, b.work_id, payload)
+        .await?;
     Ok((StatusCode::CREATED, Json(planned)).into_response())
-}
-
-async fn one_emission(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
-    let e = d
-        .core()
-        .read(move |r| r.emission(id))
-        .await
-        .map_err(store_err)?;
-    e.map(|e| Json(e).into_response()).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no emission {id}"),
-        )
-    })
 }
 
 async fn get_artifact(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> ApiResult {
@@ -1014,11 +925,7 @@ async fn get_artifact(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>
         return Err(bad_request("an artifact id is `sha256:` and 64 hex digits"));
     }
     let sha2 = sha.clone();
-    let meta = d
-        .core()
-        .read(move |r| r.artifact_by_sha256(&sha2))
-        .await
-        .map_err(store_err)?;
+    let meta = d.core().read(move |r| r.artifact_by_sha256(&sha2)).await?;
     let Some(meta) = meta else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
