@@ -210,7 +210,8 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
     }
 }
 
-/// `ingress.push` params (`PushParams`) with the payload left raw, so its depth is checked before it is parsed.
+/// `ingress.push` params (`PushParams`) with the payload left raw, so its depth is checked
+/// before it is parsed.
 #[derive(serde::Deserialize)]
 struct RawPush {
     source: String,

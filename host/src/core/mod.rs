@@ -1,5 +1,6 @@
 //! The coordination core: the store, the host loop that makes the four in-transaction calls,
-//! and the callbacks extensions make into the host.
+//! the callbacks extensions make into the host, and the domain operations (`ops.rs`) the
+//! management API and the callbacks share, so that both are thin adapters over one rule each.
 //!
 //! ```text
 //!   ingress (API, ingress.push) ──► events ──► route ──► work_kind.trigger ──► Work

@@ -7,7 +7,7 @@ use conduit_protocol::calls::NewEvent;
 use conduit_store::{Fault, Store, StoreError};
 use conduit_supervisor::Supervisor;
 
-use super::ops::IngressCursor;
+use super::ops::{Declared, IngressCursor, OwnerError};
 use super::{Core, store_fault};
 
 /// A core over a fresh store; the directory lives as long as the core is used.
@@ -178,4 +178,23 @@ async fn timers_and_emissions_nudge_the_loop_and_a_store_refusal_keeps_its_class
     assert!(!take_nudge(&core).await);
     assert_eq!(e.fault(), Fault::Invalid, "{e}");
     assert!(store_fault(e).is(ErrorCode::InvalidParams));
+}
+
+#[tokio::test]
+async fn with_no_extension_running_no_name_has_an_owner() {
+    let (core, _dir) = core();
+    assert_eq!(
+        core.owner(Some("notes"), Declared::Recurrence, "every"),
+        Err(OwnerError::NotRunning {
+            ext: "notes".into()
+        })
+    );
+    assert_eq!(
+        core.owner(None, Declared::Recurrence, "every"),
+        Err(OwnerError::NoOwner {
+            kind: Declared::Recurrence,
+            name: "every".into()
+        })
+    );
+    assert!(!core.declares("notes", Declared::Ingress, "inbox"));
 }
