@@ -10,15 +10,16 @@
 use std::sync::{Arc, Weak};
 
 use conduit_protocol::calls::{
-    ArtifactAbort, ArtifactChunk, ArtifactClose, ArtifactOpen, ArtifactStored, EmitParams,
-    EmitResult, Empty, EventRef, EventsPage, EventsQuery, PushParams, PushResult, WorkRef,
+    ArtifactAbort, ArtifactChunk, ArtifactClose, ArtifactOpen, ArtifactStored, EmitResult, Empty,
+    EventRef, EventsPage, EventsQuery, NewEvent, PushResult, WorkRef,
 };
 use conduit_protocol::methods::ext;
 use conduit_protocol::{ErrorCode, RpcError};
 use conduit_rpc::{BoxFuture, Handler, HandlerResult, Request, to_raw};
 use serde_json::value::RawValue;
 
-use super::{Core, now_ms, store_error};
+use super::ops::Declared;
+use super::{Core, now_ms, store_fault};
 
 /// A callback's params: an object (absent reads as `{}`), refused with `invalid_params`
 /// otherwise (docs/protocol.md §3.1), by the protocol's one params parser.
@@ -107,7 +108,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             let rec = core
                 .read(move |r| r.event(p.event_id))
                 .await
-                .map_err(store_error)?;
+                .map_err(store_fault)?;
             match rec {
                 Some(rec) => to_raw(&rec.event),
                 None => Err(RpcError::new(
@@ -122,7 +123,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             let recs = core
                 .read(move |r| r.list_events(q.after_id, q.source.as_deref(), limit))
                 .await
-                .map_err(store_error)?;
+                .map_err(store_fault)?;
             to_raw(&EventsPage {
                 events: recs.into_iter().map(|r| r.event).collect(),
             })
@@ -132,7 +133,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             let w = core
                 .read(move |r| r.work(p.work_id))
                 .await
-                .map_err(store_error)?;
+                .map_err(store_fault)?;
             match w {
                 Some(w) => to_raw(&conduit_protocol::calls::Work::from(w)),
                 None => Err(RpcError::new(
@@ -143,41 +144,28 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
         }
         ext::OPERATION_EMIT => {
             let raw: RawEmit = params(&req)?;
-            let p = EmitParams {
-                payload: payload(&raw.payload)?,
-                emission: raw.emission,
-                work_id: raw.work_id,
-            };
-            declared(&core, ext, "emissions", &p.emission, |c| &c.emissions)?;
-            let owner = ext.to_owned();
+            let payload = payload(&raw.payload)?;
+            declared(&core, ext, Declared::Emission, &raw.emission)?;
             let planned = core
-                .write(move |tx| {
-                    tx.plan_emission(&owner, &p.emission, p.work_id, &p.payload, now_ms())
-                })
+                .plan_emission(ext.to_owned(), raw.emission, raw.work_id, payload)
                 .await
-                .map_err(store_error)?;
-            core.nudge();
+                .map_err(store_fault)?;
             to_raw(&EmitResult::from(planned))
         }
         ext::INGRESS_PUSH => {
             let raw: RawPush = params(&req)?;
-            let p = PushParams {
-                payload: payload(&raw.payload)?,
-                source: raw.source,
+            let payload = payload(&raw.payload)?;
+            declared(&core, ext, Declared::Ingress, &raw.source)?;
+            conduit_protocol::check_event_fields(&raw.source, &raw.delivery_id, &raw.kind)?;
+            let event = NewEvent {
                 delivery_id: raw.delivery_id,
                 kind: raw.kind,
+                payload,
             };
-            declared(&core, ext, "ingress", &p.source, |c| &c.ingress)?;
-            conduit_protocol::check_event_fields(&p.source, &p.delivery_id, &p.kind)?;
             let accepted = core
-                .write(move |tx| {
-                    tx.accept_event(&p.source, &p.delivery_id, &p.kind, &p.payload, now_ms())
-                })
+                .accept_event(raw.source, event)
                 .await
-                .map_err(store_error)?;
-            if !accepted.duplicate {
-                core.nudge();
-            }
+                .map_err(store_fault)?;
             to_raw(&PushResult::from(accepted))
         }
         ext::ARTIFACT_OPEN => {
@@ -207,7 +195,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
                 )
             })
             .await
-            .map_err(store_error)?;
+            .map_err(store_fault)?;
             to_raw(&ArtifactStored {
                 artifact_id: format!("sha256:{sha}"),
                 size,
@@ -222,7 +210,8 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
     }
 }
 
-/// `PushParams` with the payload left raw, so its depth is checked before it is parsed.
+/// `ingress.push` params (`PushParams`) with the payload left raw, so its depth is checked
+/// before it is parsed.
 #[derive(serde::Deserialize)]
 struct RawPush {
     source: String,
@@ -231,7 +220,7 @@ struct RawPush {
     payload: Box<RawValue>,
 }
 
-/// `EmitParams` with the payload left raw.
+/// `operation.emit` params (`EmitParams`) with the payload left raw.
 #[derive(serde::Deserialize)]
 struct RawEmit {
     emission: String,
@@ -252,17 +241,11 @@ fn payload(raw: &RawValue) -> Result<serde_json::Value, RpcError> {
 }
 
 /// Refuse a name the extension did not declare in its handshake.
-fn declared(
-    core: &Core,
-    ext: &str,
-    what: &str,
-    name: &str,
-    list: impl Fn(&conduit_protocol::Capabilities) -> &Vec<String>,
-) -> Result<(), RpcError> {
-    let caps = core.capabilities(ext).unwrap_or_default();
-    if list(&caps).iter().any(|n| n == name) {
+fn declared(core: &Core, ext: &str, kind: Declared, name: &str) -> Result<(), RpcError> {
+    if core.declares(ext, kind, name) {
         Ok(())
     } else {
+        let what = kind.field();
         Err(RpcError::new(
             ErrorCode::InvalidParams,
             format!(

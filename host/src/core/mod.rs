@@ -1,5 +1,6 @@
 //! The coordination core: the store, the host loop that makes the four in-transaction calls,
-//! and the callbacks extensions make into the host.
+//! the callbacks extensions make into the host, and the domain operations (`ops.rs`) the
+//! management API and the callbacks share, so that both are thin adapters over one rule each.
 //!
 //! ```text
 //!   ingress (API, ingress.push) ──► events ──► route ──► work_kind.trigger ──► Work
@@ -23,6 +24,7 @@ pub mod artifacts;
 pub mod callbacks;
 pub mod health;
 pub mod host_loop;
+pub mod ops;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -30,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use conduit_protocol::{Capabilities, ErrorCode, RpcError};
-use conduit_store::{Store, StoreError};
+use conduit_store::{Fault, Store, StoreError};
 use conduit_supervisor::{Extension, Supervisor};
 use tokio::sync::Notify;
 
@@ -86,6 +88,8 @@ pub struct Core {
     /// Set once the package registry has been applied at start: until then the owner of no
     /// kind is known, so the host loop routes nothing.
     registry_applied: AtomicBool,
+    /// Store operations whose code panicked (`Core::write`, `Core::read`).
+    store_panics: AtomicU64,
 }
 
 impl std::fmt::Debug for Core {
@@ -116,6 +120,7 @@ impl Core {
             health: Mutex::new(HashMap::new()),
             unresponsive_after: AtomicU32::new(health::DEFAULT_UNRESPONSIVE_AFTER),
             registry_applied: AtomicBool::new(false),
+            store_panics: AtomicU64::new(0),
         }
     }
 
@@ -203,7 +208,8 @@ impl Core {
             .collect()
     }
 
-    /// Run a write transaction off the async runtime.
+    /// Run a write transaction off the async runtime. A panic inside `f` (its transaction
+    /// rolled back) is [`StoreError::Panicked`]: a host fault, never the caller's.
     pub async fn write<T: Send + 'static>(
         self: &Arc<Self>,
         f: impl FnOnce(&mut conduit_store::WriteTx<'_>) -> Result<T, StoreError> + Send + 'static,
@@ -211,17 +217,13 @@ impl Core {
         let store = self.store.clone();
         let res = tokio::task::spawn_blocking(move || store.write(f))
             .await
-            .unwrap_or_else(|e| {
-                Err(StoreError::Invalid {
-                    field: "write",
-                    reason: format!("the write panicked: {e}"),
-                })
-            });
+            .unwrap_or_else(|e| Err(self.panicked("write", e)));
         self.disk_full.note(&res);
         res
     }
 
-    /// Run a read on a reader connection, off the async runtime.
+    /// Run a read on a reader connection, off the async runtime; a panic inside `f` is
+    /// [`StoreError::Panicked`], as for [`Core::write`].
     pub async fn read<T: Send + 'static>(
         self: &Arc<Self>,
         f: impl FnOnce(&conduit_store::ReadTx<'_>) -> Result<T, StoreError> + Send + 'static,
@@ -229,13 +231,36 @@ impl Core {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || store.read(f))
             .await
-            .unwrap_or_else(|e| {
-                Err(StoreError::Invalid {
-                    field: "read",
-                    reason: format!("the read panicked: {e}"),
-                })
-            })
+            .unwrap_or_else(|e| Err(self.panicked("read", e)))
     }
+
+    /// A store operation's task that did not finish: counted and logged as the bug it is.
+    /// (A blocking task is cancelled only if the runtime shuts down before it starts; that is
+    /// reported the same way, with the join error's text.)
+    fn panicked(&self, what: &'static str, e: tokio::task::JoinError) -> StoreError {
+        self.store_panics.fetch_add(1, Ordering::Relaxed);
+        let reason = match e.try_into_panic() {
+            Ok(payload) => panic_message(payload.as_ref()),
+            Err(e) => e.to_string(),
+        };
+        tracing::error!(what, %reason, "a store operation panicked (a bug in the host)");
+        StoreError::Panicked { what, reason }
+    }
+
+    /// How many store operations run through [`Core::write`] and [`Core::read`] panicked (the
+    /// host loop's own passes are counted apart, in [`LoopStats::panics`]).
+    pub fn store_panics(&self) -> u64 {
+        self.store_panics.load(Ordering::Relaxed)
+    }
+}
+
+/// A panic's message, when it has one that is text.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// Clears the in-transaction mark when dropped.
@@ -250,17 +275,16 @@ impl Drop for InTransaction<'_> {
     }
 }
 
-/// A store failure as a wire error for a callback.
-pub(crate) fn store_error(e: StoreError) -> RpcError {
-    if e.is_disk_full() {
-        return RpcError::new(ErrorCode::StorageFull, disk_full_message(&e));
-    }
-    match e {
-        StoreError::NotFound { .. } => RpcError::new(ErrorCode::NotFound, e.to_string()),
-        StoreError::InvalidLimit { .. } | StoreError::Invalid { .. } => {
-            RpcError::new(ErrorCode::InvalidParams, e.to_string())
-        }
-        other => RpcError::internal(format!("the host's store failed: {other}")),
+/// A store failure as a wire error for a callback, by [`StoreError::fault`], the classification
+/// the management API's answers follow too. (`RpcError` and `StoreError` are both foreign here,
+/// so this is a function, not a `From`.)
+pub(crate) fn store_fault(e: StoreError) -> RpcError {
+    match e.fault() {
+        Fault::DiskFull => RpcError::new(ErrorCode::StorageFull, disk_full_message(&e)),
+        Fault::NotFound => RpcError::new(ErrorCode::NotFound, e.to_string()),
+        Fault::Invalid => RpcError::new(ErrorCode::InvalidParams, e.to_string()),
+        Fault::Store => RpcError::internal(format!("the host's store failed: {e}")),
+        Fault::Host => RpcError::internal(format!("the host failed: {e}")),
     }
 }
 
@@ -307,3 +331,6 @@ impl DiskFullLog {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -110,9 +110,58 @@ pub enum StoreError {
         recorded: u64,
         size: u64,
     },
+
+    /// The code run inside a store operation panicked: a bug in the host, not a fault of the
+    /// caller's request or of the file. A write's transaction was rolled back. `what` names the
+    /// operation (`write`, `read`), `reason` is the panic's message.
+    #[error("the {what} panicked (a bug in the host): {reason}")]
+    Panicked { what: &'static str, reason: String },
+}
+
+/// What a store error means to whoever asked for the operation: the one classification the
+/// management API's statuses and the callbacks' wire codes are both derived from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The file system is full: nothing was written, and the same write succeeds once there is
+    /// room again. Checked before every other class, whatever the variant.
+    DiskFull,
+    /// The caller's value: a page size out of range, a value the store cannot hold.
+    Invalid,
+    /// The record the caller named does not exist.
+    NotFound,
+    /// The store itself failed (SQL, I/O, a lock held too long, damage, an unreadable row, a
+    /// record in another state): nothing the caller can correct by asking differently.
+    Store,
+    /// A bug in the host: the code run inside a store operation panicked.
+    Host,
 }
 
 impl StoreError {
+    /// What the error means to the caller. A full disk comes first, whichever operation hit
+    /// it; a record in the wrong state is the store's fault, not the caller's, as it always was.
+    pub fn fault(&self) -> Fault {
+        if self.is_disk_full() {
+            return Fault::DiskFull;
+        }
+        match self {
+            StoreError::InvalidLimit { .. } | StoreError::Invalid { .. } => Fault::Invalid,
+            StoreError::NotFound { .. } => Fault::NotFound,
+            StoreError::Panicked { .. } => Fault::Host,
+            StoreError::Open { .. }
+            | StoreError::NotWal { .. }
+            | StoreError::Corrupt { .. }
+            | StoreError::TooNew { .. }
+            | StoreError::Migration { .. }
+            | StoreError::Begin(_)
+            | StoreError::Commit(_)
+            | StoreError::ReaderTimeout { .. }
+            | StoreError::Sql { .. }
+            | StoreError::WrongState { .. }
+            | StoreError::Decode { .. }
+            | StoreError::ArtifactMismatch { .. } => Fault::Store,
+        }
+    }
+
     /// The SQLite error underneath, if there is one.
     pub fn sqlite_error(&self) -> Option<&rusqlite::Error> {
         match self {
@@ -206,5 +255,166 @@ impl<T> SqlContext<T> for Result<T, rusqlite::Error> {
             what: Cow::Owned(what()),
             cause,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sqlite_failure(code: std::ffi::c_int) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None)
+    }
+
+    fn sql(code: std::ffi::c_int) -> StoreError {
+        StoreError::Sql {
+            what: Cow::Borrowed("insert"),
+            cause: sqlite_failure(code),
+        }
+    }
+
+    #[test]
+    fn a_full_disk_is_classified_first_whichever_operation_hit_it() {
+        for e in [
+            sql(rusqlite::ffi::SQLITE_FULL),
+            sql(rusqlite::ffi::SQLITE_IOERR_SHMSIZE),
+            StoreError::Begin(sqlite_failure(rusqlite::ffi::SQLITE_FULL)),
+            StoreError::Commit(sqlite_failure(rusqlite::ffi::SQLITE_FULL)),
+            StoreError::Migration {
+                version: 3,
+                cause: sqlite_failure(rusqlite::ffi::SQLITE_FULL),
+            },
+        ] {
+            assert!(e.is_disk_full(), "{e}");
+            assert_eq!(e.fault(), Fault::DiskFull, "{e}");
+        }
+    }
+
+    #[test]
+    fn each_variant_has_its_fault() {
+        let path = PathBuf::from("/s/conduit.db");
+        let cases = [
+            (
+                StoreError::InvalidLimit { limit: 0, max: 200 },
+                Fault::Invalid,
+            ),
+            (
+                StoreError::Invalid {
+                    field: "payload",
+                    reason: "too deep".into(),
+                },
+                Fault::Invalid,
+            ),
+            (
+                StoreError::NotFound {
+                    record: "work",
+                    id: 7,
+                },
+                Fault::NotFound,
+            ),
+            (
+                StoreError::Panicked {
+                    what: "write",
+                    reason: "boom".into(),
+                },
+                Fault::Host,
+            ),
+            (sql(rusqlite::ffi::SQLITE_CONSTRAINT), Fault::Store),
+            (sql(rusqlite::ffi::SQLITE_BUSY), Fault::Store),
+            (
+                StoreError::Begin(sqlite_failure(rusqlite::ffi::SQLITE_BUSY)),
+                Fault::Store,
+            ),
+            (
+                StoreError::Commit(sqlite_failure(rusqlite::ffi::SQLITE_IOERR)),
+                Fault::Store,
+            ),
+            (
+                StoreError::Open {
+                    path: path.clone(),
+                    what: "opening",
+                    cause: sqlite_failure(rusqlite::ffi::SQLITE_NOTADB),
+                },
+                Fault::Store,
+            ),
+            (
+                StoreError::NotWal {
+                    path: path.clone(),
+                    mode: "delete".into(),
+                },
+                Fault::Store,
+            ),
+            (
+                StoreError::Corrupt {
+                    path: path.clone(),
+                    problems: "page 3".into(),
+                },
+                Fault::Store,
+            ),
+            (
+                StoreError::TooNew {
+                    path,
+                    found: 9,
+                    known: 8,
+                },
+                Fault::Store,
+            ),
+            (
+                StoreError::Migration {
+                    version: 2,
+                    cause: sqlite_failure(rusqlite::ffi::SQLITE_ERROR),
+                },
+                Fault::Store,
+            ),
+            (
+                StoreError::ReaderTimeout {
+                    waited: Duration::from_secs(5),
+                },
+                Fault::Store,
+            ),
+            (
+                StoreError::WrongState {
+                    record: "work",
+                    id: 1,
+                    state: "done".into(),
+                    expected: "open",
+                },
+                Fault::Store,
+            ),
+            (
+                StoreError::Decode {
+                    record: "event",
+                    id: 1,
+                    field: "payload",
+                    reason: "not JSON".into(),
+                },
+                Fault::Store,
+            ),
+            (
+                StoreError::ArtifactMismatch {
+                    sha256: "ab".into(),
+                    recorded: 1,
+                    size: 2,
+                },
+                Fault::Store,
+            ),
+        ];
+        for (e, fault) in cases {
+            assert!(!e.is_disk_full(), "{e}");
+            assert_eq!(e.fault(), fault, "{e}");
+        }
+    }
+
+    #[test]
+    fn a_panic_says_which_operation_and_that_it_is_a_bug() {
+        let e = StoreError::Panicked {
+            what: "write",
+            reason: "index out of bounds".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "the write panicked (a bug in the host): index out of bounds"
+        );
+        assert!(!e.is_permanent());
     }
 }

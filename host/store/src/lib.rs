@@ -51,7 +51,7 @@ use rusqlite::{Connection, Params, Row, Statement, TransactionBehavior};
 pub use artifacts::Artifact;
 pub use counts::Counts;
 pub use emissions::{Emission, EmissionState, Planned};
-pub use error::StoreError;
+pub use error::{Fault, StoreError};
 pub use events::{Accepted, EventRecord};
 pub use schema::MIGRATIONS;
 pub use timers::Timer;

@@ -1,0 +1,267 @@
+//! The records' endpoints: events (push and list), Work, timers, waits, emissions and
+//! artifacts. The rules (who owns a name, what a wait may see, when the host loop is nudged)
+//! are the core's operations (`core::ops`); a handler parses the request, calls one, and shapes
+//! the answer.
+
+use std::sync::Arc;
+
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use conduit_store::StoreError;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::error::{ApiError, ApiResult, Body, MAX_PUSH_BODY, bad_request};
+use crate::core::ops::Declared;
+use crate::daemon::Daemon;
+
+/// The routes of the records' endpoints.
+pub(super) fn routes() -> Router<Arc<Daemon>> {
+    Router::new()
+        .route(
+            "/v1/events",
+            post(push_event)
+                .get(list_events)
+                .layer(axum::extract::DefaultBodyLimit::max(MAX_PUSH_BODY)),
+        )
+        .route("/v1/work", get(list_work))
+        .route("/v1/work/{id}", get(one_work))
+        .route("/v1/timers", post(create_timer).get(list_timers))
+        .route("/v1/timers/{id}", get(one_timer))
+        .route("/v1/waits", post(create_wait).get(list_waits))
+        .route("/v1/waits/{id}", get(one_wait))
+        .route("/v1/emissions", post(create_emission).get(list_emissions))
+        .route("/v1/emissions/{id}", get(one_emission))
+        .route("/v1/artifacts/{id}", get(get_artifact))
+}
+
+/// A payload as it came, raw: its depth is checked before it is parsed, so a payload of any
+/// depth gets the answer that names the limit.
+type RawPayload = Option<Box<serde_json::value::RawValue>>;
+
+/// Check a raw payload against `MAX_PAYLOAD_DEPTH`, then parse it; absent is `null`.
+fn payload(raw: RawPayload) -> Result<serde_json::Value, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(serde_json::Value::Null);
+    };
+    conduit_protocol::check_payload_depth(raw.get())
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "too_deep", e.to_string()))?;
+    serde_json::from_str(raw.get())
+        .map_err(|e| bad_request(format!("the payload does not parse: {e}")))
+}
+
+#[derive(Deserialize)]
+struct PushBody {
+    source: String,
+    delivery_id: String,
+    kind: String,
+    #[serde(default)]
+    payload: RawPayload,
+}
+
+async fn push_event(State(d): State<Arc<Daemon>>, Body(b): Body<PushBody>) -> ApiResult {
+    conduit_protocol::check_event_fields(&b.source, &b.delivery_id, &b.kind)
+        .map_err(|e| bad_request(e.to_string()))?;
+    let event = conduit_protocol::calls::NewEvent {
+        payload: payload(b.payload)?,
+        delivery_id: b.delivery_id,
+        kind: b.kind,
+    };
+    let accepted = d.core().accept_event(b.source, event).await?;
+    let status = if accepted.duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(json!({ "event_id": accepted.event_id, "duplicate": accepted.duplicate })),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+struct PageQuery {
+    after: Option<i64>,
+    limit: Option<u32>,
+    source: Option<String>,
+}
+
+impl PageQuery {
+    fn limit(&self) -> Result<u32, ApiError> {
+        conduit_protocol::page_limit(self.limit).map_err(|e| bad_request(e.to_string()))
+    }
+}
+
+async fn list_events(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+    let limit = q.limit()?;
+    let events = d
+        .core()
+        .read(move |r| r.list_events(q.after, q.source.as_deref(), limit))
+        .await?;
+    let next = events.last().map(|e| e.event.id);
+    Ok(Json(json!({ "events": events, "next_after": next })).into_response())
+}
+
+async fn list_work(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+    let limit = q.limit()?;
+    let work = d.core().read(move |r| r.list_work(q.after, limit)).await?;
+    let next = work.last().map(|w| w.id);
+    Ok(Json(json!({ "work": work, "next_after": next })).into_response())
+}
+
+async fn list_timers(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+    let limit = q.limit()?;
+    let rows = d
+        .core()
+        .read(move |r| r.list_timers(q.after, limit))
+        .await?;
+    let next = rows.last().map(|t| t.id);
+    Ok(Json(json!({ "timers": rows, "next_after": next })).into_response())
+}
+
+async fn list_waits(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+    let limit = q.limit()?;
+    let rows = d.core().read(move |r| r.list_waits(q.after, limit)).await?;
+    let next = rows.last().map(|w| w.id);
+    Ok(Json(json!({ "waits": rows, "next_after": next })).into_response())
+}
+
+async fn list_emissions(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+    let limit = q.limit()?;
+    let rows = d
+        .core()
+        .read(move |r| r.list_emissions(q.after, limit))
+        .await?;
+    let next = rows.last().map(|e| e.id);
+    Ok(Json(json!({ "emissions": rows, "next_after": next })).into_response())
+}
+
+/// `GET /v1/<records>/{id}`: the record `read` finds, or 404 `no <what> <id>`.
+async fn one_record<T: serde::Serialize + Send + 'static>(
+    d: &Daemon,
+    what: &str,
+    id: i64,
+    read: impl FnOnce(&conduit_store::ReadTx<'_>, i64) -> Result<Option<T>, StoreError> + Send + 'static,
+) -> ApiResult {
+    match d.core().read(move |r| read(r, id)).await? {
+        Some(rec) => Ok(Json(rec).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no {what} {id}"),
+        )),
+    }
+}
+
+async fn one_work(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&d, "work", id, |r, id| r.work(id)).await
+}
+
+async fn one_timer(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&d, "timer", id, |r, id| r.timer(id)).await
+}
+
+async fn one_wait(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&d, "wait", id, |r, id| r.wait(id)).await
+}
+
+async fn one_emission(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&d, "emission", id, |r, id| r.emission(id)).await
+}
+
+#[derive(Deserialize)]
+struct TimerBody {
+    recurrence: String,
+    spec: String,
+    extension: Option<String>,
+    first_at_ms: Option<i64>,
+}
+
+async fn create_timer(State(d): State<Arc<Daemon>>, Body(b): Body<TimerBody>) -> ApiResult {
+    let core = d.core();
+    let ext = core.owner(b.extension.as_deref(), Declared::Recurrence, &b.recurrence)?;
+    let id = core
+        .create_timer(ext, b.recurrence, b.spec, b.first_at_ms)
+        .await?;
+    Ok((StatusCode::CREATED, Json(json!({ "timer_id": id }))).into_response())
+}
+
+#[derive(Deserialize)]
+struct WaitBody {
+    filter: String,
+    subject: String,
+    extension: Option<String>,
+    work_id: Option<i64>,
+}
+
+async fn create_wait(State(d): State<Arc<Daemon>>, Body(b): Body<WaitBody>) -> ApiResult {
+    let core = d.core();
+    let ext = core.owner(
+        b.extension.as_deref(),
+        Declared::DependencyFilter,
+        &b.filter,
+    )?;
+    let id = core
+        .create_wait(ext, b.filter, b.subject, b.work_id)
+        .await?;
+    Ok((StatusCode::CREATED, Json(json!({ "wait_id": id }))).into_response())
+}
+
+#[derive(Deserialize)]
+struct EmissionBody {
+    emission: String,
+    #[serde(default)]
+    payload: RawPayload,
+    extension: Option<String>,
+    work_id: Option<i64>,
+}
+
+async fn create_emission(State(d): State<Arc<Daemon>>, Body(b): Body<EmissionBody>) -> ApiResult {
+    let payload = payload(b.payload)?;
+    let core = d.core();
+    let ext = core.owner(b.extension.as_deref(), Declared::Emission, &b.emission)?;
+    let planned = core
+        .plan_emission(ext, b.emission, b.work_id, payload)
+        .await?;
+    Ok((StatusCode::CREATED, Json(planned)).into_response())
+}
+
+async fn get_artifact(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> ApiResult {
+    let sha = id
+        .strip_prefix("sha256:")
+        .unwrap_or(&id)
+        .to_ascii_lowercase();
+    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad_request("an artifact id is `sha256:` and 64 hex digits"));
+    }
+    let sha2 = sha.clone();
+    let meta = d.core().read(move |r| r.artifact_by_sha256(&sha2)).await?;
+    let Some(meta) = meta else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no artifact sha256:{sha}"),
+        ));
+    };
+    let path = d.core().artifacts.content_path(&sha);
+    let file = tokio::fs::File::open(&path)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(file));
+    Ok((
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                meta.media_type
+                    .unwrap_or_else(|| "application/octet-stream".into()),
+            ),
+            (axum::http::header::CONTENT_LENGTH, meta.size.to_string()),
+        ],
+        body,
+    )
+        .into_response())
+}
