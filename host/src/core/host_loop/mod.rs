@@ -22,10 +22,11 @@
 //! The loop runs on its own thread: SQLite calls block, and the in-transaction call is awaited
 //! with `Handle::block_on` while the write transaction is open.
 //!
-//! Each pass also starts an `ingress.poll` of every declared ingress source that has none
-//! outstanding and was last polled at least [`INGRESS_INTERVAL`] ago. Polls are not
-//! in-transaction calls: they run as tasks on the runtime (deadline 30 s), and a poll's events
-//! and its new cursor are written in one transaction when it answers.
+//! Each pass also starts an `ingress.poll` of every declared ingress source that is due
+//! (`ingress.rs`). Polls are not in-transaction calls: they run as tasks on the runtime.
+
+mod calls;
+mod ingress;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -39,14 +40,18 @@ use conduit_protocol::calls::{
     RecurrenceResult, TriggerGroup, TriggerParams, TriggerResult,
 };
 use conduit_protocol::methods::host;
-use conduit_rpc::CallError;
-use conduit_supervisor::{ExtCallError, Extension};
+use conduit_supervisor::Extension;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+pub use calls::failure_text;
+pub(crate) use ingress::PollState;
+pub use ingress::{INGRESS_INTERVAL, INGRESS_LIMIT};
+
 use super::health::{Action, ProbeCall};
 use super::{Core, now_ms};
+use calls::{answered, probe_once};
 
 /// The live extensions of a pass and their capabilities, by name (ordered: the pass visits
 /// them, and settles a work kind two of them declare, in name order).
@@ -58,21 +63,6 @@ pub const ROUTE_BATCH: u32 = 200;
 pub const PASS_LIMIT: u32 = 100;
 /// How many new events one pass checks against each wait.
 pub const WAIT_EVENTS: u32 = 50;
-/// How often each ingress source is polled, at most.
-pub const INGRESS_INTERVAL: Duration = Duration::from_secs(1);
-/// The most events one poll may return.
-pub const INGRESS_LIMIT: u32 = 100;
-
-/// The poll bookkeeping of one (extension, source).
-#[derive(Debug, Default)]
-pub(crate) struct PollState {
-    outstanding: bool,
-    last: Option<Instant>,
-    /// The pid of an extension run that answered `method_not_found`: not polled again until it
-    /// restarts.
-    declined_by: Option<u32>,
-}
-
 /// While the file this variable names exists, the host loop makes no pass (fault injection:
 /// a stalled loop, as the watchdog must notice). Unset in normal operation.
 pub const STALL_FILE_VAR: &str = "CONDUIT_FAULT_STALL_HOST_LOOP";
@@ -262,7 +252,7 @@ impl HostLoop {
         if let Err(e) = self.commit_emissions(&exts, &settling, &mut r) {
             r.errors.push(format!("emissions: {e}"));
         }
-        self.start_polls(&exts);
+        ingress::start_polls(&self.core, &self.rt, &exts);
         r
     }
 
@@ -319,35 +309,6 @@ impl HostLoop {
     /// Whether this pass makes `ext`'s in-transaction calls.
     fn callable(&self, ext: &str) -> bool {
         !self.skip.borrow().contains(ext)
-    }
-
-    fn start_polls(&self, exts: &Exts) {
-        for (name, (ext, caps)) in exts {
-            let status = ext.brief();
-            if status.state != conduit_supervisor::State::Ready {
-                continue;
-            }
-            for source in &caps.ingress {
-                let key = (name.clone(), source.clone());
-                {
-                    let mut polls = self.core.polls.lock().unwrap_or_else(|p| p.into_inner());
-                    let st = polls.entry(key.clone()).or_default();
-                    let recent = st.last.is_some_and(|t| t.elapsed() < INGRESS_INTERVAL);
-                    if st.outstanding
-                        || recent
-                        || (st.declined_by.is_some() && st.declined_by == status.pid)
-                    {
-                        continue;
-                    }
-                    st.outstanding = true;
-                    st.last = Some(Instant::now());
-                }
-                let (core, ext, pid) = (self.core.clone(), ext.clone(), status.pid);
-                self.core
-                    .tasks
-                    .spawn_on(poll_once(core, ext, key, pid), &self.rt);
-            }
-        }
     }
 
     /// Make one in-transaction call; `Err` carries why the fallback applies.
@@ -728,69 +689,6 @@ pub fn work_kind_of(event_kind: &str, declared: impl Fn(&str) -> bool) -> Option
     }
 }
 
-/// A failed call, for the log and the extension's status: an error answer says how it is read
-/// (docs/protocol.md §12), so a -32000 without `data.limit` — what many JSON-RPC libraries
-/// answer for any handler exception — is not mistaken for an overload.
-pub fn failure_text(e: &ExtCallError) -> String {
-    use conduit_protocol::ErrorClass;
-    match e {
-        ExtCallError::Call {
-            source: CallError::Rpc { .. },
-            ..
-        } => match e.class() {
-            ErrorClass::Overloaded => format!("{e} (overloaded: the extension is busy)"),
-            ErrorClass::Permanent if e.is(conduit_protocol::ErrorCode::Overloaded) => format!(
-                "{e} (a server error: -32000 without data.limit is not `overloaded`, and not retryable)"
-            ),
-            _ => e.to_string(),
-        },
-        _ => e.to_string(),
-    }
-}
-
-/// Whether a failed call was answered (`Some(true)`: an answer that breaks the method's rules
-/// still shows the extension responsive), missed or refused (`Some(false)`: it degrades), or
-/// could not be made or finish because the extension is not running (`None`: the supervisor
-/// deals with that).
-fn answered(e: &ExtCallError) -> Option<bool> {
-    match e {
-        ExtCallError::Call { source, .. } => match source {
-            CallError::BadResult { .. } | CallError::TooLarge { .. } => Some(true),
-            CallError::Rpc { .. } | CallError::DeadlineExceeded { .. } => Some(false),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-/// One probe of a degraded extension, off the writer: the call it failed, made again with the
-/// same deadline, its answer thrown away. Any answer in time restores it. Its write callbacks
-/// are refused meanwhile, as they would be during the real call.
-async fn probe_once(core: Arc<Core>, ext: Extension, pid: Option<u32>, call: ProbeCall) {
-    let res = {
-        let _mark = core.enter_transaction(ext.name());
-        ext.call_raw(&call.method, &call.params, Some(IN_TRANSACTION_DEADLINE))
-            .await
-    };
-    let outcome = match &res {
-        Err(e @ ExtCallError::Call { source, .. }) => match source {
-            CallError::DeadlineExceeded { .. } | CallError::Closed { .. } => Err(e.to_string()),
-            _ => Ok(()),
-        },
-        Err(e) => Err(e.to_string()),
-        Ok(_) => Ok(()),
-    };
-    let (threshold, now) = (core.unresponsive_after(), now_ms());
-    let restored = core
-        .lock_health()
-        .get_mut(ext.name())
-        .is_some_and(|h| h.probed(threshold, pid, now, outcome));
-    if restored {
-        tracing::info!(extension = ext.name(), method = %call.method, "extension answered its probe; its in-transaction calls resume");
-        core.nudge();
-    }
-}
-
 /// The trigger's fallback: each input to a Work of its own, keyed `event:<id>`, started.
 pub fn fallback_groups(ids: &[i64]) -> Vec<TriggerGroup> {
     ids.iter()
@@ -807,90 +705,6 @@ pub fn fallback_groups(ids: &[i64]) -> Vec<TriggerGroup> {
 /// fallback applies.
 pub fn trigger_verdict(res: &TriggerResult, ids: &[i64]) -> Result<(), String> {
     res.check(ids).map_err(|e| e.0)
-}
-
-/// One `ingress.poll`: its events and new cursor are committed together.
-async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: Option<u32>) {
-    use conduit_protocol::calls::{IngressPollParams, IngressPollResult};
-    let (name, source) = key.clone();
-    let (n, s) = (name.clone(), source.clone());
-    let cursor = core
-        .read(move |r| r.ingress_cursor(&n, &s))
-        .await
-        .ok()
-        .flatten();
-    let params = IngressPollParams {
-        source: source.clone(),
-        cursor: cursor.clone(),
-        limit: INGRESS_LIMIT,
-    };
-    let res = ext
-        .call::<_, IngressPollResult>(
-            host::INGRESS_POLL,
-            &params,
-            Some(conduit_protocol::DEFAULT_CALL_DEADLINE),
-        )
-        .await;
-    let mut declined = false;
-    match res {
-        Ok(r) if r.check(INGRESS_LIMIT).is_err() => {
-            tracing::warn!(extension = %name, %source, got = r.events.len(), "ingress.poll returned more events than its limit; nothing accepted");
-        }
-        Ok(r) => {
-            let events: Vec<_> = r
-                .events
-                .into_iter()
-                .filter(|e| match super::callbacks::check_polled_event(&source, e) {
-                    Ok(()) => true,
-                    Err(err) => {
-                        tracing::warn!(extension = %name, %source, error = %err.message, "skipped a polled event");
-                        false
-                    }
-                })
-                .collect();
-            let moved = r.cursor.is_some() && r.cursor != cursor;
-            if !events.is_empty() || moved {
-                let (n, s) = (name.clone(), source.clone());
-                let new_cursor = r.cursor;
-                let res = core
-                    .write(move |tx| {
-                        let now = now_ms();
-                        let mut fresh = 0;
-                        for e in &events {
-                            if !tx
-                                .accept_event(&s, &e.delivery_id, &e.kind, &e.payload, now)?
-                                .duplicate
-                            {
-                                fresh += 1;
-                            }
-                        }
-                        if let Some(c) = &new_cursor {
-                            tx.set_ingress_cursor(&n, &s, c, now)?;
-                        }
-                        Ok(fresh)
-                    })
-                    .await;
-                match res {
-                    Ok(fresh) if fresh > 0 => core.nudge(),
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::error!(extension = %name, %source, error = %e, "cannot store polled events")
-                    }
-                }
-            }
-        }
-        Err(e) if e.is(conduit_protocol::ErrorCode::MethodNotFound) => declined = true,
-        Err(e) => {
-            tracing::warn!(extension = %name, %source, error = %e, "ingress.poll failed; the cursor stays")
-        }
-    }
-    let mut polls = core.polls.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(st) = polls.get_mut(&key) {
-        st.outstanding = false;
-        if declined {
-            st.declined_by = pid;
-        }
-    }
 }
 
 #[cfg(test)]
