@@ -49,7 +49,7 @@ pub use calls::failure_text;
 pub(crate) use ingress::PollState;
 pub use ingress::{INGRESS_INTERVAL, INGRESS_LIMIT};
 
-use super::health::{Action, ProbeCall};
+use super::health::{self, ProbeCall, RunFacts};
 use super::{Core, now_ms};
 use calls::{answered, probe_once};
 
@@ -256,41 +256,27 @@ impl HostLoop {
         r
     }
 
-    /// Bring each extension's health up to date: note new runs, start due probes (off the
-    /// writer), restart the unresponsive; and fix the set this pass skips.
+    /// Bring each extension's health up to date and apply what `health::tend` decides: start
+    /// due probes (off the writer), restart the unresponsive, and fix the set this pass skips.
     fn tend_health(&self, exts: &Exts) {
-        let now = now_ms();
-        let threshold = self.core.unresponsive_after();
-        let mut skip = self.skip.borrow_mut();
-        skip.clear();
-        let mut probes = Vec::new();
-        let mut restarts = Vec::new();
-        {
-            let mut all = self.core.lock_health();
-            all.retain(|name, _| exts.contains_key(name));
-            for (name, (ext, _)) in exts {
+        let runs: Vec<RunFacts<'_>> = exts
+            .iter()
+            .map(|(name, (ext, _))| {
                 let status = ext.brief();
-                let h = all.entry(name.clone()).or_default();
-                h.observe_run(status.pid, now);
-                if status.state == conduit_supervisor::State::Ready {
-                    match h.next_action(now) {
-                        Action::Probe => {
-                            if let Some(call) = h.probe_call().cloned() {
-                                probes.push((ext.clone(), status.pid, call));
-                            }
-                        }
-                        Action::Restart => {
-                            restarts.push((ext.clone(), h.view(threshold)));
-                        }
-                        Action::Nothing => {}
-                    }
+                RunFacts {
+                    name,
+                    pid: status.pid,
+                    ready: status.state == conduit_supervisor::State::Ready,
                 }
-                if !h.callable() {
-                    skip.insert(name.clone());
-                }
-            }
-        }
-        for (ext, view) in restarts {
+            })
+            .collect();
+        let (threshold, now) = (self.core.unresponsive_after(), now_ms());
+        let tending = health::tend(&mut self.core.lock_health(), &runs, threshold, now);
+        *self.skip.borrow_mut() = tending.skip;
+        for (name, view) in tending.restarts {
+            let Some((ext, _)) = exts.get(&name) else {
+                continue;
+            };
             tracing::error!(
                 extension = ext.name(),
                 failures = view.failures,
@@ -299,10 +285,11 @@ impl HostLoop {
             );
             ext.restart();
         }
-        for (ext, pid, call) in probes {
-            self.core
-                .tasks
-                .spawn_on(probe_once(self.core.clone(), ext, pid, call), &self.rt);
+        for probe in tending.probes {
+            if let Some((ext, _)) = exts.get(&probe.name) {
+                let task = probe_once(self.core.clone(), ext.clone(), probe.pid, probe.call);
+                self.core.tasks.spawn_on(task, &self.rt);
+            }
         }
     }
 
