@@ -12,8 +12,10 @@
 //! nothing.
 //!
 //! Everything here is a pure function of recorded facts and an injected `now` (Unix ms), so
-//! the rules are tested without processes; `host_loop.rs` records the facts and acts on
-//! [`Action`].
+//! the rules are tested without processes; the host loop (`host_loop/mod.rs`) records the
+//! facts and acts on what [`tend`] decides for a pass.
+
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -292,6 +294,70 @@ impl Health {
     }
 }
 
+/// What a pass knows of one live extension's run, for [`tend`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunFacts<'a> {
+    pub name: &'a str,
+    pub pid: Option<u32>,
+    /// Whether it is ready (its handshake done): only a ready run is probed or restarted.
+    pub ready: bool,
+}
+
+/// A probe to make off the writer: `call` again to the run `pid` of `name`.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    pub name: String,
+    pub pid: Option<u32>,
+    pub call: ProbeCall,
+}
+
+/// What a pass does about its extensions' health, decided by [`tend`].
+#[derive(Debug, Default)]
+pub struct Tending {
+    /// The extensions whose in-transaction calls this pass does not make (degraded).
+    pub skip: HashSet<String>,
+    /// The probes to start, in the order of the runs given.
+    pub probes: Vec<Probe>,
+    /// The unresponsive extensions to restart, with how they stand (for the log).
+    pub restarts: Vec<(String, HealthView)>,
+}
+
+/// Bring the recorded health of the live extensions up to date at `now` and decide what the
+/// pass does: forget extensions no longer live, note new runs, start due probes, restart the
+/// unresponsive, and skip the degraded.
+pub fn tend(
+    all: &mut HashMap<String, Health>,
+    runs: &[RunFacts<'_>],
+    threshold: u32,
+    now: i64,
+) -> Tending {
+    all.retain(|name, _| runs.iter().any(|r| r.name == name));
+    let mut t = Tending::default();
+    for run in runs {
+        let h = all.entry(run.name.to_owned()).or_default();
+        h.observe_run(run.pid, now);
+        if run.ready {
+            match h.next_action(now) {
+                Action::Probe => {
+                    if let Some(call) = h.probe_call().cloned() {
+                        t.probes.push(Probe {
+                            name: run.name.to_owned(),
+                            pid: run.pid,
+                            call,
+                        });
+                    }
+                }
+                Action::Restart => t.restarts.push((run.name.to_owned(), h.view(threshold))),
+                Action::Nothing => {}
+            }
+        }
+        if !h.callable() {
+            t.skip.insert(run.name.to_owned());
+        }
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,6 +367,66 @@ mod tests {
             method: "work_kind.trigger".into(),
             params: serde_json::value::to_raw_value(&serde_json::json!({})).unwrap(),
         }
+    }
+
+    fn run(name: &str, pid: u32, ready: bool) -> RunFacts<'_> {
+        RunFacts {
+            name,
+            pid: Some(pid),
+            ready,
+        }
+    }
+
+    #[test]
+    fn a_pass_skips_the_degraded_probes_the_due_and_restarts_the_unresponsive() {
+        let mut all = HashMap::new();
+        let runs = [run("a", 1, true), run("b", 2, true), run("c", 3, true)];
+        let t = tend(&mut all, &runs, 2, 0);
+        assert!(t.skip.is_empty() && t.probes.is_empty() && t.restarts.is_empty());
+        all.get_mut("b")
+            .unwrap()
+            .missed(2, 0, "late".into(), call());
+        all.get_mut("c")
+            .unwrap()
+            .missed(2, 0, "late".into(), call());
+        all.get_mut("c")
+            .unwrap()
+            .missed(2, 0, "late".into(), call());
+        // Before b's probe is due: both skipped, c restarted once.
+        let t = tend(&mut all, &runs, 2, 500);
+        let mut skip: Vec<&str> = t.skip.iter().map(String::as_str).collect();
+        skip.sort_unstable();
+        assert_eq!(skip, ["b", "c"]);
+        assert!(t.probes.is_empty());
+        assert_eq!(t.restarts.len(), 1);
+        assert_eq!(t.restarts[0].0, "c");
+        assert_eq!(t.restarts[0].1.condition, Condition::Unresponsive);
+        // b's probe is due, and made once; c's restart is asked once.
+        let t = tend(&mut all, &runs, 2, 1_000);
+        assert_eq!(t.probes.len(), 1);
+        assert_eq!((t.probes[0].name.as_str(), t.probes[0].pid), ("b", Some(2)));
+        assert!(t.restarts.is_empty());
+        let t = tend(&mut all, &runs, 2, 1_100);
+        assert!(t.probes.is_empty());
+        // c's new run is probed at once.
+        let runs = [run("a", 1, true), run("b", 2, true), run("c", 4, true)];
+        let t = tend(&mut all, &runs, 2, 2_000);
+        assert_eq!(t.probes.len(), 1);
+        assert_eq!(t.probes[0].name, "c");
+        assert!(t.skip.contains("c"));
+    }
+
+    #[test]
+    fn a_run_not_ready_is_neither_probed_nor_restarted_and_the_gone_are_forgotten() {
+        let mut all = HashMap::new();
+        tend(&mut all, &[run("a", 1, true), run("b", 2, true)], 1, 0);
+        all.get_mut("a")
+            .unwrap()
+            .missed(1, 0, "late".into(), call());
+        let t = tend(&mut all, &[run("a", 1, false)], 1, 5_000);
+        assert!(t.probes.is_empty() && t.restarts.is_empty());
+        assert!(t.skip.contains("a"));
+        assert_eq!(all.keys().collect::<Vec<_>>(), ["a"]);
     }
 
     fn running(pid: u32) -> Health {

@@ -7,6 +7,11 @@
 //! and replaced by the call's documented fallback (`docs/protocol.md` §6), then the transaction
 //! commits — never with a corrupt record, and never holding the writer past the deadline.
 //!
+//! Each step reads the same way: decide (pure, `decide.rs`), make the call
+//! (`HostLoop::in_tx_call`, the one way all four are made, which gives an
+//! `Outcome`), apply the answer or the fallback value in the transaction, and count the
+//! fallback after it commits.
+//!
 //! Which extension serves what comes from the capabilities of each extension's last handshake:
 //! an event goes to the longest declared work kind that is its kind or a prefix of it ending at
 //! a dot (`note.posted` → `note.posted`, else `note`); an event whose kind names no declared
@@ -22,13 +27,15 @@
 //! The loop runs on its own thread: SQLite calls block, and the in-transaction call is awaited
 //! with `Handle::block_on` while the write transaction is open.
 //!
-//! Each pass also starts an `ingress.poll` of every declared ingress source that has none
-//! outstanding and was last polled at least [`INGRESS_INTERVAL`] ago. Polls are not
-//! in-transaction calls: they run as tasks on the runtime (deadline 30 s), and a poll's events
-//! and its new cursor are written in one transaction when it answers.
+//! Each pass also starts an `ingress.poll` of every declared ingress source that is due
+//! (`ingress.rs`). Polls are not in-transaction calls: they run as tasks on the runtime.
+
+mod calls;
+mod decide;
+mod ingress;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -36,17 +43,23 @@ use std::time::{Duration, Instant};
 use conduit_protocol::IN_TRANSACTION_DEADLINE;
 use conduit_protocol::calls::{
     CommitParams, CommitResult, Event, FilterParams, FilterResult, RecurrenceParams,
-    RecurrenceResult, TriggerGroup, TriggerParams, TriggerResult,
+    RecurrenceResult, TriggerParams, TriggerResult,
 };
 use conduit_protocol::methods::host;
-use conduit_rpc::CallError;
-use conduit_supervisor::{ExtCallError, Extension};
+use conduit_supervisor::Extension;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use super::health::{Action, ProbeCall};
+pub use calls::failure_text;
+pub use decide::{RECURRENCE_FALLBACK_MS, fallback_groups, trigger_verdict, work_kind_of};
+pub(crate) use ingress::PollState;
+pub use ingress::{INGRESS_INTERVAL, INGRESS_LIMIT};
+
+use super::health::{self, ProbeCall, RunFacts};
 use super::{Core, now_ms};
+use calls::{answered, probe_once};
+use decide::{Commit, Outcome, StartFacts};
 
 /// The live extensions of a pass and their capabilities, by name (ordered: the pass visits
 /// them, and settles a work kind two of them declare, in name order).
@@ -58,27 +71,10 @@ pub const ROUTE_BATCH: u32 = 200;
 pub const PASS_LIMIT: u32 = 100;
 /// How many new events one pass checks against each wait.
 pub const WAIT_EVENTS: u32 = 50;
-/// How often each ingress source is polled, at most.
-pub const INGRESS_INTERVAL: Duration = Duration::from_secs(1);
-/// The most events one poll may return.
-pub const INGRESS_LIMIT: u32 = 100;
-
-/// The poll bookkeeping of one (extension, source).
-#[derive(Debug, Default)]
-pub(crate) struct PollState {
-    outstanding: bool,
-    last: Option<Instant>,
-    /// The pid of an extension run that answered `method_not_found`: not polled again until it
-    /// restarts.
-    declined_by: Option<u32>,
-}
 
 /// While the file this variable names exists, the host loop makes no pass (fault injection:
 /// a stalled loop, as the watchdog must notice). Unset in normal operation.
 pub const STALL_FILE_VAR: &str = "CONDUIT_FAULT_STALL_HOST_LOOP";
-
-/// When a timer's `recurrence.next` fails, it fires again this much later.
-pub const RECURRENCE_FALLBACK_MS: i64 = 60_000;
 
 /// What one pass did, for tests and logs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -229,26 +225,20 @@ impl HostLoop {
     /// One pass over everything live.
     pub fn pass(&self) -> PassReport {
         let mut r = PassReport::default();
-        let mut exts: Exts = self
+        let all: Exts = self
             .core
             .extensions()
             .into_iter()
             .map(|(e, c)| (e.name().to_owned(), (e, c)))
             .collect();
-        // An extension on its first start (the daemon just started, or it was just installed or
-        // enabled) is waited for rather than given fallbacks: its work stays where it is until
-        // its handshake is done or fails, which the start timeout bounds.
-        let mut settling: HashMap<String, conduit_protocol::Capabilities> = HashMap::new();
-        exts.retain(|name, (e, caps)| {
-            let s = e.brief();
-            let first_start = s.state == conduit_supervisor::State::Starting
-                && s.restarts == 0
-                && s.protocol_version.is_none();
-            if first_start {
-                settling.insert(name.clone(), caps.clone());
-            }
-            !first_start
-        });
+        // An extension on its first start is waited for rather than given fallbacks: its work
+        // stays where it is until its handshake is done or fails (`decide::settling`).
+        let names = decide::settling(
+            all.iter()
+                .map(|(name, (e, _))| (name.as_str(), StartFacts::of(&e.brief()))),
+        );
+        let (settling, exts): (Exts, Exts) =
+            all.into_iter().partition(|(name, _)| names.contains(name));
         self.tend_health(&exts);
         if let Err(e) = self.route(&exts, &settling, &mut r) {
             r.errors.push(format!("routing: {e}"));
@@ -262,45 +252,31 @@ impl HostLoop {
         if let Err(e) = self.commit_emissions(&exts, &settling, &mut r) {
             r.errors.push(format!("emissions: {e}"));
         }
-        self.start_polls(&exts);
+        ingress::start_polls(&self.core, &self.rt, &exts);
         r
     }
 
-    /// Bring each extension's health up to date: note new runs, start due probes (off the
-    /// writer), restart the unresponsive; and fix the set this pass skips.
+    /// Bring each extension's health up to date and apply what `health::tend` decides: start
+    /// due probes (off the writer), restart the unresponsive, and fix the set this pass skips.
     fn tend_health(&self, exts: &Exts) {
-        let now = now_ms();
-        let threshold = self.core.unresponsive_after();
-        let mut skip = self.skip.borrow_mut();
-        skip.clear();
-        let mut probes = Vec::new();
-        let mut restarts = Vec::new();
-        {
-            let mut all = self.core.lock_health();
-            all.retain(|name, _| exts.contains_key(name));
-            for (name, (ext, _)) in exts {
+        let runs: Vec<RunFacts<'_>> = exts
+            .iter()
+            .map(|(name, (ext, _))| {
                 let status = ext.brief();
-                let h = all.entry(name.clone()).or_default();
-                h.observe_run(status.pid, now);
-                if status.state == conduit_supervisor::State::Ready {
-                    match h.next_action(now) {
-                        Action::Probe => {
-                            if let Some(call) = h.probe_call().cloned() {
-                                probes.push((ext.clone(), status.pid, call));
-                            }
-                        }
-                        Action::Restart => {
-                            restarts.push((ext.clone(), h.view(threshold)));
-                        }
-                        Action::Nothing => {}
-                    }
+                RunFacts {
+                    name,
+                    pid: status.pid,
+                    ready: status.state == conduit_supervisor::State::Ready,
                 }
-                if !h.callable() {
-                    skip.insert(name.clone());
-                }
-            }
-        }
-        for (ext, view) in restarts {
+            })
+            .collect();
+        let (threshold, now) = (self.core.unresponsive_after(), now_ms());
+        let tending = health::tend(&mut self.core.lock_health(), &runs, threshold, now);
+        *self.skip.borrow_mut() = tending.skip;
+        for (name, view) in tending.restarts {
+            let Some((ext, _)) = exts.get(&name) else {
+                continue;
+            };
             tracing::error!(
                 extension = ext.name(),
                 failures = view.failures,
@@ -309,10 +285,11 @@ impl HostLoop {
             );
             ext.restart();
         }
-        for (ext, pid, call) in probes {
-            self.core
-                .tasks
-                .spawn_on(probe_once(self.core.clone(), ext, pid, call), &self.rt);
+        for probe in tending.probes {
+            if let Some((ext, _)) = exts.get(&probe.name) {
+                let task = probe_once(self.core.clone(), ext.clone(), probe.pid, probe.call);
+                self.core.tasks.spawn_on(task, &self.rt);
+            }
         }
     }
 
@@ -321,36 +298,41 @@ impl HostLoop {
         !self.skip.borrow().contains(ext)
     }
 
-    fn start_polls(&self, exts: &Exts) {
-        for (name, (ext, caps)) in exts {
-            let status = ext.brief();
-            if status.state != conduit_supervisor::State::Ready {
-                continue;
-            }
-            for source in &caps.ingress {
-                let key = (name.clone(), source.clone());
-                {
-                    let mut polls = self.core.polls.lock().unwrap_or_else(|p| p.into_inner());
-                    let st = polls.entry(key.clone()).or_default();
-                    let recent = st.last.is_some_and(|t| t.elapsed() < INGRESS_INTERVAL);
-                    if st.outstanding
-                        || recent
-                        || (st.declined_by.is_some() && st.declined_by == status.pid)
-                    {
-                        continue;
+    /// Whether `ext`'s timers, waits and emissions wait this pass: it is settling, or this
+    /// pass does not call it (degraded).
+    fn held(&self, settling: &Exts, ext: &str) -> bool {
+        settling.contains_key(ext) || !self.callable(ext)
+    }
+
+    /// Make one in-transaction call and read its answer with `check` (the method's rule, and
+    /// what the step takes from the answer). A failed call, or an answer `check` refuses
+    /// (recorded against the method as a bad answer), gives the fallback and why.
+    fn in_tx_call<P: Serialize, R: DeserializeOwned, T>(
+        &self,
+        ext: Option<&Extension>,
+        method: &str,
+        params: &P,
+        check: impl FnOnce(R) -> Result<T, String>,
+    ) -> Outcome<T> {
+        match self.call::<P, R>(ext, method, params) {
+            Ok(res) => match check(res) {
+                Ok(v) => Outcome::Answered(v),
+                Err(why) => {
+                    if let Some(e) = ext {
+                        e.record_bad_answer(method);
                     }
-                    st.outstanding = true;
-                    st.last = Some(Instant::now());
+                    Outcome::Fallback {
+                        why: format!("malformed answer: {why}"),
+                    }
                 }
-                let (core, ext, pid) = (self.core.clone(), ext.clone(), status.pid);
-                self.core
-                    .tasks
-                    .spawn_on(poll_once(core, ext, key, pid), &self.rt);
-            }
+            },
+            Err(why) => Outcome::Fallback { why },
         }
     }
 
-    /// Make one in-transaction call; `Err` carries why the fallback applies.
+    /// Make one in-transaction call: the one place the loop talks to an extension (the
+    /// in-transaction mark, the deadline, the stats and the health bookkeeping, degrading on a
+    /// miss). `Err` carries why the fallback applies.
     fn call<P: Serialize, R: DeserializeOwned>(
         &self,
         ext: Option<&Extension>,
@@ -404,7 +386,8 @@ impl HostLoop {
         }
     }
 
-    fn fallback(&self, r: &mut PassReport, ext: &str, method: &str, why: &str) {
+    /// Count and log a fallback, once its transaction has committed.
+    fn count_fallback(&self, r: &mut PassReport, ext: &str, method: &str, why: &str) {
         self.core.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
         r.fallbacks += 1;
         tracing::warn!(
@@ -418,24 +401,12 @@ impl HostLoop {
     fn route(
         &self,
         exts: &Exts,
-        settling: &HashMap<String, conduit_protocol::Capabilities>,
+        settling: &Exts,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
-        // Work kinds of extensions on their first start: their events wait.
-        let waiting: HashSet<&str> = settling
-            .values()
-            .flat_map(|c| c.work_kinds.iter().map(|k| k.name.as_str()))
-            .collect();
-        // work kind → (extension, has a trigger). When two extensions declare one work kind,
-        // the one whose name sorts first owns it, every pass alike (docs/operations.md §6):
-        // `exts` is ordered by name.
-        let mut kinds: HashMap<&str, (&Extension, bool)> = HashMap::new();
-        for (e, caps) in exts.values() {
-            for k in &caps.work_kinds {
-                kinds.entry(k.name.as_str()).or_insert((e, k.trigger));
-            }
-        }
-        let declared = |k: &str| kinds.contains_key(k) || waiting.contains(k);
+        let waiting = decide::waiting_kinds(settling.values().map(|(_, c)| c));
+        let kinds = decide::owners(exts.values().map(|(e, c)| (e, c)));
+        let callable = |e: &Extension| self.callable(e.name());
         // Events wait (unrouted) behind a starting or degraded owner; later events of other
         // kinds are read past them, page by page, so they never block anyone else.
         let mut after = 0;
@@ -450,18 +421,10 @@ impl HostLoop {
             }
             let mut by_kind: BTreeMap<String, Vec<Event>> = BTreeMap::new();
             for e in events {
-                let kind = work_kind_of(&e.kind, declared)
-                    .unwrap_or(&e.kind)
-                    .to_owned();
-                if waiting.contains(kind.as_str()) {
-                    continue;
+                if let Some(kind) = decide::batch_of(&e.kind, &kinds, &waiting, callable) {
+                    let kind = kind.to_owned();
+                    by_kind.entry(kind).or_default().push(e);
                 }
-                if let Some((ext, true)) = kinds.get(kind.as_str())
-                    && !self.callable(ext.name())
-                {
-                    continue;
-                }
-                by_kind.entry(kind).or_default().push(e);
             }
             for (kind, inputs) in by_kind {
                 // A stop waits for the pass; each step is bounded, so check between steps.
@@ -481,7 +444,6 @@ impl HostLoop {
                     // It failed earlier in this batch's loop: the rest waits.
                     Some((ext, true)) if !self.callable(ext.name()) => continue,
                     Some((ext, trigger)) => {
-                        let ext_name = ext.name().to_owned();
                         let mut fell_back = None;
                         self.core.store.write(|tx| {
                             let groups = if *trigger {
@@ -489,24 +451,18 @@ impl HostLoop {
                                     kind: kind.clone(),
                                     inputs,
                                 };
-                                match self.call::<_, TriggerResult>(
-                                    Some(ext),
-                                    host::WORK_KIND_TRIGGER,
-                                    &params,
-                                ) {
-                                    Ok(res) => match trigger_verdict(&res, &ids) {
-                                        Ok(()) => res.groups,
-                                        Err(why) => {
-                                            ext.record_bad_answer(host::WORK_KIND_TRIGGER);
-                                            fell_back = Some(format!("malformed answer: {why}"));
-                                            fallback_groups(&ids)
-                                        }
-                                    },
-                                    Err(why) => {
-                                        fell_back = Some(why);
-                                        fallback_groups(&ids)
-                                    }
-                                }
+                                let (groups, why) = self
+                                    .in_tx_call(
+                                        Some(*ext),
+                                        host::WORK_KIND_TRIGGER,
+                                        &params,
+                                        |res: TriggerResult| {
+                                            trigger_verdict(&res, &ids).map(|()| res.groups)
+                                        },
+                                    )
+                                    .or_fallback(|_| fallback_groups(&ids));
+                                fell_back = why;
+                                groups
                             } else {
                                 fallback_groups(&ids)
                             };
@@ -526,7 +482,7 @@ impl HostLoop {
                             Ok(())
                         })?;
                         if let Some(why) = fell_back {
-                            self.fallback(r, &ext_name, host::WORK_KIND_TRIGGER, &why);
+                            self.count_fallback(r, ext.name(), host::WORK_KIND_TRIGGER, &why);
                         }
                     }
                 }
@@ -541,7 +497,7 @@ impl HostLoop {
     fn fire_timers(
         &self,
         exts: &Exts,
-        settling: &HashMap<String, conduit_protocol::Capabilities>,
+        settling: &Exts,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
         let now = now_ms();
@@ -550,7 +506,7 @@ impl HostLoop {
             if self.shutdown.is_cancelled() {
                 return Ok(());
             }
-            if settling.contains_key(&t.extension) || !self.callable(&t.extension) {
+            if self.held(settling, &t.extension) {
                 continue;
             }
             let ext = exts.get(&t.extension).map(|(e, _)| e);
@@ -563,27 +519,19 @@ impl HostLoop {
                     spec: t.spec.clone(),
                     fired_at_ms: fired_at,
                 };
-                let next =
-                    match self.call::<_, RecurrenceResult>(ext, host::RECURRENCE_NEXT, &params) {
-                        Ok(res) => match res.check(fired_at) {
-                            Ok(next) => next,
-                            Err(why) => {
-                                if let Some(e) = ext {
-                                    e.record_bad_answer(host::RECURRENCE_NEXT);
-                                }
-                                fell_back = Some(format!("malformed answer: {why}"));
-                                Some(fired_at + RECURRENCE_FALLBACK_MS)
-                            }
-                        },
-                        Err(why) => {
-                            fell_back = Some(why);
-                            Some(fired_at + RECURRENCE_FALLBACK_MS)
-                        }
-                    };
+                let (next, why) = self
+                    .in_tx_call(
+                        ext,
+                        host::RECURRENCE_NEXT,
+                        &params,
+                        |res: RecurrenceResult| res.check(fired_at).map_err(|e| e.0),
+                    )
+                    .or_fallback(|_| decide::recurrence_fallback(fired_at));
+                fell_back = why;
                 tx.reschedule_timer(t.id, next, fired_at)
             })?;
             if let Some(why) = fell_back {
-                self.fallback(r, &t.extension, host::RECURRENCE_NEXT, &why);
+                self.count_fallback(r, &t.extension, host::RECURRENCE_NEXT, &why);
             }
             r.timers_fired += 1;
         }
@@ -593,7 +541,7 @@ impl HostLoop {
     fn match_waits(
         &self,
         exts: &Exts,
-        settling: &HashMap<String, conduit_protocol::Capabilities>,
+        settling: &Exts,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
         let waits = self
@@ -611,7 +559,7 @@ impl HostLoop {
             if events.is_empty() {
                 continue;
             }
-            if settling.contains_key(&w.extension) || !self.callable(&w.extension) {
+            if self.held(settling, &w.extension) {
                 continue;
             }
             r.waits_checked += 1;
@@ -630,14 +578,15 @@ impl HostLoop {
                         subject: w.subject.clone(),
                         event: ev,
                     };
-                    let satisfied =
-                        match self.call::<_, FilterResult>(ext, host::DEPENDENCY_FILTER, &params) {
-                            Ok(res) => res.satisfied,
-                            Err(why) => {
-                                fell_back = Some(why);
-                                false
-                            }
-                        };
+                    let (satisfied, why) = self
+                        .in_tx_call(
+                            ext,
+                            host::DEPENDENCY_FILTER,
+                            &params,
+                            |res: FilterResult| Ok(res.satisfied),
+                        )
+                        .or_fallback(|_| decide::filter_fallback());
+                    fell_back = why;
                     if satisfied {
                         tx.satisfy_wait(w.id, ev_id, now_ms())?;
                     } else {
@@ -646,7 +595,7 @@ impl HostLoop {
                     Ok(satisfied)
                 })?;
                 if let Some(why) = fell_back {
-                    self.fallback(r, &w.extension, host::DEPENDENCY_FILTER, &why);
+                    self.count_fallback(r, &w.extension, host::DEPENDENCY_FILTER, &why);
                 }
                 if satisfied {
                     r.waits_satisfied += 1;
@@ -660,7 +609,7 @@ impl HostLoop {
     fn commit_emissions(
         &self,
         exts: &Exts,
-        settling: &HashMap<String, conduit_protocol::Capabilities>,
+        settling: &Exts,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
         let planned = self
@@ -671,7 +620,7 @@ impl HostLoop {
             if self.shutdown.is_cancelled() {
                 return Ok(());
             }
-            if settling.contains_key(&em.extension) || !self.callable(&em.extension) {
+            if self.held(settling, &em.extension) {
                 continue;
             }
             let ext = exts.get(&em.extension).map(|(e, _)| e);
@@ -683,251 +632,26 @@ impl HostLoop {
                     work_id: em.work_id,
                     payload: em.payload.clone(),
                 };
-                match self.call::<_, CommitResult>(ext, host::EMIT_COMMIT, &params) {
-                    Ok(res) => match res.check() {
-                        Ok(()) => tx.commit_emission(em.id, &res.records, now_ms()),
-                        Err(why) => {
-                            if let Some(e) = ext {
-                                e.record_bad_answer(host::EMIT_COMMIT);
-                            }
-                            let why = format!("malformed answer: {why}");
-                            let res = tx.fail_emission(em.id, &why, now_ms());
-                            failed = Some(why);
-                            res
-                        }
-                    },
-                    Err(why) => {
-                        let res = tx.fail_emission(em.id, &why, now_ms());
-                        failed = Some(why);
-                        res
-                    }
+                let (commit, why) = self
+                    .in_tx_call(ext, host::EMIT_COMMIT, &params, |res: CommitResult| {
+                        res.check().map_err(|e| e.0)?;
+                        Ok(Commit::Records(res.records))
+                    })
+                    .or_fallback(decide::commit_fallback);
+                failed = why;
+                match commit {
+                    Commit::Records(records) => tx.commit_emission(em.id, &records, now_ms()),
+                    Commit::Fail(why) => tx.fail_emission(em.id, &why, now_ms()),
                 }
             })?;
             match failed {
                 Some(why) => {
-                    self.fallback(r, &em.extension, host::EMIT_COMMIT, &why);
+                    self.count_fallback(r, &em.extension, host::EMIT_COMMIT, &why);
                     r.emissions_failed += 1;
                 }
                 None => r.emissions_committed += 1,
             }
         }
         Ok(())
-    }
-}
-
-/// The work kind an event of kind `event_kind` is an input of: the longest declared work kind
-/// that is `event_kind` itself or a prefix of it ending just before a dot (`a.b.c` → `a.b.c`,
-/// else `a.b`, else `a`). `None` if no such kind is declared.
-pub fn work_kind_of(event_kind: &str, declared: impl Fn(&str) -> bool) -> Option<&str> {
-    let mut candidate = event_kind;
-    loop {
-        if declared(candidate) {
-            return Some(candidate);
-        }
-        candidate = &candidate[..candidate.rfind('.')?];
-    }
-}
-
-/// A failed call, for the log and the extension's status: an error answer says how it is read
-/// (docs/protocol.md §12), so a -32000 without `data.limit` — what many JSON-RPC libraries
-/// answer for any handler exception — is not mistaken for an overload.
-pub fn failure_text(e: &ExtCallError) -> String {
-    use conduit_protocol::ErrorClass;
-    match e {
-        ExtCallError::Call {
-            source: CallError::Rpc { .. },
-            ..
-        } => match e.class() {
-            ErrorClass::Overloaded => format!("{e} (overloaded: the extension is busy)"),
-            ErrorClass::Permanent if e.is(conduit_protocol::ErrorCode::Overloaded) => format!(
-                "{e} (a server error: -32000 without data.limit is not `overloaded`, and not retryable)"
-            ),
-            _ => e.to_string(),
-        },
-        _ => e.to_string(),
-    }
-}
-
-/// Whether a failed call was answered (`Some(true)`: an answer that breaks the method's rules
-/// still shows the extension responsive), missed or refused (`Some(false)`: it degrades), or
-/// could not be made or finish because the extension is not running (`None`: the supervisor
-/// deals with that).
-fn answered(e: &ExtCallError) -> Option<bool> {
-    match e {
-        ExtCallError::Call { source, .. } => match source {
-            CallError::BadResult { .. } | CallError::TooLarge { .. } => Some(true),
-            CallError::Rpc { .. } | CallError::DeadlineExceeded { .. } => Some(false),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-/// One probe of a degraded extension, off the writer: the call it failed, made again with the
-/// same deadline, its answer thrown away. Any answer in time restores it. Its write callbacks
-/// are refused meanwhile, as they would be during the real call.
-async fn probe_once(core: Arc<Core>, ext: Extension, pid: Option<u32>, call: ProbeCall) {
-    let res = {
-        let _mark = core.enter_transaction(ext.name());
-        ext.call_raw(&call.method, &call.params, Some(IN_TRANSACTION_DEADLINE))
-            .await
-    };
-    let outcome = match &res {
-        Err(e @ ExtCallError::Call { source, .. }) => match source {
-            CallError::DeadlineExceeded { .. } | CallError::Closed { .. } => Err(e.to_string()),
-            _ => Ok(()),
-        },
-        Err(e) => Err(e.to_string()),
-        Ok(_) => Ok(()),
-    };
-    let (threshold, now) = (core.unresponsive_after(), now_ms());
-    let restored = core
-        .lock_health()
-        .get_mut(ext.name())
-        .is_some_and(|h| h.probed(threshold, pid, now, outcome));
-    if restored {
-        tracing::info!(extension = ext.name(), method = %call.method, "extension answered its probe; its in-transaction calls resume");
-        core.nudge();
-    }
-}
-
-/// The trigger's fallback: each input to a Work of its own, keyed `event:<id>`, started.
-pub fn fallback_groups(ids: &[i64]) -> Vec<TriggerGroup> {
-    ids.iter()
-        .map(|id| TriggerGroup {
-            key: format!("event:{id}"),
-            event_ids: vec![*id],
-            start: true,
-        })
-        .collect()
-}
-
-/// Whether the loop uses a trigger answer for a batch of `ids`: the protocol's rule
-/// (`TriggerResult::check`), the one `conduit ext check` applies too; `Err` says why the
-/// fallback applies.
-pub fn trigger_verdict(res: &TriggerResult, ids: &[i64]) -> Result<(), String> {
-    res.check(ids).map_err(|e| e.0)
-}
-
-/// One `ingress.poll`: its events and new cursor are committed together.
-async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: Option<u32>) {
-    use conduit_protocol::calls::{IngressPollParams, IngressPollResult};
-    let (name, source) = key.clone();
-    let (n, s) = (name.clone(), source.clone());
-    let cursor = core
-        .read(move |r| r.ingress_cursor(&n, &s))
-        .await
-        .ok()
-        .flatten();
-    let params = IngressPollParams {
-        source: source.clone(),
-        cursor: cursor.clone(),
-        limit: INGRESS_LIMIT,
-    };
-    let res = ext
-        .call::<_, IngressPollResult>(
-            host::INGRESS_POLL,
-            &params,
-            Some(conduit_protocol::DEFAULT_CALL_DEADLINE),
-        )
-        .await;
-    let mut declined = false;
-    match res {
-        Ok(r) if r.check(INGRESS_LIMIT).is_err() => {
-            tracing::warn!(extension = %name, %source, got = r.events.len(), "ingress.poll returned more events than its limit; nothing accepted");
-        }
-        Ok(r) => {
-            let events: Vec<_> = r
-                .events
-                .into_iter()
-                .filter(|e| match super::callbacks::check_polled_event(&source, e) {
-                    Ok(()) => true,
-                    Err(err) => {
-                        tracing::warn!(extension = %name, %source, error = %err.message, "skipped a polled event");
-                        false
-                    }
-                })
-                .collect();
-            let moved = r.cursor.is_some() && r.cursor != cursor;
-            if !events.is_empty() || moved {
-                let (n, s) = (name.clone(), source.clone());
-                let new_cursor = r.cursor;
-                let res = core
-                    .write(move |tx| {
-                        let now = now_ms();
-                        let mut fresh = 0;
-                        for e in &events {
-                            if !tx
-                                .accept_event(&s, &e.delivery_id, &e.kind, &e.payload, now)?
-                                .duplicate
-                            {
-                                fresh += 1;
-                            }
-                        }
-                        if let Some(c) = &new_cursor {
-                            tx.set_ingress_cursor(&n, &s, c, now)?;
-                        }
-                        Ok(fresh)
-                    })
-                    .await;
-                match res {
-                    Ok(fresh) if fresh > 0 => core.nudge(),
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::error!(extension = %name, %source, error = %e, "cannot store polled events")
-                    }
-                }
-            }
-        }
-        Err(e) if e.is(conduit_protocol::ErrorCode::MethodNotFound) => declined = true,
-        Err(e) => {
-            tracing::warn!(extension = %name, %source, error = %e, "ingress.poll failed; the cursor stays")
-        }
-    }
-    let mut polls = core.polls.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(st) = polls.get_mut(&key) {
-        st.outstanding = false;
-        if declined {
-            st.declined_by = pid;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn group(key: &str, ids: &[i64]) -> TriggerGroup {
-        TriggerGroup {
-            key: key.into(),
-            event_ids: ids.to_vec(),
-            start: true,
-        }
-    }
-
-    #[test]
-    fn an_event_kind_goes_to_the_longest_declared_kind_at_a_dot_boundary() {
-        let declared = |k: &str| ["a", "a.b", "note"].contains(&k);
-        for (kind, want) in [
-            ("a", Some("a")),
-            ("a.x", Some("a")),
-            ("a.b", Some("a.b")),
-            ("a.b.c", Some("a.b")),
-            ("a.bc", Some("a")),
-            ("note.posted", Some("note")),
-            ("notes", None),
-            ("b.a", None),
-            ("", None),
-        ] {
-            assert_eq!(work_kind_of(kind, declared), want, "{kind}");
-        }
-    }
-
-    #[test]
-    fn the_fallback_gives_each_input_its_own_started_work() {
-        assert_eq!(
-            fallback_groups(&[7, 9]),
-            vec![group("event:7", &[7]), group("event:9", &[9])]
-        );
     }
 }

@@ -1,0 +1,212 @@
+//! Ingress polls: each pass starts an `ingress.poll` of every declared ingress source that is
+//! due, and the poll's events and new cursor are written in one transaction when it answers.
+//!
+//! Polls are not in-transaction calls: they run as tasks on the runtime (deadline 30 s), off
+//! the writer, so a slow source never holds a pass. Whether a source is polled now is a pure
+//! decision over its [`PollState`] and an injected `now` ([`PollState::due`]); this module only
+//! gathers the facts and starts the task.
+//!
+//! Invariant: at most one poll of an (extension, source) is outstanding, and polls of it begin
+//! at most once per [`INGRESS_INTERVAL`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use conduit_protocol::Capabilities;
+use conduit_protocol::methods::host;
+use conduit_supervisor::Extension;
+
+use crate::core::{Core, now_ms};
+
+/// How often each ingress source is polled, at most.
+pub const INGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// The most events one poll may return.
+pub const INGRESS_LIMIT: u32 = 100;
+
+/// The poll bookkeeping of one (extension, source).
+#[derive(Debug, Default)]
+pub(crate) struct PollState {
+    outstanding: bool,
+    last: Option<Instant>,
+    /// The pid of an extension run that answered `method_not_found`: not polled again until it
+    /// restarts.
+    declined_by: Option<u32>,
+}
+
+impl PollState {
+    /// Whether the source is polled at `now` by the run `pid`: none outstanding, the last
+    /// begun at least [`INGRESS_INTERVAL`] ago, and not declined by this run.
+    pub(crate) fn due(&self, now: Instant, pid: Option<u32>) -> bool {
+        let recent = self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < INGRESS_INTERVAL);
+        let declined = self.declined_by.is_some() && self.declined_by == pid;
+        !(self.outstanding || recent || declined)
+    }
+
+    /// A poll begins at `now`.
+    fn begin(&mut self, now: Instant) {
+        self.outstanding = true;
+        self.last = Some(now);
+    }
+
+    /// The outstanding poll of run `pid` ended; `declined` if it answered `method_not_found`.
+    fn end(&mut self, declined: bool, pid: Option<u32>) {
+        self.outstanding = false;
+        if declined {
+            self.declined_by = pid;
+        }
+    }
+}
+
+/// Start a poll of each due ingress source of the ready extensions.
+pub(crate) fn start_polls<'a>(
+    core: &Arc<Core>,
+    rt: &tokio::runtime::Handle,
+    exts: impl IntoIterator<Item = (&'a String, &'a (Extension, Capabilities))>,
+) {
+    for (name, (ext, caps)) in exts {
+        let status = ext.brief();
+        if status.state != conduit_supervisor::State::Ready {
+            continue;
+        }
+        for source in &caps.ingress {
+            let key = (name.clone(), source.clone());
+            {
+                let mut polls = core.polls.lock().unwrap_or_else(|p| p.into_inner());
+                let st = polls.entry(key.clone()).or_default();
+                let now = Instant::now();
+                if !st.due(now, status.pid) {
+                    continue;
+                }
+                st.begin(now);
+            }
+            let (c, ext, pid) = (core.clone(), ext.clone(), status.pid);
+            core.tasks.spawn_on(poll_once(c, ext, key, pid), rt);
+        }
+    }
+}
+
+/// One `ingress.poll`: its events and new cursor are committed together.
+async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: Option<u32>) {
+    use conduit_protocol::calls::{IngressPollParams, IngressPollResult};
+    let (name, source) = key.clone();
+    let (n, s) = (name.clone(), source.clone());
+    let cursor = core
+        .read(move |r| r.ingress_cursor(&n, &s))
+        .await
+        .ok()
+        .flatten();
+    let params = IngressPollParams {
+        source: source.clone(),
+        cursor: cursor.clone(),
+        limit: INGRESS_LIMIT,
+    };
+    let res = ext
+        .call::<_, IngressPollResult>(
+            host::INGRESS_POLL,
+            &params,
+            Some(conduit_protocol::DEFAULT_CALL_DEADLINE),
+        )
+        .await;
+    let mut declined = false;
+    match res {
+        Ok(r) if r.check(INGRESS_LIMIT).is_err() => {
+            tracing::warn!(extension = %name, %source, got = r.events.len(), "ingress.poll returned more events than its limit; nothing accepted");
+        }
+        Ok(r) => {
+            let events: Vec<_> = r
+                .events
+                .into_iter()
+                .filter(|e| match crate::core::callbacks::check_polled_event(&source, e) {
+                    Ok(()) => true,
+                    Err(err) => {
+                        tracing::warn!(extension = %name, %source, error = %err.message, "skipped a polled event");
+                        false
+                    }
+                })
+                .collect();
+            let moved = r.cursor.is_some() && r.cursor != cursor;
+            if !events.is_empty() || moved {
+                let (n, s) = (name.clone(), source.clone());
+                let new_cursor = r.cursor;
+                let res = core
+                    .write(move |tx| {
+                        let now = now_ms();
+                        let mut fresh = 0;
+                        for e in &events {
+                            if !tx
+                                .accept_event(&s, &e.delivery_id, &e.kind, &e.payload, now)?
+                                .duplicate
+                            {
+                                fresh += 1;
+                            }
+                        }
+                        if let Some(c) = &new_cursor {
+                            tx.set_ingress_cursor(&n, &s, c, now)?;
+                        }
+                        Ok(fresh)
+                    })
+                    .await;
+                match res {
+                    Ok(fresh) if fresh > 0 => core.nudge(),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(extension = %name, %source, error = %e, "cannot store polled events")
+                    }
+                }
+            }
+        }
+        Err(e) if e.is(conduit_protocol::ErrorCode::MethodNotFound) => declined = true,
+        Err(e) => {
+            tracing::warn!(extension = %name, %source, error = %e, "ingress.poll failed; the cursor stays")
+        }
+    }
+    let mut polls = core.polls.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(st) = polls.get_mut(&key) {
+        st.end(declined, pid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_is_polled_once_per_interval_and_one_at_a_time() {
+        let t0 = Instant::now();
+        let mut st = PollState::default();
+        assert!(st.due(t0, Some(7)));
+        st.begin(t0);
+        // Outstanding: not again, however long it takes.
+        assert!(!st.due(t0 + INGRESS_INTERVAL * 5, Some(7)));
+        st.end(false, Some(7));
+        // Answered at once: the next waits for the interval from the last begin.
+        assert!(!st.due(t0 + INGRESS_INTERVAL / 2, Some(7)));
+        assert!(st.due(t0 + INGRESS_INTERVAL, Some(7)));
+        // A clock read before the last begin counts as no time passed.
+        assert!(!st.due(t0, Some(7)));
+    }
+
+    #[test]
+    fn a_run_that_declines_is_not_polled_until_it_restarts() {
+        let t0 = Instant::now();
+        let later = t0 + INGRESS_INTERVAL * 2;
+        let mut st = PollState::default();
+        st.begin(t0);
+        st.end(true, Some(7));
+        assert!(!st.due(later, Some(7)));
+        assert!(st.due(later, Some(8)));
+        // Not running now (no pid): a decline by a run says nothing about the next.
+        assert!(st.due(later, None));
+    }
+
+    #[test]
+    fn a_decline_with_no_pid_declines_nothing() {
+        let t0 = Instant::now();
+        let mut st = PollState::default();
+        st.begin(t0);
+        st.end(true, None);
+        assert!(st.due(t0 + INGRESS_INTERVAL, None));
+    }
+}
