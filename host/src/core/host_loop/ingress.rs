@@ -16,7 +16,8 @@ use conduit_protocol::Capabilities;
 use conduit_protocol::methods::host;
 use conduit_supervisor::Extension;
 
-use crate::core::{Core, now_ms};
+use crate::core::Core;
+use crate::core::ops::IngressCursor;
 
 /// How often each ingress source is polled, at most.
 pub const INGRESS_INTERVAL: Duration = Duration::from_secs(1);
@@ -128,32 +129,14 @@ async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: 
                 .collect();
             let moved = r.cursor.is_some() && r.cursor != cursor;
             if !events.is_empty() || moved {
-                let (n, s) = (name.clone(), source.clone());
-                let new_cursor = r.cursor;
-                let res = core
-                    .write(move |tx| {
-                        let now = now_ms();
-                        let mut fresh = 0;
-                        for e in &events {
-                            if !tx
-                                .accept_event(&s, &e.delivery_id, &e.kind, &e.payload, now)?
-                                .duplicate
-                            {
-                                fresh += 1;
-                            }
-                        }
-                        if let Some(c) = &new_cursor {
-                            tx.set_ingress_cursor(&n, &s, c, now)?;
-                        }
-                        Ok(fresh)
-                    })
-                    .await;
-                match res {
-                    Ok(fresh) if fresh > 0 => core.nudge(),
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::error!(extension = %name, %source, error = %e, "cannot store polled events")
-                    }
+                // The events and the new cursor are written together; the loop is nudged
+                // unless every event was one it had already.
+                let cursor = r.cursor.map(|cursor| IngressCursor {
+                    extension: name.clone(),
+                    cursor,
+                });
+                if let Err(e) = core.accept_events(source.clone(), events, cursor).await {
+                    tracing::error!(extension = %name, %source, error = %e, "cannot store polled events")
                 }
             }
         }
