@@ -27,7 +27,7 @@ mod rules;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use conduit_rpc::SessionConfig;
 use serde::Serialize;
@@ -216,9 +216,7 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
     let started = Instant::now();
     let manifest = Manifest::load(dir)?;
     let cmd = manifest.resolve_command(dir)?;
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
+    let now_ms = conduit_supervisor::now_ms();
     let source = manifest
         .capabilities
         .ingress
