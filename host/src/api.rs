@@ -54,7 +54,7 @@ use serde_json::json;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::daemon::Daemon;
+use crate::daemon::handle::Daemon;
 
 /// Who is on the other end of a connection.
 #[derive(Clone, Copy, Debug)]
