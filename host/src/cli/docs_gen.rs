@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::CommandFactory;
 
-use super::{Cli, CliError};
+use super::Cli;
+use super::outcome::CliError;
 
 /// Print a completion script for SHELL on stdout.
 #[derive(Debug, clap::Args)]
@@ -32,7 +33,7 @@ pub(crate) struct ManArgs {
 pub(crate) fn completions(args: CompletionsArgs) -> Result<ExitCode, CliError> {
     let mut buf = Vec::new();
     clap_complete::generate(args.shell, &mut Cli::command(), "conduit", &mut buf);
-    super::print(&String::from_utf8_lossy(&buf))?;
+    super::outcome::print(&String::from_utf8_lossy(&buf))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -44,7 +45,7 @@ pub(crate) fn man(args: ManArgs) -> Result<ExitCode, CliError> {
     cmd.build();
     let mut written = 0usize;
     write_pages(&cmd, "conduit", &args.out, &mut written).map_err(CliError::failure)?;
-    super::print(&format!(
+    super::outcome::print(&format!(
         "wrote {written} man pages into {} (`man -l {}/conduit.1`)\n",
         args.out.display(),
         args.out.display()

@@ -38,7 +38,7 @@ mod service;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-pub(crate) use outcome::{CliError, print};
+use outcome::CliError;
 
 /// conduit runs extension packages as child processes and speaks JSON-RPC 2.0 to them over
 /// their stdin and stdout.
