@@ -37,7 +37,7 @@ mod service;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use outcome::CliError;
 
 /// conduit runs extension packages as child processes and speaks JSON-RPC 2.0 to them over
@@ -269,8 +269,8 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Service(ServiceCommand::Uninstall(args)) => service::uninstall(args, &state),
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
         Command::Metrics(args) => metrics::run(args, &state),
-        Command::Completions(args) => docs_gen::completions(args),
-        Command::Man(args) => docs_gen::man(args),
+        Command::Completions(args) => docs_gen::completions(args, Cli::command()),
+        Command::Man(args) => docs_gen::man(args, Cli::command()),
     }
 }
 
