@@ -103,7 +103,7 @@ pub static STATS: MetricStats = MetricStats {
 };
 
 /// What gathers a snapshot (`None`: skip this one), once the daemon runs.
-type Gather = Box<dyn Fn() -> Option<Snapshot> + Send + Sync>;
+type Gather = Arc<dyn Fn() -> Option<Snapshot> + Send + Sync>;
 
 /// The gatherer the exporter calls; set by the daemon (`metrics::export_from`), which this
 /// module does not know.
@@ -111,13 +111,13 @@ static SOURCE: Mutex<Option<Gather>> = Mutex::new(None);
 
 /// Tell the exporter (if one runs) how to gather a snapshot. Until then, snapshots are skipped.
 pub fn gather_with(f: impl Fn() -> Option<Snapshot> + Send + Sync + 'static) {
-    *SOURCE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(f));
+    *SOURCE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(f));
 }
 
 fn gather() -> Option<Snapshot> {
-    // The gatherer runs under the lock: it is set once, and only this thread calls it.
-    let source = SOURCE.lock().unwrap_or_else(|p| p.into_inner());
-    source.as_ref()?()
+    // Taken out of the lock first: gathering reads the store, and nothing waits on it meanwhile.
+    let source = SOURCE.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+    source()
 }
 
 struct Control {
