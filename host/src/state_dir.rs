@@ -3,7 +3,7 @@
 //! ```text
 //! <state>/                 0700, owned by the user running conduit
 //! ├── daemon.lock          flock(LOCK_EX) held by the running daemon; holds its pid
-//! ├── packages/            installed packages and their registry (see `crate::packages`)
+//! ├── packages/            installed packages and their registry (see the `packages` module)
 //! ├── logs/                per-package stderr logs
 //! ├── run/                 the management socket
 //! ├── artifacts/           artifact contents, addressed by digest

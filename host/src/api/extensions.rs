@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::error::{ApiError, ApiResult};
-use crate::daemon::Daemon;
+use crate::daemon::handle::Daemon;
 
 /// The routes of the daemon's own endpoints.
 pub(super) fn routes() -> Router<Arc<Daemon>> {

@@ -56,7 +56,7 @@ use axum::http::StatusCode;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::daemon::Daemon;
+use crate::daemon::handle::Daemon;
 
 pub use error::{ApiError, MAX_BODY, MAX_PUSH_BODY};
 pub use server::{HEADER_TIMEOUT_ENV, Limits, MAX_CONNECTIONS_ENV, PeerCred, bind};

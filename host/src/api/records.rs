@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::error::{ApiError, ApiResult, Body, MAX_PUSH_BODY, bad_request};
 use crate::core::ops::Declared;
-use crate::daemon::Daemon;
+use crate::daemon::handle::Daemon;
 
 /// The routes of the records' endpoints.
 pub(super) fn routes() -> Router<Arc<Daemon>> {

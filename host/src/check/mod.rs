@@ -21,194 +21,26 @@
 //! code belong to the CLI.
 
 mod callbacks;
+mod ctx;
 mod instance;
 mod readonly;
+mod report;
 mod rules;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::Instant;
 
 use conduit_rpc::SessionConfig;
-use serde::Serialize;
 
 use crate::manifest::{Manifest, ManifestError, ResolvedCommand};
 use callbacks::CheckHost;
 use instance::Instance;
 
+pub use report::{CheckOptions, PackageInfo, Report, RuleResult, RunUnder, Status};
 pub use rules::RULES;
 
-/// How a rule came out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    Pass,
-    Fail,
-    Skip,
-}
-
-/// One rule's outcome.
-#[derive(Clone, Debug, Serialize)]
-pub struct RuleResult {
-    /// The rule's stable id (one of [`RULES`]).
-    pub id: &'static str,
-    pub status: Status,
-    /// What was seen: on a failure, what is wrong; on a skip, why it did not run.
-    pub detail: String,
-    /// On a failure, what the package's author should change.
-    pub fix: Option<String>,
-    /// The section of `docs/protocol.md` the rule enforces.
-    pub section: &'static str,
-    /// Things worth knowing that do not fail the rule (a slow answer, an accepted error).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub notes: Vec<String>,
-}
-
-impl RuleResult {
-    pub(crate) fn pass(id: &'static str, detail: impl Into<String>) -> Self {
-        RuleResult {
-            id,
-            status: Status::Pass,
-            detail: detail.into(),
-            fix: None,
-            section: rules::section(id),
-            notes: Vec::new(),
-        }
-    }
-
-    pub(crate) fn fail(
-        id: &'static str,
-        detail: impl Into<String>,
-        fix: impl Into<String>,
-    ) -> Self {
-        RuleResult {
-            id,
-            status: Status::Fail,
-            detail: detail.into(),
-            fix: Some(fix.into()),
-            section: rules::section(id),
-            notes: Vec::new(),
-        }
-    }
-
-    pub(crate) fn skip(id: &'static str, why: impl Into<String>) -> Self {
-        RuleResult {
-            id,
-            status: Status::Skip,
-            detail: why.into(),
-            fix: None,
-            section: rules::section(id),
-            notes: Vec::new(),
-        }
-    }
-
-    pub(crate) fn with_notes(mut self, notes: Vec<String>) -> Self {
-        self.notes.extend(notes);
-        self
-    }
-}
-
-/// The package, as the report names it.
-#[derive(Clone, Debug, Serialize)]
-pub struct PackageInfo {
-    pub name: String,
-    pub version: String,
-    pub path: PathBuf,
-    pub protocol: Vec<u32>,
-    pub command: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-}
-
-/// The limits and sandbox the package was checked under: those the daemon would give it with
-/// no operator settings.
-#[derive(Clone, Debug, Serialize)]
-pub struct RunUnder {
-    pub limits: conduit_supervisor::limits::Limits,
-    /// One line (`Landlock (ABI 7): …`, `none: …`); absent when no instance started.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<String>,
-    /// Asks of the package an operator would have to grant.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub notes: Vec<String>,
-}
-
-/// The outcome of a whole check.
-#[derive(Clone, Debug, Serialize)]
-pub struct Report {
-    pub run_under: RunUnder,
-    pub package: PackageInfo,
-    /// True when no rule failed (skips do not count against it).
-    pub passed: bool,
-    /// Every rule of [`RULES`], in that order.
-    pub rules: Vec<RuleResult>,
-    /// The end of each instance's stderr, by instance (`main`, `version`, `overload`); only
-    /// instances that wrote something.
-    pub stderr: BTreeMap<String, String>,
-    pub elapsed_ms: u64,
-}
-
-impl Report {
-    /// How many rules came out with `status`.
-    pub fn count(&self, status: Status) -> usize {
-        self.rules.iter().filter(|r| r.status == status).count()
-    }
-}
-
-/// Knobs of a check.
-#[derive(Clone, Debug)]
-pub struct CheckOptions {
-    /// How long to wait for each answer that may take work: the handshake, each declared
-    /// method. Answers the protocol wants "at once" have their own, shorter waits.
-    pub timeout: Duration,
-}
-
-impl Default for CheckOptions {
-    fn default() -> Self {
-        CheckOptions {
-            // The host's start timeout.
-            timeout: Duration::from_secs(10),
-        }
-    }
-}
-
-/// What every rule may look at.
-pub(crate) struct Ctx<'a> {
-    pub(crate) manifest: &'a Manifest,
-    pub(crate) opts: &'a CheckOptions,
-    pub(crate) host: CheckHost,
-    pub(crate) now_ms: i64,
-    pub(crate) source: String,
-    /// How every instance is started: as the daemon would start the package (see
-    /// `packages::launch`), with scratch data and temporary folders.
-    pub(crate) launch: conduit_supervisor::process::PackageLaunch,
-    /// The sandbox the first instance ran in.
-    pub(crate) sandbox: std::sync::Mutex<Option<conduit_supervisor::sandbox::SandboxStatus>>,
-}
-
-/// A launch for unit tests of rules that never start a package.
-#[cfg(test)]
-pub(crate) fn test_launch() -> conduit_supervisor::process::PackageLaunch {
-    conduit_supervisor::process::PackageLaunch {
-        name: "test".into(),
-        dir: "/nonexistent".into(),
-        program: "/nonexistent/x".into(),
-        args: Vec::new(),
-        data_dir: "/nonexistent/data".into(),
-        tmp_dir: "/nonexistent/tmp".into(),
-        limits: conduit_supervisor::limits::Limits::DEFAULT,
-        sandbox: None,
-        cgroup: None,
-    }
-}
-
-impl Ctx<'_> {
-    /// For answers the protocol wants at once (a parse error, `overloaded` …): generous enough
-    /// for a loaded machine, short enough that a package that never answers costs little.
-    pub(crate) fn prompt(&self) -> Duration {
-        self.opts.timeout.min(Duration::from_secs(5))
-    }
-}
+use ctx::Ctx;
 
 /// Check the package in `dir`. Only an unusable manifest is an error; everything the package
 /// does wrong is in the report.
@@ -216,9 +48,7 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
     let started = Instant::now();
     let manifest = Manifest::load(dir)?;
     let cmd = manifest.resolve_command(dir)?;
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
+    let now_ms = conduit_supervisor::now_ms();
     let source = manifest
         .capabilities
         .ingress
@@ -536,8 +366,8 @@ async fn overload(
     instances: &mut Vec<Instance>,
     judge_order: bool,
 ) -> RuleResult {
-    if !rules::declares_sleep(init) {
-        return RuleResult::skip(rules::OVERLOAD, rules::NEEDS_SLEEP);
+    if !rules::common::declares_sleep(init) {
+        return RuleResult::skip(rules::OVERLOAD, rules::common::NEEDS_SLEEP);
     }
     let mut inst = match start(ctx, cmd, dir, "overload") {
         Ok(inst) => inst,

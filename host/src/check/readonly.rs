@@ -16,10 +16,11 @@ use std::time::SystemTime;
 
 use conduit_rpc::SessionConfig;
 
+use super::ctx::Ctx;
 use super::instance::Instance;
-use super::{Ctx, RuleResult, rules};
-
-pub(crate) const READ_ONLY_FOLDER: &str = "read-only-folder";
+use super::report::RuleResult;
+use super::rules::handshake;
+use super::rules::ids::READ_ONLY_FOLDER;
 
 /// The most files a package copied for this rule may hold; more is skipped, not failed.
 const MAX_FILES: usize = 20_000;
@@ -145,7 +146,7 @@ pub(crate) async fn read_only_restart(ctx: &Ctx<'_>, dir: &Path) -> (RuleResult,
             None,
         ),
         Ok((mut inst, _)) => {
-            let hs = rules::handshake::handshake(ctx, &mut inst).await;
+            let hs = handshake::handshake(ctx, &mut inst).await;
             inst.finish().await;
             let after = listing(&copy);
             let changed = changes(&before, &after);

@@ -6,7 +6,7 @@ use anyhow::Context;
 use conduit_host::client::Client;
 use conduit_host::state_dir::{self, StateDir};
 
-use super::CliError;
+use super::outcome::{CliError, print};
 
 /// `--state-dir`, shared by every command that touches state.
 #[derive(Clone, Debug, Default, clap::Args)]
@@ -110,7 +110,7 @@ pub(crate) fn print_json(value: &impl serde::Serialize) -> Result<(), CliError> 
         .context("cannot serialize the output")
         .map_err(CliError::failure)?;
     text.push('\n');
-    super::print(&text)
+    print(&text)
 }
 
 /// Ask a running daemon to apply the registry; say what it did. No daemon: nothing to do.

@@ -12,7 +12,7 @@ use anyhow::Context;
 use serde_json::{Value, json};
 
 use super::common::{StateArgs, api_error, daemon, need_daemon, print_json, runtime};
-use super::{CliError, print};
+use super::outcome::{CliError, print};
 
 /// POST and print the answer; an API error with a 4xx status is a usage error.
 fn post(

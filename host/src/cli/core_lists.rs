@@ -10,7 +10,7 @@ use conduit_supervisor::log::utc_timestamp;
 use serde_json::{Value, json};
 
 use super::common::{StateArgs, api_error, daemon, print_json, runtime};
-use super::{CliError, print};
+use super::outcome::{CliError, print};
 
 /// Which table.
 #[derive(Clone, Copy, Debug)]

@@ -10,8 +10,8 @@ use conduit_host::state_dir::StateDirError;
 use conduit_store::StoreError;
 use tokio_util::sync::CancellationToken;
 
-use super::CliError;
 use super::common::StateArgs;
+use super::outcome::CliError;
 
 /// Run the daemon in the foreground: supervise every enabled package and serve the management
 /// API on `<state>/run/conduit.sock`. SIGTERM or SIGINT stops the extensions gracefully.

@@ -1,13 +1,13 @@
 //! `conduit completions SHELL` and `conduit man --out DIR`: shell completions and man pages,
-//! generated from the same clap tree the binary parses, so they cannot drift from it.
+//! generated from the same clap tree the binary parses (the caller hands it in), so they cannot
+//! drift from it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::CommandFactory;
 
-use super::{Cli, CliError};
+use super::outcome::CliError;
 
 /// Print a completion script for SHELL on stdout.
 #[derive(Debug, clap::Args)]
@@ -29,22 +29,26 @@ pub(crate) struct ManArgs {
     out: PathBuf,
 }
 
-pub(crate) fn completions(args: CompletionsArgs) -> Result<ExitCode, CliError> {
+/// `tree` is the whole command line's clap command.
+pub(crate) fn completions(
+    args: CompletionsArgs,
+    mut tree: clap::Command,
+) -> Result<ExitCode, CliError> {
     let mut buf = Vec::new();
-    clap_complete::generate(args.shell, &mut Cli::command(), "conduit", &mut buf);
-    super::print(&String::from_utf8_lossy(&buf))?;
+    clap_complete::generate(args.shell, &mut tree, "conduit", &mut buf);
+    super::outcome::print(&String::from_utf8_lossy(&buf))?;
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) fn man(args: ManArgs) -> Result<ExitCode, CliError> {
+/// `tree` is the whole command line's clap command.
+pub(crate) fn man(args: ManArgs, mut tree: clap::Command) -> Result<ExitCode, CliError> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))
         .map_err(CliError::failure)?;
-    let mut cmd = Cli::command();
-    cmd.build();
+    tree.build();
     let mut written = 0usize;
-    write_pages(&cmd, "conduit", &args.out, &mut written).map_err(CliError::failure)?;
-    super::print(&format!(
+    write_pages(&tree, "conduit", &args.out, &mut written).map_err(CliError::failure)?;
+    super::outcome::print(&format!(
         "wrote {written} man pages into {} (`man -l {}/conduit.1`)\n",
         args.out.display(),
         args.out.display()

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use conduit_host::check::{self, CheckOptions, Report, Status};
 
-use super::{CliError, print};
+use super::outcome::{CliError, print};
 
 /// How many lines of each instance's stderr the text report shows.
 const STDERR_LINES: usize = 20;

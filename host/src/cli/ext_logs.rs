@@ -14,7 +14,7 @@ use conduit_host::packages;
 use conduit_supervisor::log::LogFile;
 
 use super::common::StateArgs;
-use super::{CliError, print};
+use super::outcome::{CliError, print};
 
 /// Show an extension's stderr log.
 #[derive(Debug, clap::Args)]

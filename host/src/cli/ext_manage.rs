@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::common::{StateArgs, daemon, need_daemon, print_json, reload, runtime};
 use super::ext_wait::{DEFAULT_WAIT, Since, WaitArgs, wait_ready};
-use super::{CliError, print};
+use super::outcome::{CliError, print};
 
 /// Install a package from a folder or a .tar.gz (or upgrade or reinstall it).
 #[derive(Debug, clap::Args)]

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use conduit_host::manifest::Manifest;
 
-use super::{CliError, print};
+use super::outcome::{CliError, print};
 
 /// Create a new extension package: a skeleton that passes `conduit ext check` as generated.
 #[derive(Debug, clap::Args)]

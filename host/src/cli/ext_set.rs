@@ -9,7 +9,7 @@ use conduit_supervisor::limits::{self, LimitKey};
 use serde_json::json;
 
 use super::common::{StateArgs, print_json, reload, runtime};
-use super::{CliError, print};
+use super::outcome::{CliError, print};
 
 /// Set an installed package's limits or sandbox (the operator's decision; it wins over the
 /// package's asks).

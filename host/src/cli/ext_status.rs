@@ -13,7 +13,7 @@ use conduit_host::packages;
 use conduit_supervisor::{State, now_ms};
 
 use super::common::{StateArgs, api_error, daemon, need_daemon, print_json, runtime};
-use super::{CliError, print};
+use super::outcome::{CliError, print};
 
 /// List installed packages and their state.
 #[derive(Debug, clap::Args)]

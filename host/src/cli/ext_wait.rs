@@ -13,7 +13,7 @@ use conduit_host::client::Client;
 use conduit_host::daemon::ExtensionView;
 use conduit_supervisor::{State, now_ms};
 
-use super::CliError;
+use super::outcome::CliError;
 
 /// The wait when `--wait` is given without a value, and the one install and upgrade use by
 /// default.

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use super::common::{StateArgs, need_daemon, runtime};
-use super::{CliError, print};
+use super::outcome::{CliError, print};
 
 /// Print the daemon's metrics in the Prometheus text exposition format (the same text
 /// `GET /v1/metrics` serves; docs/operations.md lists every family).

@@ -1,4 +1,5 @@
-//! The command line: the clap tree, and the one place errors become exit codes.
+//! The command line: the clap tree and the dispatch to each subcommand; `outcome.rs` is the one
+//! place errors become exit codes.
 //!
 //! One module per subcommand, each with its clap `Args` and its `run`. Adding a subcommand is
 //! a variant here and a module beside this one: `conduit ext <sub>` goes in [`ExtCommand`], a
@@ -31,11 +32,13 @@ mod ext_set;
 mod ext_status;
 mod ext_wait;
 mod metrics;
+mod outcome;
 mod service;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use outcome::CliError;
 
 /// conduit runs extension packages as child processes and speaks JSON-RPC 2.0 to them over
 /// their stdin and stdout.
@@ -224,31 +227,6 @@ impl Cli {
     }
 }
 
-/// A failed command: the error to print and the exit code.
-#[derive(Debug)]
-pub(crate) struct CliError {
-    pub(crate) code: u8,
-    pub(crate) error: anyhow::Error,
-}
-
-impl CliError {
-    /// Exit code 2: the input (arguments, a manifest) cannot be used.
-    pub(crate) fn usage(error: impl Into<anyhow::Error>) -> Self {
-        CliError {
-            code: 2,
-            error: error.into(),
-        }
-    }
-
-    /// Exit code 1: the command could not do its work.
-    pub(crate) fn failure(error: impl Into<anyhow::Error>) -> Self {
-        CliError {
-            code: 1,
-            error: error.into(),
-        }
-    }
-}
-
 /// Run the parsed command line.
 pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let state = cli.state;
@@ -291,20 +269,8 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Service(ServiceCommand::Uninstall(args)) => service::uninstall(args, &state),
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
         Command::Metrics(args) => metrics::run(args, &state),
-        Command::Completions(args) => docs_gen::completions(args),
-        Command::Man(args) => docs_gen::man(args),
-    }
-}
-
-/// Write to stdout; a reader that went away (`| head`) is not an error.
-pub(crate) fn print(text: &str) -> Result<(), CliError> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(CliError::failure(
-            anyhow::Error::new(e).context("cannot write to stdout"),
-        )),
-        _ => Ok(()),
+        Command::Completions(args) => docs_gen::completions(args, Cli::command()),
+        Command::Man(args) => docs_gen::man(args, Cli::command()),
     }
 }
 

@@ -15,7 +15,7 @@ use conduit_host::state_dir::{self, StateDir};
 use serde_json::json;
 
 use super::common::{StateArgs, daemon, print_json, runtime};
-use super::{CliError, print};
+use super::outcome::{CliError, print};
 
 /// Which file: the manager, the scope.
 #[derive(Debug, clap::Args)]

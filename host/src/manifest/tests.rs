@@ -1,7 +1,12 @@
 //! Every manifest rule at its edge: the last accepted value and the first refused one, and that
 //! each refusal names the field.
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use conduit_protocol::Capabilities;
+use conduit_protocol::handshake::WorkKind;
+
+use super::{MANIFEST_FILE, Manifest, ManifestError};
 
 const GOOD: &str = r#"
 name = "notes"

@@ -29,8 +29,7 @@ use std::rc::Rc;
 use flate2::read::GzDecoder;
 use tar::EntryType;
 
-use super::install::UnsafeEntry;
-use super::tree::{Budget, StageError, create_dirs, key, write_new_file};
+use super::tree::{Budget, StageError, UnsafeEntry, create_dirs, key, write_new_file};
 use crate::manifest::MANIFEST_FILE;
 
 /// The most bytes of headers (ustar, pax, GNU long names) read for one entry. Long paths are at

@@ -20,13 +20,21 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::archive;
+use super::layout::package_dir;
 use super::registry::{
-    PackageError, PackageRecord, Registry, StoreLock, now_ms, sweep_stale, sync_dir,
+    FileRecord, PackageError, PackageRecord, REGISTRY_FILE, Registry, StoreLock, sweep_stale,
+    sync_dir,
 };
-use super::tree::{Budget, Scan, StageError, copy_folder, scan};
-use super::{DEFAULT_MAX_ENTRIES, DEFAULT_MAX_TOTAL_BYTES, archive, package_dir};
+use super::tree::{Budget, Scan, StageError, UnsafeEntry, copy_folder, scan};
 use crate::manifest::{MANIFEST_FILE, Manifest, ManifestError};
 use crate::state_dir::StateDir;
+
+/// The largest total size of a package's files an install accepts by default (1 GiB).
+pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 1 << 30;
+
+/// The most files, folders and links an install accepts by default.
+pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
 
 /// How an install may go.
 #[derive(Debug, Clone)]
@@ -99,80 +107,6 @@ impl fmt::Display for InstallOutcome {
             write!(f, " ({})", self.changes.join("; "))?;
         }
         Ok(())
-    }
-}
-
-/// Why an entry of a package (a file in a folder, an entry of an archive) is refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum UnsafeEntry {
-    AbsolutePath,
-    ParentDir,
-    NonUtf8Name,
-    /// A link whose target leaves the package.
-    LinkEscapes {
-        target: String,
-    },
-    /// A link to something that is not a file of the package.
-    LinkDangling {
-        target: String,
-    },
-    /// A link to a folder; only links to files are installed (as copies).
-    LinkToFolder {
-        target: String,
-    },
-    /// A chain of links too long to be anything but a loop.
-    LinkLoop,
-    /// A device, fifo, socket or sparse file.
-    Special {
-        kind: &'static str,
-    },
-    /// An archive entry whose path an earlier entry already took.
-    Duplicate,
-    /// An archive entry of a type this installer does not know.
-    UnknownType {
-        byte: u8,
-    },
-}
-
-impl fmt::Display for UnsafeEntry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            UnsafeEntry::AbsolutePath => f.write_str(
-                "is an absolute path, which could write anywhere; pack the archive from inside the package folder (`tar -C <folder> -czf <archive> .`)",
-            ),
-            UnsafeEntry::ParentDir => f.write_str(
-                "has a `..` component, which could write outside the package; pack the archive from inside the package folder (`tar -C <folder> -czf <archive> .`)",
-            ),
-            UnsafeEntry::NonUtf8Name => f.write_str("has a name that is not UTF-8; rename it"),
-            UnsafeEntry::LinkEscapes { target } => write!(
-                f,
-                "is a link to `{target}`, which is outside the package; put the file itself in the package"
-            ),
-            UnsafeEntry::LinkDangling { target } => write!(
-                f,
-                "is a link to `{target}`, which is not a file in the package; fix the link or remove it"
-            ),
-            UnsafeEntry::LinkToFolder { target } => write!(
-                f,
-                "is a link to the folder `{target}`; only links to files are installed, so put the folder itself in the package"
-            ),
-            UnsafeEntry::LinkLoop => {
-                f.write_str("is a link in a loop or in a chain of more than 32 links; link to the file itself")
-            }
-            UnsafeEntry::Special { kind } => write!(
-                f,
-                "is a {kind}; a package may hold only regular files, folders and links to files inside it, so remove it"
-            ),
-            UnsafeEntry::Duplicate => f.write_str(
-                "appears more than once in the archive (or as both a file and a folder); rebuild the archive so each path appears once",
-            ),
-            UnsafeEntry::UnknownType { byte } => write!(
-                f,
-                "has tar entry type {:?}, which a package may not hold; rebuild the archive with plain files and folders",
-                char::from(*byte)
-            ),
-        }
     }
 }
 
@@ -400,7 +334,8 @@ pub fn install(
     let record = PackageRecord {
         name: manifest.name.clone(),
         version: manifest.version.clone(),
-        installed_at_ms: now_ms(),
+        // Records keep unsigned milliseconds; a clock before 1970 reads as 0.
+        installed_at_ms: u64::try_from(conduit_supervisor::now_ms()).unwrap_or(0),
         enabled,
         source: PathBuf::from(origin.to_string_lossy().into_owned()),
         manifest,
@@ -429,7 +364,7 @@ pub fn install(
 fn differences(
     old: &PackageRecord,
     origin: &Path,
-    files: &std::collections::BTreeMap<String, super::FileRecord>,
+    files: &std::collections::BTreeMap<String, FileRecord>,
 ) -> Vec<String> {
     let mut out = Vec::new();
     if old.source != origin {
@@ -593,7 +528,7 @@ fn compare_versions(a: &str, b: &str) -> Ordering {
 fn check_command(
     origin: &Path,
     manifest: &Manifest,
-    files: &std::collections::BTreeMap<String, super::FileRecord>,
+    files: &std::collections::BTreeMap<String, FileRecord>,
 ) -> Result<(), InstallError> {
     let program = &manifest.command[0];
     if !program.contains('/') {
@@ -677,7 +612,7 @@ fn swap(
         Some(old) => registry.previous.insert(name.clone(), old),
         None => registry.previous.remove(name),
     };
-    let registry_path = state.packages_dir().join(super::REGISTRY_FILE);
+    let registry_path = state.packages_dir().join(REGISTRY_FILE);
     let saved = fail_point("before-registry-save")
         .map_err(|e| PackageError::io("write", &registry_path, e))
         .and_then(|()| registry.save(state));
@@ -705,7 +640,7 @@ fn swap(
     // The registry's rename is durable already; make the package folder's rename durable too.
     // A failure here changes nothing a reader can see, so it is not worth undoing.
     let _ = sync_dir(&state.packages_dir());
-    super::registry::keep_previous(
+    super::lifecycle::keep_previous(
         state,
         &mut registry,
         name,

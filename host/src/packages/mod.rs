@@ -41,6 +41,8 @@
 mod archive;
 mod install;
 pub mod launch;
+mod layout;
+mod lifecycle;
 pub(crate) mod readonly;
 mod registry;
 pub mod settings;
@@ -50,18 +52,17 @@ mod verify;
 #[cfg(test)]
 mod tests;
 
-use std::path::PathBuf;
-
 pub use install::{
-    InstallChange, InstallError, InstallOptions, InstallOutcome, UnsafeEntry, install,
+    DEFAULT_MAX_ENTRIES, DEFAULT_MAX_TOTAL_BYTES, InstallChange, InstallError, InstallOptions,
+    InstallOutcome, install,
 };
+pub use layout::{VERIFIED_DIR, package_dir};
+pub use lifecycle::{Rollback, previous, remove, rollback};
 pub use registry::{
-    FileRecord, PackageError, PackageRecord, RECORDS_DIR, REGISTRY_FILE, Rollback, get, list,
-    previous, remove, rollback, set_enabled,
+    FileRecord, PackageError, PackageRecord, RECORDS_DIR, REGISTRY_FILE, get, list, set_enabled,
 };
-pub use verify::{FileChange, TamperError, VERIFIED_DIR, VerifyError, verify};
-
-use crate::state_dir::StateDir;
+pub use tree::UnsafeEntry;
+pub use verify::{FileChange, TamperError, VerifyError, verify};
 
 /// Entry points for the fuzz targets in `fuzz/`, compiled only under `--cfg fuzzing` (which
 /// `cargo fuzz` sets), so the crate's API stays as it is.
@@ -81,15 +82,4 @@ pub mod fuzzing {
         let mut budget = super::tree::Budget::new(max_bytes, max_entries);
         super::archive::extract(archive, dest, &mut budget).map_err(|e| format!("{e:?}"))
     }
-}
-
-/// The largest total size of a package's files an install accepts by default (1 GiB).
-pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 1 << 30;
-
-/// The most files, folders and links an install accepts by default.
-pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
-
-/// The folder a package named `name` is (or would be) installed in.
-pub fn package_dir(state: &StateDir, name: &str) -> PathBuf {
-    state.packages_dir().join(name)
 }

@@ -1,11 +1,13 @@
 //! File-tree work shared by installs and verification: copying a package folder into staging,
-//! writing staged files, and scanning a tree into the `files` map of a record.
+//! writing staged files, scanning a tree into the `files` map of a record, and [`UnsafeEntry`],
+//! why an entry of a folder or an archive is refused.
 //!
 //! Invariant: nothing here ever creates a symlink, so a staged tree holds only regular files and
 //! folders, and a later write into it cannot be redirected outside it by a link. Every byte and
 //! every entry written into staging is charged to a [`Budget`] first.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
@@ -13,8 +15,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::FileRecord;
-use super::install::UnsafeEntry;
+use super::registry::FileRecord;
 
 /// The mode of every installed file with an execute bit; others get [`FILE_MODE`]. Setuid,
 /// setgid and sticky bits are never installed.
@@ -365,4 +366,78 @@ pub(crate) fn hash_file(path: &Path) -> io::Result<FileRecord> {
         size,
         executable,
     })
+}
+
+/// Why an entry of a package (a file in a folder, an entry of an archive) is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnsafeEntry {
+    AbsolutePath,
+    ParentDir,
+    NonUtf8Name,
+    /// A link whose target leaves the package.
+    LinkEscapes {
+        target: String,
+    },
+    /// A link to something that is not a file of the package.
+    LinkDangling {
+        target: String,
+    },
+    /// A link to a folder; only links to files are installed (as copies).
+    LinkToFolder {
+        target: String,
+    },
+    /// A chain of links too long to be anything but a loop.
+    LinkLoop,
+    /// A device, fifo, socket or sparse file.
+    Special {
+        kind: &'static str,
+    },
+    /// An archive entry whose path an earlier entry already took.
+    Duplicate,
+    /// An archive entry of a type this installer does not know.
+    UnknownType {
+        byte: u8,
+    },
+}
+
+impl fmt::Display for UnsafeEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UnsafeEntry::AbsolutePath => f.write_str(
+                "is an absolute path, which could write anywhere; pack the archive from inside the package folder (`tar -C <folder> -czf <archive> .`)",
+            ),
+            UnsafeEntry::ParentDir => f.write_str(
+                "has a `..` component, which could write outside the package; pack the archive from inside the package folder (`tar -C <folder> -czf <archive> .`)",
+            ),
+            UnsafeEntry::NonUtf8Name => f.write_str("has a name that is not UTF-8; rename it"),
+            UnsafeEntry::LinkEscapes { target } => write!(
+                f,
+                "is a link to `{target}`, which is outside the package; put the file itself in the package"
+            ),
+            UnsafeEntry::LinkDangling { target } => write!(
+                f,
+                "is a link to `{target}`, which is not a file in the package; fix the link or remove it"
+            ),
+            UnsafeEntry::LinkToFolder { target } => write!(
+                f,
+                "is a link to the folder `{target}`; only links to files are installed, so put the folder itself in the package"
+            ),
+            UnsafeEntry::LinkLoop => {
+                f.write_str("is a link in a loop or in a chain of more than 32 links; link to the file itself")
+            }
+            UnsafeEntry::Special { kind } => write!(
+                f,
+                "is a {kind}; a package may hold only regular files, folders and links to files inside it, so remove it"
+            ),
+            UnsafeEntry::Duplicate => f.write_str(
+                "appears more than once in the archive (or as both a file and a folder); rebuild the archive so each path appears once",
+            ),
+            UnsafeEntry::UnknownType { byte } => write!(
+                f,
+                "has tar entry type {:?}, which a package may not hold; rebuild the archive with plain files and folders",
+                char::from(*byte)
+            ),
+        }
+    }
 }

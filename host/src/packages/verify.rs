@@ -30,9 +30,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::registry::{PackageError, PackageRecord, Registry, StoreLock};
+use super::layout::{VERIFIED_DIR, package_dir, verified_path};
+use super::registry::{FileRecord, PackageError, PackageRecord, Registry, StoreLock};
 use super::tree::scan;
-use super::{FileRecord, package_dir};
 use crate::state_dir::StateDir;
 
 /// How many changes a [`TamperError`] message lists before summarising the rest.
@@ -235,10 +235,6 @@ fn hash_and_compare(dir: &Path, record: &PackageRecord) -> Result<(), VerifyErro
     .into())
 }
 
-/// The folder of the kept stats inside `<state>/packages/`. Package names are `[a-z0-9-]`, so no
-/// package folder can have this name.
-pub const VERIFIED_DIR: &str = ".verified";
-
 /// What the kernel said of one installed file at the last full check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct FileStat {
@@ -256,13 +252,6 @@ struct Seen {
     /// [`record_identity`] of the record the stats were taken under.
     record: String,
     files: BTreeMap<String, FileStat>,
-}
-
-fn seen_path(state: &StateDir, name: &str) -> PathBuf {
-    state
-        .packages_dir()
-        .join(VERIFIED_DIR)
-        .join(format!("{name}.json"))
 }
 
 /// Names one record: a reinstall of the same version, or a hand-edited record, gives another.
@@ -283,7 +272,7 @@ fn record_identity(record: &PackageRecord) -> String {
 }
 
 fn read_seen(state: &StateDir, name: &str) -> Option<Seen> {
-    let bytes = fs::read(seen_path(state, name)).ok()?;
+    let bytes = fs::read(verified_path(state, name)).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
@@ -360,16 +349,11 @@ fn keep(state: &StateDir, record: &PackageRecord, files: BTreeMap<String, FileSt
         serde_json::to_writer(&mut tmp, &seen)?;
         tmp.write_all(b"\n")?;
         // No fsync: a lost or torn file only means the next check hashes in full.
-        tmp.persist(seen_path(state, &record.name))
+        tmp.persist(verified_path(state, &record.name))
             .map_err(|e| e.error)?;
         Ok(())
     };
     if let Err(e) = write() {
         tracing::debug!(package = %record.name, error = %e, "cannot keep the verified stats");
     }
-}
-
-/// Forgets the kept stats of a removed package.
-pub(crate) fn forget(state: &StateDir, name: &str) {
-    let _ = fs::remove_file(seen_path(state, name));
 }

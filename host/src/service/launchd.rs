@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use super::{GENERATED_MARK, LAUNCHD_LABEL, PERMANENT_EXIT_CODE, ServiceConfig};
+use super::config::{GENERATED_MARK, LAUNCHD_LABEL, PERMANENT_EXIT_CODE, ServiceConfig};
 
 /// Escape text for a plist `<string>`.
 fn xml(text: &str) -> String {

@@ -22,7 +22,7 @@ use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
 
 use crate::core::health::Condition;
-use crate::daemon::{Daemon, ExtensionView};
+use crate::daemon::handle::{Daemon, ExtensionView};
 
 /// How long the daemon waits for its extensions to settle before it says `READY=1` anyway:
 /// past every extension's start timeout (10 s), with room for a slow machine.

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::{
+use super::config::{
     GENERATED_MARK, PERMANENT_EXIT_CODE, STOP_TIMEOUT_SECS, Scope, ServiceConfig, WATCHDOG_SECS,
     quote,
 };

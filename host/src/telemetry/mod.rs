@@ -10,10 +10,12 @@
 //! Metrics export ([`otlp_metrics`]) is one thread that sends a snapshot of [`metrics`] every
 //! interval; without it, nothing runs.
 
+mod export;
 pub mod logs;
 pub mod metrics;
 pub mod otlp;
 pub mod otlp_metrics;
+pub mod snapshot;
 
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;

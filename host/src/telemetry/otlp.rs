@@ -13,28 +13,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_http::{HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor};
+
+use super::export::{HyperHttp, env, resource};
 
 /// Spans held while the collector is slow or away; the oldest go first.
 pub const QUEUE_CAPACITY: usize = 4096;
 /// Spans per export request.
 pub const BATCH_SIZE: usize = 128;
-/// One export attempt's limit, connection included.
-pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Attempts per batch before it is dropped.
-pub const ATTEMPTS: u32 = 3;
+pub use super::export::{ATTEMPTS, EXPORT_TIMEOUT};
 /// How long a partial batch waits for more spans.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
-/// An OTLP answer bigger than this is refused (a collector answers with a few bytes).
-const MAX_RESPONSE_BYTES: usize = 1 << 20;
-
 /// Where and what to export.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -94,10 +86,6 @@ pub static STATS: ExportStats = ExportStats {
     failed_attempts: AtomicU64::new(0),
     pending: AtomicU64::new(0),
 };
-
-pub(crate) fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
 
 /// The export configuration from `--otlp-endpoint` (`flag`) and the standard variables:
 /// `OTEL_SDK_DISABLED=true` turns export off whatever else is set; per signal (traces,
@@ -277,28 +265,6 @@ impl std::fmt::Debug for ShareHandle {
     }
 }
 
-/// The resource every span carries: `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` as the
-/// SDK reads them, `service.name` = `conduit` unless one of them names it, and
-/// `service.version`.
-pub(crate) fn resource() -> Resource {
-    let named = env("OTEL_SERVICE_NAME").is_some()
-        || env("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
-            a.split(',').any(|kv| {
-                kv.split('=')
-                    .next()
-                    .is_some_and(|k| k.trim() == "service.name")
-            })
-        });
-    let mut b = Resource::builder().with_attribute(opentelemetry::KeyValue::new(
-        "service.version",
-        env!("CARGO_PKG_VERSION"),
-    ));
-    if !named {
-        b = b.with_service_name("conduit");
-    }
-    b.build()
-}
-
 impl Pipeline {
     /// Start the exporter thread; the layer is what the subscriber feeds.
     pub fn start<S>(
@@ -459,54 +425,6 @@ fn export_thread(shared: Shared, exporter: opentelemetry_otlp::SpanExporter) {
         } else {
             STATS.dropped_export_failed.fetch_add(n, Ordering::Relaxed);
         }
-    }
-}
-
-/// OTLP's HTTP client: one HTTP/1.1 connection per request over the hyper the daemon already
-/// links, no TLS. The caller bounds each request ([`EXPORT_TIMEOUT`]).
-#[derive(Debug)]
-pub(crate) struct HyperHttp;
-
-#[async_trait::async_trait]
-impl HttpClient for HyperHttp {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        let (mut parts, body) = request.into_parts();
-        let host = parts
-            .uri
-            .host()
-            .ok_or("the OTLP endpoint has no host")?
-            .to_owned();
-        let port = parts.uri.port_u16().unwrap_or(80);
-        let authority = parts
-            .uri
-            .authority()
-            .map(|a| a.as_str().to_owned())
-            .unwrap_or_else(|| host.clone());
-        let path = parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str().to_owned())
-            .unwrap_or_else(|| "/".into());
-        parts.uri = path.parse()?;
-        parts.headers.insert(http::header::HOST, authority.parse()?);
-        let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
-        let (mut send, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-        let conn = tokio::spawn(conn);
-        let answer = send
-            .send_request(http::Request::from_parts(parts, Full::new(body)))
-            .await;
-        let answer = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                conn.abort();
-                return Err(e.into());
-            }
-        };
-        let (parts, body) = answer.into_parts();
-        let body = Limited::new(body, MAX_RESPONSE_BYTES).collect().await;
-        conn.abort();
-        Ok(Response::from_parts(parts, body?.to_bytes()))
     }
 }
 

@@ -3,8 +3,8 @@
 //! Every interval (`OTEL_METRIC_EXPORT_INTERVAL`, default 60 s) one exporter thread gathers a
 //! [`Snapshot`] — the same families `GET /v1/metrics` serves — maps it to an OTLP
 //! `ExportMetricsServiceRequest` (cumulative sums, gauges, explicit-bucket histograms) and
-//! posts it to `/v1/metrics`: each attempt bounded by [`EXPORT_TIMEOUT`](super::otlp::EXPORT_TIMEOUT),
-//! [`ATTEMPTS`](super::otlp::ATTEMPTS) attempts, then the snapshot is dropped. Values are
+//! posts it to `/v1/metrics`: each attempt bounded by [`EXPORT_TIMEOUT`](super::export::EXPORT_TIMEOUT),
+//! [`ATTEMPTS`](super::export::ATTEMPTS) attempts, then the snapshot is dropped. Values are
 //! cumulative, so a lost snapshot loses no count: the next one carries it.
 //!
 //! Bounded by construction: at most one snapshot exists at a time, on the exporter thread. A
@@ -18,7 +18,7 @@
 //! crate's own (`opentelemetry-proto`, which `opentelemetry-otlp` is built on).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -29,9 +29,8 @@ use opentelemetry_proto::tonic::metrics::v1 as pb;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 
-use super::metrics::{Kind, LATENCY_BOUNDS_S, Snapshot, Value};
-use super::otlp::{ATTEMPTS, EXPORT_TIMEOUT, HyperHttp};
-use crate::daemon::Daemon;
+use super::export::{ATTEMPTS, EXPORT_TIMEOUT, HyperHttp};
+use super::snapshot::{Kind, LATENCY_BOUNDS_S, Snapshot, Value};
 
 /// The interval when `OTEL_METRIC_EXPORT_INTERVAL` is unset (the OpenTelemetry default).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
@@ -48,7 +47,7 @@ pub struct Target {
 
 /// The export interval from `OTEL_METRIC_EXPORT_INTERVAL` (milliseconds).
 pub fn interval_from_env() -> Result<Duration, String> {
-    parse_interval(super::otlp::env("OTEL_METRIC_EXPORT_INTERVAL").as_deref())
+    parse_interval(super::export::env("OTEL_METRIC_EXPORT_INTERVAL").as_deref())
 }
 
 fn parse_interval(v: Option<&str>) -> Result<Duration, String> {
@@ -103,28 +102,22 @@ pub static STATS: MetricStats = MetricStats {
     failed_attempts: AtomicU64::new(0),
 };
 
-/// The daemon the exporter gathers from, once it runs.
-static SOURCE: Mutex<Option<Weak<Daemon>>> = Mutex::new(None);
+/// What gathers a snapshot (`None`: skip this one), once the daemon runs.
+type Gather = Arc<dyn Fn() -> Option<Snapshot> + Send + Sync>;
 
-/// Tell the exporter (if one runs) which daemon to gather from. Until then, and after the
-/// daemon is gone, snapshots are skipped.
-pub fn serve_from(d: &Arc<Daemon>) {
-    *SOURCE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(d));
+/// The gatherer the exporter calls; set by the daemon (`metrics::export_from`), which this
+/// module does not know.
+static SOURCE: Mutex<Option<Gather>> = Mutex::new(None);
+
+/// Tell the exporter (if one runs) how to gather a snapshot. Until then, snapshots are skipped.
+pub fn gather_with(f: impl Fn() -> Option<Snapshot> + Send + Sync + 'static) {
+    *SOURCE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(f));
 }
 
 fn gather() -> Option<Snapshot> {
-    let d = SOURCE
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()?
-        .upgrade()?;
-    match super::metrics::gather(&d) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %crate::error_chain::chain(&e), "metrics export: cannot gather the metrics");
-            None
-        }
-    }
+    // Taken out of the lock first: gathering reads the store, and nothing waits on it meanwhile.
+    let source = SOURCE.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+    source()
 }
 
 struct Control {
@@ -287,7 +280,7 @@ async fn post(url: &str, body: Bytes) -> Result<(), String> {
 
 /// The resource attributes, as the span export has them.
 fn resource() -> Resource {
-    let r = super::otlp::resource();
+    let r = super::export::resource();
     Resource {
         attributes: r
             .iter()

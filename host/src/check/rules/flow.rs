@@ -19,13 +19,14 @@ use conduit_protocol::{
 use conduit_rpc::CallError;
 use tokio_util::sync::CancellationToken;
 
-use super::shapes::{Expect, case, run_cases};
-use super::{
-    CANCELLATION, NEEDS_SLEEP, OVERLOAD, PROBE_METHOD, RAW_ID, SHUTDOWN as SHUTDOWN_RULE,
-    SHUTTING_DOWN, call_failure, declares_sleep, error_text, ms, raw, rpc_is,
+use super::common::{
+    NEEDS_SLEEP, PROBE_METHOD, RAW_ID, call_failure, declares_sleep, error_text, ms, raw, rpc_is,
 };
+use super::ids::{CANCELLATION, OVERLOAD, SHUTDOWN as SHUTDOWN_RULE, SHUTTING_DOWN};
+use super::shapes::{Expect, case, run_cases};
+use crate::check::ctx::Ctx;
 use crate::check::instance::{Instance, Seen, describe_exit};
-use crate::check::{Ctx, RuleResult};
+use crate::check::report::RuleResult;
 
 /// How long `check.sleep` is asked to hold a request: far longer than any rule waits.
 const HOLD: SleepParams = SleepParams { ms: 10_000 };
@@ -212,7 +213,7 @@ pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance, judge_order: bo
     let _ = inst.write_raw(cancel.into_bytes(), ctx.prompt()).await;
     release(held).await;
     if let Some(r) = order
-        && r.status != crate::check::Status::Pass
+        && r.status != crate::check::report::Status::Pass
     {
         return r;
     }

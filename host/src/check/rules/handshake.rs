@@ -11,9 +11,11 @@ use conduit_protocol::methods::host::INITIALIZE;
 use conduit_protocol::{ErrorCode, InitializeParams, InitializeResult, PROTOCOL_VERSIONS};
 use conduit_rpc::CallError;
 
-use super::{CAPABILITIES_MATCH, HANDSHAKE, VERSION, call_failure, error_text, ms, raw};
+use super::common::{call_failure, error_text, ms, raw};
+use super::ids::{CAPABILITIES_MATCH, HANDSHAKE, VERSION};
+use crate::check::ctx::Ctx;
 use crate::check::instance::Instance;
-use crate::check::{Ctx, RuleResult};
+use crate::check::report::RuleResult;
 
 /// The version offered by the `version` rule: one no package speaks.
 pub(crate) const UNSPOKEN_VERSION: u32 = 99;
@@ -377,7 +379,7 @@ mod tests {
             host: CheckHost::new(vec![]),
             now_ms: 0,
             source: "check".into(),
-            launch: crate::check::test_launch(),
+            launch: crate::check::ctx::test_launch(),
             sandbox: std::sync::Mutex::new(None),
         };
         let same = Capabilities {

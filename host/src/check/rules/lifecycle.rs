@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use conduit_protocol::{ErrorCode, InitializeResult, RequestId, SHUTDOWN_GRACE};
 
+use super::common::{NEEDS_SLEEP, PROBE_METHOD, RAW_ID, declares_sleep, ms};
+use super::ids::{DUPLICATE_ID, NOT_INITIALIZED, STDIN_EOF};
 use super::shapes::{Expect, case, run_cases};
-use super::{
-    DUPLICATE_ID, NEEDS_SLEEP, NOT_INITIALIZED, PROBE_METHOD, RAW_ID, STDIN_EOF, declares_sleep, ms,
-};
+use crate::check::ctx::Ctx;
 use crate::check::instance::{Instance, Seen, describe_exit};
-use crate::check::{Ctx, RuleResult};
+use crate::check::report::RuleResult;
 
 /// `not-initialized`: before the handshake, a request other than `initialize` (`shutdown`
 /// included) is answered `not_initialized` (§4, §3.4); the handshake then still works.
@@ -99,7 +99,7 @@ pub(crate) async fn duplicate_id(
         .skip(mark)
         .filter(|s| matches!(s, Seen::Answer { id, .. } if *id == RequestId::num(rid)))
         .collect();
-    if res.status != crate::check::Status::Pass {
+    if res.status != crate::check::report::Status::Pass {
         return res;
     }
     if answers.len() != 1 {

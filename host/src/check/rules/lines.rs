@@ -11,9 +11,11 @@
 
 use conduit_protocol::{ErrorCode, MAX_MESSAGE_BYTES};
 
-use super::{MALFORMED_LINE, OVERSIZED_LINE, RAW_ID, STDOUT_ONLY, alive, ms};
+use super::common::{RAW_ID, alive, ms};
+use super::ids::{MALFORMED_LINE, OVERSIZED_LINE, STDOUT_ONLY};
+use crate::check::ctx::Ctx;
 use crate::check::instance::{Instance, Seen};
-use crate::check::{Ctx, RuleResult};
+use crate::check::report::RuleResult;
 
 /// The garbage line of `malformed-line` (docs/protocol.md §14 shows it too).
 pub(crate) const GARBAGE: &[u8] = b"this is not json\n";
@@ -221,7 +223,7 @@ pub(crate) fn stdout_only(logs: &[(&'static str, Vec<Seen>)]) -> RuleResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::Status;
+    use crate::check::report::Status;
 
     #[test]
     fn the_oversized_request_is_one_byte_over_the_cap() {

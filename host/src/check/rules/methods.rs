@@ -20,12 +20,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
-use super::{
-    DECLARED_METHODS, PROBE_METHOD, UNKNOWN_METHOD, call_failure, error_text, ms, raw, rpc_is,
-};
+use super::common::{PROBE_METHOD, call_failure, error_text, ms, raw, rpc_is};
+use super::ids::{DECLARED_METHODS, UNKNOWN_METHOD};
 use crate::check::callbacks::synthetic_events;
+use crate::check::ctx::Ctx;
 use crate::check::instance::{Instance, sample};
-use crate::check::{Ctx, RuleResult};
+use crate::check::report::RuleResult;
 
 /// The limit `ingress.poll` is called with.
 const POLL_LIMIT: u32 = 10;

@@ -12,12 +12,14 @@
 
 use conduit_protocol::{ErrorCode, InitializeResult, RequestId};
 
-use super::{
-    BATCH, METHOD_WITH_RESULT, NOT_JSON, PROBE_METHOD, RAW_ID, REFUSAL_ORDER, REPEATED_MEMBERS,
-    REQUEST_IDS, UNKNOWN_MEMBERS, alive, declares_sleep, ms,
+use super::common::{PROBE_METHOD, RAW_ID, alive, declares_sleep, ms};
+use super::ids::{
+    BATCH, METHOD_WITH_RESULT, NOT_JSON, REFUSAL_ORDER, REPEATED_MEMBERS, REQUEST_IDS,
+    UNKNOWN_MEMBERS,
 };
+use crate::check::ctx::Ctx;
 use crate::check::instance::{Instance, Seen};
-use crate::check::{Ctx, RuleResult};
+use crate::check::report::RuleResult;
 
 /// What a line must be answered with.
 #[derive(Clone, Debug)]

@@ -1,0 +1,121 @@
+//! What a valid manifest is: the [`Manifest`] value, the limits on its size and its keys, and
+//! the asks it carries ([`SandboxAsk`]). Plain data; parsing and checking live beside it.
+
+use std::path::{Path, PathBuf};
+
+use conduit_protocol::Capabilities;
+use conduit_supervisor::limits::LimitSet;
+
+/// The manifest's file name inside a package folder.
+pub const MANIFEST_FILE: &str = "conduit-extension.toml";
+
+/// The largest manifest accepted, in bytes (64 KiB): a manifest is a few hundred bytes of
+/// TOML, and a bigger one is a mistake (or an attempt to make the installer and the checker
+/// parse megabytes).
+pub const MAX_MANIFEST_BYTES: usize = 64 * 1024;
+
+/// Reads at most one byte more than [`MAX_MANIFEST_BYTES`] of a manifest file, so that a huge
+/// one is refused by [`Manifest::parse`] without being read whole.
+pub fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_MANIFEST_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// The longest package name (it becomes a folder name, a log file name and a label).
+pub const MAX_NAME_LEN: usize = 63;
+
+/// The longest description, in characters.
+pub const MAX_DESCRIPTION_CHARS: usize = 200;
+
+/// The top-level keys a manifest may have.
+pub const TOP_LEVEL_KEYS: &[&str] = &[
+    "name",
+    "version",
+    "protocol",
+    "command",
+    "description",
+    "capabilities",
+    "limits",
+    "sandbox",
+];
+
+/// The keys of `[limits]` (see `conduit_supervisor::limits`).
+pub const LIMIT_KEYS: &[&str] = &["memory", "cpu", "tasks", "open_files"];
+
+/// The keys of `[sandbox]`.
+pub const SANDBOX_KEYS: &[&str] = &["read", "write"];
+
+/// The keys of `[capabilities]`.
+pub const CAPABILITY_KEYS: &[&str] = &[
+    "work_kinds",
+    "recurrences",
+    "dependency_filters",
+    "emissions",
+    "ingress",
+    "methods",
+];
+
+/// The keys of one `work_kinds` entry.
+pub const WORK_KIND_KEYS: &[&str] = &["name", "trigger"];
+
+/// A validated package manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Manifest {
+    /// The package's name: 1–63 characters of `[a-z0-9-]`, not starting with `-`.
+    pub name: String,
+    /// `MAJOR.MINOR.PATCH`, optionally `-prerelease`.
+    pub version: String,
+    /// The protocol versions the package speaks, as written (duplicates refused).
+    pub protocol: Vec<u32>,
+    /// The argv that starts the extension; never empty.
+    pub command: Vec<String>,
+    pub description: Option<String>,
+    /// What the package declares it serves; the handshake must declare the same.
+    pub capabilities: Capabilities,
+    /// The limits the package asks for (the operator decides; see
+    /// `conduit_supervisor::limits::resolve`).
+    pub limits: LimitSet,
+    /// Paths beyond the sandbox's defaults the package asks for, as written (`/abs` or `~/rel`).
+    pub sandbox: SandboxAsk,
+}
+
+/// What a package's `[sandbox]` asks for; nothing is granted until the operator says so.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SandboxAsk {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub write: Vec<String>,
+}
+
+impl SandboxAsk {
+    pub fn is_empty(&self) -> bool {
+        self.read.is_empty() && self.write.is_empty()
+    }
+
+    /// The paths, with `~/` taken as under `home`.
+    pub fn expand(&self, home: Option<&Path>) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let one = |p: &String| -> Option<PathBuf> {
+            match p.strip_prefix("~/") {
+                Some(rel) => home.map(|h| h.join(rel)),
+                None => Some(PathBuf::from(p)),
+            }
+        };
+        (
+            self.read.iter().filter_map(one).collect(),
+            self.write.iter().filter_map(one).collect(),
+        )
+    }
+}
+
+/// The program and arguments [`Manifest::resolve_command`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedCommand {
+    /// An absolute path to an executable file.
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
