@@ -360,7 +360,7 @@ fn chunk_params(stream_id: &str, seq: u64, bytes: &[u8]) -> String {
 }
 
 #[cfg(test)]
-mod chunk_tests {
+mod tests {
     use super::*;
     use conduit_protocol::calls::ArtifactChunk;
 

@@ -9,7 +9,9 @@ use rusqlite::{Row, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::SqlContext;
-use crate::{ReadTx, StoreError, WriteTx, col, first};
+use crate::error::StoreError;
+use crate::rows::{col, first};
+use crate::tx::{ReadTx, WriteTx};
 
 /// An artifact's metadata.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

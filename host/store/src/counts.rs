@@ -6,7 +6,9 @@
 //! partial index of the live set.
 
 use crate::error::SqlContext;
-use crate::{ReadTx, StoreError, WorkState};
+use crate::error::StoreError;
+use crate::tx::ReadTx;
+use crate::work::WorkState;
 
 /// Row counts of the coordination records.
 #[derive(Clone, Debug, PartialEq, Eq)]

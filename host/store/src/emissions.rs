@@ -18,7 +18,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::SqlContext;
-use crate::{ReadTx, StoreError, WriteTx, col, collect, first, page, parse_json};
+use crate::error::StoreError;
+use crate::rows::{col, collect, first, page, parse_json};
+use crate::tx::{ReadTx, WriteTx};
 
 /// Where an Emission is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::SqlContext;
-use crate::{ReadTx, StoreError, WriteTx, col, collect, first, page, parse_json};
+use crate::error::StoreError;
+use crate::rows::{col, collect, first, page, parse_json};
+use crate::tx::{ReadTx, WriteTx};
 
 /// What accepting a delivery did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

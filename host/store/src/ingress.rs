@@ -7,7 +7,8 @@
 use rusqlite::params;
 
 use crate::error::SqlContext;
-use crate::{ReadTx, StoreError, WriteTx};
+use crate::error::StoreError;
+use crate::tx::{ReadTx, WriteTx};
 
 impl ReadTx<'_> {
     /// The cursor of the last successful poll of `source` from `extension`, if any.
@@ -22,11 +23,11 @@ impl ReadTx<'_> {
                 "SELECT cursor FROM ingress_cursors WHERE extension = ?1 AND source = ?2",
             )
             .context("prepare ingress cursor read")?;
-        crate::first(
+        crate::rows::first(
             &mut stmt,
             params![extension, source],
             "read an ingress cursor",
-            |row| crate::col(row, 0),
+            |row| crate::rows::col(row, 0),
         )
     }
 }

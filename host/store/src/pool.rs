@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 
-use crate::{BUSY_TIMEOUT, StoreError};
+use crate::conn::{configure_statements, persist_wal};
+use crate::error::StoreError;
+use crate::limits::BUSY_TIMEOUT;
 
 #[derive(Debug)]
 pub(crate) struct Readers {
@@ -114,10 +116,10 @@ impl Readers {
             .map_err(open_err("setting a reader's busy timeout"))?;
         conn.pragma_update(None, "query_only", true)
             .map_err(open_err("making a reader query_only"))?;
-        crate::configure_statements(&conn).map_err(open_err(
+        configure_statements(&conn).map_err(open_err(
             "enabling a reader's query planner stability guarantee",
         ))?;
-        crate::persist_wal(&conn).map_err(open_err("keeping the WAL files across restarts"))?;
+        persist_wal(&conn).map_err(open_err("keeping the WAL files across restarts"))?;
         Ok(conn)
     }
 }

@@ -21,7 +21,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::StoreError;
+use crate::error::StoreError;
 
 /// Every migration, oldest first. Append only.
 pub const MIGRATIONS: &[&str] = &[

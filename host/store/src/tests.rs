@@ -4,10 +4,15 @@
 //!
 //! Invariant: every test uses its own SQLite file in a temporary directory.
 
+use std::time::Duration;
+
 use rusqlite::Connection;
 use serde_json::json;
 
 use super::*;
+use crate::schema::MIGRATIONS;
+use crate::work::WorkState;
+use crate::{emissions, events, timers, waits, work};
 
 fn temp_store() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();

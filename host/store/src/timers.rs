@@ -11,7 +11,9 @@ use rusqlite::{Row, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::SqlContext;
-use crate::{ReadTx, StoreError, WriteTx, col, collect, first, page};
+use crate::error::StoreError;
+use crate::rows::{col, collect, first, page};
+use crate::tx::{ReadTx, WriteTx};
 
 /// A timer and its schedule.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,7 +15,9 @@ use rusqlite::{Row, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::SqlContext;
-use crate::{ReadTx, StoreError, WriteTx, col, collect, first, page};
+use crate::error::StoreError;
+use crate::rows::{col, collect, first, page};
+use crate::tx::{ReadTx, WriteTx};
 
 /// Where a Work is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

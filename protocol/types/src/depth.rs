@@ -93,10 +93,10 @@ pub fn check_payload_depth(json: &str) -> Result<(), PayloadTooDeep> {
     }
 }
 
-impl From<PayloadTooDeep> for crate::RpcError {
+impl From<PayloadTooDeep> for crate::error::RpcError {
     /// `invalid_params`, with `data` `{"limit": 64, "depth": <depth>}`.
     fn from(e: PayloadTooDeep) -> Self {
-        crate::RpcError::new(crate::ErrorCode::InvalidParams, e.to_string())
+        crate::error::RpcError::new(crate::error::ErrorCode::InvalidParams, e.to_string())
             .with_data(&serde_json::json!({ "limit": e.limit, "depth": e.depth }))
     }
 }

@@ -8,6 +8,14 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ErrorCode, RpcError};
+use crate::limits;
+
+/// The protocol versions this build speaks, newest first. A version is one integer; a change
+/// that an existing peer could misread gets a new one (see "Versioning" in `docs/protocol.md`).
+pub const PROTOCOL_VERSIONS: &[u32] = &[1];
+
+/// The newest protocol version this build speaks.
+pub const PROTOCOL_VERSION: u32 = PROTOCOL_VERSIONS[0];
 
 /// A name and a version, for the host or an extension.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -30,10 +38,10 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_message_bytes: crate::MAX_MESSAGE_BYTES,
-            max_concurrent_requests: crate::MAX_CONCURRENT_REQUESTS,
-            max_artifact_chunk_bytes: crate::MAX_ARTIFACT_CHUNK_BYTES,
-            artifact_window: crate::ARTIFACT_WINDOW,
+            max_message_bytes: limits::MAX_MESSAGE_BYTES,
+            max_concurrent_requests: limits::MAX_CONCURRENT_REQUESTS,
+            max_artifact_chunk_bytes: limits::MAX_ARTIFACT_CHUNK_BYTES,
+            artifact_window: limits::ARTIFACT_WINDOW,
         }
     }
 }
@@ -51,9 +59,9 @@ pub struct Deadlines {
 impl Default for Deadlines {
     fn default() -> Self {
         Deadlines {
-            in_transaction_ms: crate::IN_TRANSACTION_DEADLINE.as_millis() as u64,
-            default_ms: crate::DEFAULT_CALL_DEADLINE.as_millis() as u64,
-            shutdown_grace_ms: crate::SHUTDOWN_GRACE.as_millis() as u64,
+            in_transaction_ms: limits::IN_TRANSACTION_DEADLINE.as_millis() as u64,
+            default_ms: limits::DEFAULT_CALL_DEADLINE.as_millis() as u64,
+            shutdown_grace_ms: limits::SHUTDOWN_GRACE.as_millis() as u64,
         }
     }
 }
@@ -74,7 +82,7 @@ impl InitializeParams {
     /// What this build of the host sends.
     pub fn current(host_version: &str) -> Self {
         InitializeParams {
-            protocol_versions: crate::PROTOCOL_VERSIONS.to_vec(),
+            protocol_versions: PROTOCOL_VERSIONS.to_vec(),
             host: Software {
                 name: "conduit".into(),
                 version: host_version.into(),

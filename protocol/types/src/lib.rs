@@ -12,6 +12,7 @@ pub mod calls;
 pub mod depth;
 pub mod error;
 pub mod handshake;
+pub mod limits;
 pub mod message;
 pub mod meta;
 pub mod methods;
@@ -19,40 +20,12 @@ pub mod rules;
 
 pub use depth::{MAX_PAYLOAD_DEPTH, PayloadTooDeep, check_payload_depth, json_depth};
 pub use error::{ErrorCode, ErrorObject, RpcError};
-pub use handshake::{Capabilities, InitializeParams, InitializeResult};
+pub use handshake::{
+    Capabilities, InitializeParams, InitializeResult, PROTOCOL_VERSION, PROTOCOL_VERSIONS,
+};
+pub use limits::{
+    ARTIFACT_WINDOW, DEFAULT_ARTIFACT_CHUNK_BYTES, DEFAULT_CALL_DEADLINE, IN_TRANSACTION_DEADLINE,
+    MAX_ARTIFACT_CHUNK_BYTES, MAX_CONCURRENT_REQUESTS, MAX_MESSAGE_BYTES, SHUTDOWN_GRACE,
+};
 pub use message::{Message, MessageError, RequestId};
 pub use rules::{AnswerError, ErrorClass, check_event_fields, classify, page_limit, parse_params};
-
-use std::time::Duration;
-
-/// The protocol versions this build speaks, newest first. A version is one integer; a change
-/// that an existing peer could misread gets a new one (see "Versioning" in `docs/protocol.md`).
-pub const PROTOCOL_VERSIONS: &[u32] = &[1];
-
-/// The newest protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = PROTOCOL_VERSIONS[0];
-
-/// The largest message either side sends or accepts, in bytes of JSON, not counting the
-/// terminating newline (or `\r\n`).
-pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
-
-/// How many requests a peer serves at once; the next one is answered `overloaded` at once.
-pub const MAX_CONCURRENT_REQUESTS: usize = 64;
-
-/// The deadline of each of the four calls the host makes inside its database transaction.
-pub const IN_TRANSACTION_DEADLINE: Duration = Duration::from_millis(250);
-
-/// The deadline of every other host call unless the call says otherwise.
-pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(30);
-
-/// How long an extension has between `shutdown` (or stdin closing) and its exit.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// The largest artifact chunk, before base64.
-pub const MAX_ARTIFACT_CHUNK_BYTES: usize = 256 * 1024;
-
-/// The chunk size the SDK uses unless told otherwise.
-pub const DEFAULT_ARTIFACT_CHUNK_BYTES: usize = 64 * 1024;
-
-/// How many `artifact.chunk` requests a sender keeps unanswered at once.
-pub const ARTIFACT_WINDOW: usize = 8;

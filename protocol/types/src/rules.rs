@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use serde::de::DeserializeOwned;
 
 use crate::calls::{CommitResult, IngressPollResult, RecurrenceResult, TriggerResult};
-use crate::{ErrorCode, RpcError};
+use crate::error::{ErrorCode, RpcError};
 
 /// The longest `key` of a trigger group, and the longest `source`, `delivery_id` and `kind` of
 /// an event, in bytes (§6.1, §7.5). Each is at least 1 byte.

@@ -1,0 +1,186 @@
+//! The [`Store`]: opening the file, and the one writer and the pool of readers behind
+//! [`Store::write`] and [`Store::read`].
+//!
+//! Invariant: every write happens inside [`Store::write`], on the one writer connection, in a
+//! transaction that starts with `BEGIN IMMEDIATE` and either commits or rolls back as a whole,
+//! on an error or a panic alike.
+
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::conn::{configure_statements, persist_wal};
+use crate::error::{SqlContext, StoreError};
+use crate::limits::{BUSY_TIMEOUT, MAX_READERS, READER_CHECKOUT_TIMEOUT, TEST_MAX_PAGE_COUNT_ENV};
+use crate::tx::{ReadTx, WriteTx};
+use crate::{pool, schema};
+
+// The crate's internal tests read the writer and the readers directly, so they are this
+// module's child; the file keeps its place beside `lib.rs`.
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;
+
+/// The store: one writer connection and a pool of readers over one SQLite file.
+///
+/// `Store` is `Send + Sync`; share it in an `Arc`. Writes serialise on the writer; reads run
+/// alongside them on the readers.
+#[derive(Debug)]
+pub struct Store {
+    path: PathBuf,
+    writer: Mutex<Connection>,
+    readers: pool::Readers,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`, checks it with `PRAGMA quick_check`, and
+    /// applies any migrations this build has that the file lacks.
+    ///
+    /// `quick_check` rather than `integrity_check`: it finds damaged pages and records but skips
+    /// matching every index against its table, so opening stays fast as history grows.
+    pub fn open(path: impl AsRef<Path>) -> Result<Store, StoreError> {
+        let path = path.as_ref().to_owned();
+        let open_err = |what| {
+            let path = path.clone();
+            move |cause| StoreError::Open { path, what, cause }
+        };
+        let mut conn = Connection::open(&path).map_err(open_err("opening"))?;
+        conn.busy_timeout(BUSY_TIMEOUT)
+            .map_err(open_err("setting the busy timeout"))?;
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+            .map_err(open_err("setting journal_mode=WAL"))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            // An in-memory file or one on a file system without shared memory cannot do WAL;
+            // snapshot reads and durability both depend on it, so refuse rather than run
+            // without.
+            return Err(StoreError::NotWal { path, mode });
+        }
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(open_err("setting synchronous=FULL"))?;
+        conn.pragma_update(None, "foreign_keys", true)
+            .map_err(open_err("setting foreign_keys=ON"))?;
+        configure_statements(&conn)
+            .map_err(open_err("enabling the query planner stability guarantee"))?;
+        persist_wal(&conn).map_err(open_err("keeping the WAL files across restarts"))?;
+
+        quick_check(&conn, &path)?;
+        schema::migrate(&mut conn, &path)?;
+
+        if let Some(n) = std::env::var(TEST_MAX_PAGE_COUNT_ENV)
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+        {
+            tracing::warn!(
+                max_page_count = n,
+                "{TEST_MAX_PAGE_COUNT_ENV} is set: the store will not grow (a test knob)"
+            );
+            conn.pragma_update(None, "max_page_count", n)
+                .map_err(open_err("setting the test max_page_count"))?;
+        }
+
+        Ok(Store {
+            readers: pool::Readers::new(path.clone(), MAX_READERS),
+            path,
+            writer: Mutex::new(conn),
+        })
+    }
+
+    /// The file this store was opened on.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` in a write transaction on the writer connection and commits it if `f` returns
+    /// `Ok`. On `Err`, or if `f` panics, the transaction is rolled back and nothing it wrote
+    /// remains; the panic then continues.
+    ///
+    /// Blocks while another write runs: there is one writer. Synchronous on purpose; the host
+    /// loop calls it from its own thread, and async callers should use `spawn_blocking`.
+    /// Calling `write` again from inside `f` deadlocks; calling [`Store::read`] from inside
+    /// `f` is fine and reads the last committed snapshot.
+    pub fn write<T>(
+        &self,
+        f: impl FnOnce(&mut WriteTx<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        // A panic in an earlier `f` poisons the lock after its transaction was rolled back, so
+        // the connection itself is sound; take it as is.
+        let mut conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if !conn.is_autocommit() {
+            // A rollback that failed while unwinding would leave a transaction open; end it
+            // here so that this one starts clean.
+            tracing::warn!("writer connection was left inside a transaction; rolling it back");
+            conn.execute_batch("ROLLBACK").map_err(StoreError::Begin)?;
+        }
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(StoreError::Begin)?;
+        let mut wtx = WriteTx {
+            read: ReadTx { conn: &tx },
+        };
+        // `Transaction` rolls back when dropped, so unwinding out of `f` would roll back too;
+        // catching the panic makes the rollback explicit and its failure visible before the
+        // panic resumes.
+        let res = catch_unwind(AssertUnwindSafe(|| f(&mut wtx)));
+        match res {
+            Ok(Ok(out)) => {
+                tx.commit().map_err(StoreError::Commit)?;
+                Ok(out)
+            }
+            Ok(Err(err)) => {
+                if let Err(rb) = tx.rollback() {
+                    tracing::warn!(error = %rb, "rollback after a failed write transaction failed");
+                }
+                Err(err)
+            }
+            Err(panic) => {
+                if let Err(rb) = tx.rollback() {
+                    tracing::warn!(error = %rb, "rollback after a panic in a write transaction failed");
+                }
+                resume_unwind(panic)
+            }
+        }
+    }
+
+    /// Runs `f` in a deferred read transaction on a reader connection: it sees one committed
+    /// snapshot throughout, and never waits for the writer. Waits up to
+    /// [`READER_CHECKOUT_TIMEOUT`] for a reader when all [`MAX_READERS`] are in use.
+    pub fn read<T>(
+        &self,
+        f: impl FnOnce(&ReadTx<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.readers.checkout(READER_CHECKOUT_TIMEOUT)?;
+        let tx = conn.transaction().context("begin a read transaction")?;
+        let out = f(&ReadTx { conn: &tx });
+        // A read has nothing to commit; ending it with a rollback releases the snapshot.
+        tx.rollback().context("end a read transaction")?;
+        out
+    }
+}
+
+fn quick_check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let mut stmt = conn
+        .prepare("PRAGMA quick_check")
+        .map_err(|cause| StoreError::Open {
+            path: path.to_owned(),
+            what: "running quick_check",
+            cause,
+        })?;
+    let problems = stmt
+        .query_map([], |row| row.get::<_, String>(0))
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(|cause| StoreError::Open {
+            path: path.to_owned(),
+            what: "running quick_check",
+            cause,
+        })?;
+    if problems.len() == 1 && problems[0] == "ok" {
+        return Ok(());
+    }
+    Err(StoreError::Corrupt {
+        path: path.to_owned(),
+        problems: problems.join("; "),
+    })
+}
