@@ -363,7 +363,7 @@ fn random_id() -> String {
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
         .is_err()
     {
-        let t = super::now_ms() as u64 ^ (std::process::id() as u64) << 32;
+        let t = conduit_supervisor::now_ms() as u64 ^ (std::process::id() as u64) << 32;
         b[..8].copy_from_slice(&t.to_le_bytes());
     }
     hex::encode(b)

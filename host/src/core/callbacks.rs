@@ -16,10 +16,12 @@ use conduit_protocol::calls::{
 use conduit_protocol::methods::ext;
 use conduit_protocol::{ErrorCode, RpcError};
 use conduit_rpc::{BoxFuture, Handler, HandlerResult, Request, to_raw};
+use conduit_supervisor::now_ms;
 use serde_json::value::RawValue;
 
+use super::fault::store_fault;
 use super::ops::Declared;
-use super::{Core, now_ms, store_fault};
+use super::shared::Core;
 
 /// A callback's params: an object (absent reads as `{}`), refused with `invalid_params`
 /// otherwise (docs/protocol.md §3.1), by the protocol's one params parser.

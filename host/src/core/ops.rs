@@ -14,8 +14,9 @@ use std::sync::Arc;
 use conduit_protocol::Capabilities;
 use conduit_protocol::calls::NewEvent;
 use conduit_store::{Accepted, Planned, StoreError};
+use conduit_supervisor::now_ms;
 
-use super::{Core, now_ms};
+use super::shared::Core;
 
 /// Which capability list of a handshake a name is looked up in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,8 +7,9 @@ use conduit_protocol::calls::NewEvent;
 use conduit_store::{Fault, Store, StoreError};
 use conduit_supervisor::Supervisor;
 
+use super::Core;
+use super::fault::store_fault;
 use super::ops::{Declared, IngressCursor, OwnerError};
-use super::{Core, store_fault};
 
 /// A core over a fresh store; the directory lives as long as the core is used.
 fn core() -> (Arc<Core>, tempfile::TempDir) {

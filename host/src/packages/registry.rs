@@ -19,7 +19,6 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use conduit_protocol::Capabilities;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
@@ -510,8 +509,10 @@ pub fn set_enabled(state: &StateDir, name: &str, enabled: bool) -> Result<bool, 
 /// The manifest as stored in a record. [`Manifest`] is the validated in-memory form and has no
 /// serde of its own; this mirror keeps the registry's shape under this module's control.
 mod manifest_serde {
-    use super::*;
-    use crate::manifest::SandboxAsk;
+    use conduit_protocol::Capabilities;
+    use serde::{Deserialize, Serialize};
+
+    use crate::manifest::{Manifest, SandboxAsk};
     use conduit_supervisor::limits::LimitSet;
 
     #[derive(Serialize, Deserialize)]

@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use conduit_protocol::IN_TRANSACTION_DEADLINE;
 use conduit_rpc::CallError;
-use conduit_supervisor::{ExtCallError, Extension};
+use conduit_supervisor::{ExtCallError, Extension, now_ms};
 
 use crate::core::health::ProbeCall;
-use crate::core::{Core, now_ms};
+use crate::core::shared::Core;
 
 /// A failed call, for the log and the extension's status: an error answer says how it is read
 /// (docs/protocol.md §12), so a -32000 without `data.limit` — what many JSON-RPC libraries

@@ -33,6 +33,7 @@
 mod calls;
 mod decide;
 mod ingress;
+pub(crate) mod poll;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashSet};
@@ -46,18 +47,18 @@ use conduit_protocol::calls::{
     RecurrenceResult, TriggerParams, TriggerResult,
 };
 use conduit_protocol::methods::host;
-use conduit_supervisor::Extension;
+use conduit_supervisor::{Extension, now_ms};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 pub use calls::failure_text;
 pub use decide::{RECURRENCE_FALLBACK_MS, fallback_groups, trigger_verdict, work_kind_of};
-pub(crate) use ingress::PollState;
-pub use ingress::{INGRESS_INTERVAL, INGRESS_LIMIT};
+pub use ingress::INGRESS_LIMIT;
+pub use poll::INGRESS_INTERVAL;
 
 use super::health::{self, ProbeCall, RunFacts};
-use super::{Core, now_ms};
+use super::shared::Core;
 use calls::{answered, probe_once};
 use decide::{Commit, Outcome, StartFacts};
 

@@ -1,0 +1,233 @@
+//! [`Core`], what the management API, the callbacks and the host loop share: the store, the
+//! supervisor, the artifacts, the in-transaction marks, the host loop's nudge, its counters and
+//! each extension's health.
+//!
+//! What `Core` holds is defined in leaves it imports (`artifacts.rs`, `health.rs`, `stats.rs`,
+//! `fault.rs`, `host_loop/poll.rs`); the operations on it live in `ops.rs` and `callbacks.rs`,
+//! which import `Core` from here.
+//!
+//! Invariant: no lock here is held across an await; store work runs off the async runtime.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use conduit_protocol::Capabilities;
+use conduit_store::{Store, StoreError};
+use conduit_supervisor::{Extension, Supervisor};
+use tokio::sync::Notify;
+
+use super::fault::DiskFullLog;
+use super::host_loop::poll::PollState;
+use super::stats::LoopStats;
+use super::{artifacts, health};
+
+/// What the API, the callbacks and the host loop share.
+pub struct Core {
+    pub store: Arc<Store>,
+    pub supervisor: Arc<Supervisor>,
+    pub artifacts: Arc<artifacts::Artifacts>,
+    /// Extensions with an in-transaction call pending.
+    in_transaction: Mutex<HashSet<String>>,
+    nudge: Notify,
+    pub stats: LoopStats,
+    /// Ingress polls by (extension, source): whether one is outstanding, when the last began.
+    pub(crate) polls: Mutex<HashMap<(String, String), PollState>>,
+    /// Tasks the core starts (ingress polls, probes); closed and awaited when the daemon stops.
+    pub tasks: tokio_util::task::TaskTracker,
+    /// Says in the log when writes start and stop failing for want of space.
+    pub disk_full: DiskFullLog,
+    /// Whether the in-transaction calls of each extension are made (`health.rs`).
+    pub(crate) health: Mutex<HashMap<String, health::Health>>,
+    /// Consecutive failures that make an extension unresponsive.
+    unresponsive_after: AtomicU32,
+    /// Set once the package registry has been applied at start: until then the owner of no
+    /// kind is known, so the host loop routes nothing.
+    registry_applied: AtomicBool,
+    /// Store operations whose code panicked (`Core::write`, `Core::read`).
+    store_panics: AtomicU64,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("store", &self.store.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    pub fn new(
+        store: Arc<Store>,
+        supervisor: Arc<Supervisor>,
+        artifacts_dir: PathBuf,
+        tmp_dir: PathBuf,
+    ) -> Self {
+        Core {
+            store,
+            supervisor,
+            artifacts: Arc::new(artifacts::Artifacts::new(artifacts_dir, tmp_dir)),
+            in_transaction: Mutex::new(HashSet::new()),
+            nudge: Notify::new(),
+            stats: LoopStats::default(),
+            polls: Mutex::new(HashMap::new()),
+            tasks: tokio_util::task::TaskTracker::new(),
+            disk_full: DiskFullLog::default(),
+            health: Mutex::new(HashMap::new()),
+            unresponsive_after: AtomicU32::new(health::DEFAULT_UNRESPONSIVE_AFTER),
+            registry_applied: AtomicBool::new(false),
+            store_panics: AtomicU64::new(0),
+        }
+    }
+
+    /// Consecutive failures that make an extension unresponsive.
+    pub fn unresponsive_after(&self) -> u32 {
+        self.unresponsive_after.load(Ordering::Relaxed)
+    }
+
+    pub fn set_unresponsive_after(&self, n: u32) {
+        self.unresponsive_after.store(n, Ordering::Relaxed);
+    }
+
+    /// The package registry has been applied (every enabled package is supervised, at least as
+    /// `starting`): the host loop may route from now on.
+    pub fn mark_registry_applied(&self) {
+        if !self.registry_applied.swap(true, Ordering::SeqCst) {
+            self.nudge();
+        }
+    }
+
+    pub fn registry_applied(&self) -> bool {
+        self.registry_applied.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn lock_health(&self) -> std::sync::MutexGuard<'_, HashMap<String, health::Health>> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How an extension's in-transaction calls stand, for `ext status`.
+    pub fn health_view(&self, ext: &str) -> health::HealthView {
+        let threshold = self.unresponsive_after();
+        self.lock_health()
+            .get(ext)
+            .map(|h| h.view(threshold))
+            .unwrap_or_else(|| health::Health::default().view(threshold))
+    }
+
+    pub(crate) fn artifacts_arc(&self) -> &Arc<artifacts::Artifacts> {
+        &self.artifacts
+    }
+
+    /// Ask the host loop for a pass now (a new event, a planned emission, a management
+    /// request). A nudge during a pass queues one more pass.
+    pub fn nudge(&self) {
+        self.nudge.notify_one();
+    }
+
+    pub(crate) async fn nudged(&self) {
+        self.nudge.notified().await
+    }
+
+    fn lock_in_tx(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.in_transaction
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether an in-transaction call to `ext` is pending.
+    pub fn in_transaction(&self, ext: &str) -> bool {
+        self.lock_in_tx().contains(ext)
+    }
+
+    /// Mark `ext` as inside an in-transaction call until the guard drops.
+    pub(crate) fn enter_transaction(&self, ext: &str) -> InTransaction<'_> {
+        self.lock_in_tx().insert(ext.to_owned());
+        InTransaction {
+            core: self,
+            ext: ext.to_owned(),
+        }
+    }
+
+    /// The capabilities an extension declared in its last handshake (kept while it restarts).
+    pub fn capabilities(&self, ext: &str) -> Option<Capabilities> {
+        self.supervisor
+            .get(ext)
+            .and_then(|e| e.brief().capabilities)
+    }
+
+    /// Every supervised extension with the capabilities of its last handshake.
+    pub fn extensions(&self) -> Vec<(Extension, Capabilities)> {
+        self.supervisor
+            .list()
+            .into_iter()
+            .filter_map(|e| e.brief().capabilities.map(|c| (e, c)))
+            .collect()
+    }
+
+    /// Run a write transaction off the async runtime. A panic inside `f` (its transaction
+    /// rolled back) is [`StoreError::Panicked`]: a host fault, never the caller's.
+    pub async fn write<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut conduit_store::WriteTx<'_>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let store = self.store.clone();
+        let res = tokio::task::spawn_blocking(move || store.write(f))
+            .await
+            .unwrap_or_else(|e| Err(self.panicked("write", e)));
+        self.disk_full.note(&res);
+        res
+    }
+
+    /// Run a read on a reader connection, off the async runtime; a panic inside `f` is
+    /// [`StoreError::Panicked`], as for [`Core::write`].
+    pub async fn read<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&conduit_store::ReadTx<'_>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.read(f))
+            .await
+            .unwrap_or_else(|e| Err(self.panicked("read", e)))
+    }
+
+    /// A store operation's task that did not finish: counted and logged as the bug it is.
+    /// (A blocking task is cancelled only if the runtime shuts down before it starts; that is
+    /// reported the same way, with the join error's text.)
+    fn panicked(&self, what: &'static str, e: tokio::task::JoinError) -> StoreError {
+        self.store_panics.fetch_add(1, Ordering::Relaxed);
+        let reason = match e.try_into_panic() {
+            Ok(payload) => panic_message(payload.as_ref()),
+            Err(e) => e.to_string(),
+        };
+        tracing::error!(what, %reason, "a store operation panicked (a bug in the host)");
+        StoreError::Panicked { what, reason }
+    }
+
+    /// How many store operations run through [`Core::write`] and [`Core::read`] panicked (the
+    /// host loop's own passes are counted apart, in [`LoopStats::panics`]).
+    pub fn store_panics(&self) -> u64 {
+        self.store_panics.load(Ordering::Relaxed)
+    }
+}
+
+/// A panic's message, when it has one that is text.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// Clears the in-transaction mark when dropped.
+pub(crate) struct InTransaction<'a> {
+    core: &'a Core,
+    ext: String,
+}
+
+impl Drop for InTransaction<'_> {
+    fn drop(&mut self) {
+        self.core.lock_in_tx().remove(&self.ext);
+    }
+}
