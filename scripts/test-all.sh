@@ -2,7 +2,8 @@
 # `make test`: runs every suite even when one fails, then prints one line per suite and fails
 # if any failed. Suites: rust (every crate's unit and integration tests, the drills among
 # them; not the benchmarks), doc (the doc tests), python (the Python example's own tests),
-# python-sdk (extensions/python's tests) and node-sdk (extensions/node's and the Node examples').
+# python-sdk (extensions/python's tests), layout (scripts/layout: the source layout's rules) and
+# node-sdk (extensions/node's and the Node examples').
 # Failure output is printed as it happens and again at the end, never under a progress bar.
 #
 # Usage: scripts/test-all.sh            (CARGO and CARGO_TARGET_DIR are honoured)
@@ -78,6 +79,9 @@ fi
 run_suite doc "$cargo" test --workspace --exclude conduit-bench --doc
 run_suite python python3 -m unittest discover -s examples/python-echo -p 'test_*.py'
 run_suite python-sdk python3 -m unittest discover -s extensions/python/tests -p 'test_*.py'
+# The source layout's rules (no import circle between files, no file over 700 lines without a
+# reason): the checker's own tests and its run over this checkout.
+run_suite layout python3 -m unittest discover -s scripts/layout -p 'test_*.py'
 if command -v node >/dev/null; then
   run_suite node-sdk node --test extensions/node/test/sdk.test.mjs examples/node-notes/test.mjs
 else
