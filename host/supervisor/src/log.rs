@@ -181,7 +181,6 @@ impl LogFile {
             if n == buf.len() && buf.len() < READ_MAX {
                 buf.resize((buf.len() * 4).min(READ_MAX), 0);
             }
-            tail.push_bytes(&buf[..n]);
             let mut chunk = &buf[..n];
             while !chunk.is_empty() {
                 let Some(f) = file.as_mut() else { break };
@@ -201,6 +200,15 @@ impl LogFile {
                 written += k as u64;
                 chunk = &chunk[k..];
             }
+            // A tokio file's write returns before the bytes reach the file; wait for them, so
+            // that what the status's tail shows is already in the log (`conduit ext logs`).
+            if let Some(f) = file.as_mut()
+                && let Err(e) = f.flush().await
+            {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot write the extension log; keeping only the last lines in memory");
+                file = None;
+            }
+            tail.push_bytes(&buf[..n]);
         }
         if let Some(mut f) = file {
             let _ = f.flush().await;
@@ -300,6 +308,38 @@ fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_line_the_tail_shows_is_already_in_the_log_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = LogFile::new(dir.path().join("x.log"));
+        let (mut w, r) = tokio::io::duplex(4096);
+        let tail = Tail::default();
+        let path = log.path().to_owned();
+        let copy = {
+            let tail = tail.clone();
+            tokio::spawn(async move { log.capture(r, tail).await })
+        };
+        for i in 0..200 {
+            let line = format!("line {i}");
+            w.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+            let start = std::time::Instant::now();
+            while !tail.lines().iter().any(|l| *l == line) {
+                assert!(
+                    start.elapsed() < std::time::Duration::from_secs(30),
+                    "{line} never reached the tail"
+                );
+                tokio::task::yield_now().await;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                text.contains(&format!("{line}\n")),
+                "{line} is in the tail, not in the file"
+            );
+        }
+        drop(w);
+        copy.await.unwrap();
+    }
 
     #[tokio::test]
     async fn ten_mib_of_stderr_stays_within_the_cap_and_the_tail_keeps_the_last_lines() {
