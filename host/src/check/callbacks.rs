@@ -60,8 +60,10 @@ struct Stream {
     hash: Sha256,
 }
 
+/// What the checker's stand-in host has seen and handed out: the handshake's capabilities,
+/// accepted deliveries, open artifact streams, ids, and the callbacks made.
 #[derive(Debug, Default)]
-struct State {
+struct Recorded {
     /// Capabilities from the handshake, once known: emissions and ingress sources the package
     /// may name in callbacks.
     caps: Option<Capabilities>,
@@ -75,16 +77,16 @@ struct State {
 #[derive(Clone, Debug)]
 pub(crate) struct CheckHost {
     events: Arc<Vec<Event>>,
-    state: Arc<Mutex<State>>,
+    state: Arc<Mutex<Recorded>>,
 }
 
 impl CheckHost {
     pub(crate) fn new(events: Vec<Event>) -> Self {
         CheckHost {
             events: Arc::new(events),
-            state: Arc::new(Mutex::new(State {
+            state: Arc::new(Mutex::new(Recorded {
                 next_id: 1000,
-                ..State::default()
+                ..Recorded::default()
             })),
         }
     }
@@ -231,7 +233,7 @@ impl CheckHost {
     }
 }
 
-fn chunk(st: &mut State, p: &ArtifactChunk) -> HandlerResult {
+fn chunk(st: &mut Recorded, p: &ArtifactChunk) -> HandlerResult {
     let s = st
         .streams
         .get_mut(&p.stream_id)
@@ -280,7 +282,7 @@ fn unknown_stream(id: &str) -> RpcError {
 }
 
 fn declared(
-    st: &State,
+    st: &Recorded,
     method: &str,
     what: &str,
     name: &str,
