@@ -324,7 +324,7 @@ mod tests {
             let line = format!("line {i}");
             w.write_all(format!("{line}\n").as_bytes()).await.unwrap();
             let start = std::time::Instant::now();
-            while !tail.lines().iter().any(|l| *l == line) {
+            while !tail.lines().contains(&line) {
                 assert!(
                     start.elapsed() < std::time::Duration::from_secs(30),
                     "{line} never reached the tail"
