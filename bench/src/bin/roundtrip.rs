@@ -46,7 +46,7 @@ use serde::Serialize;
 
 use crate::child::Role;
 use crate::measure::{Run, Summary};
-use crate::workload::{PAYLOAD, Workload};
+use crate::workload::{HostRuntime, PAYLOAD, Workload};
 
 /// Echo round trips to a child process, beside the raw pipe floor.
 #[derive(Debug, Parser)]
@@ -76,6 +76,11 @@ struct Args {
     /// Where to write the results as JSON.
     #[arg(long, default_value = "target/roundtrip/results.json")]
     json: PathBuf,
+    /// Where the host side's calls come from: `current` (a current-thread runtime) or
+    /// `host-loop` (the main thread blocking on each call while a two-worker runtime carries
+    /// the session, as the daemon's host loop does).
+    #[arg(long, value_enum, default_value = "current")]
+    host_runtime: HostRuntime,
     /// Run only these workloads (comma-separated); the floor always runs.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Workload>,
@@ -183,6 +188,8 @@ struct Report {
     warmup: u64,
     calls: u64,
     rounds: u64,
+    /// Where the host side's calls came from.
+    host_runtime: HostRuntime,
     /// The placement `regimes` holds.
     placement: &'static str,
     conditions: Ordered<Conditions>,
@@ -239,6 +246,7 @@ fn main() -> anyhow::Result<()> {
         warmup: args.warmup,
         calls: args.calls,
         rounds: args.rounds,
+        host_runtime: args.host_runtime,
         placement: placements[0].key(),
         conditions: Ordered::default(),
         regimes: Ordered::default(),
@@ -250,11 +258,12 @@ fn main() -> anyhow::Result<()> {
         ),
     };
     println!(
-        "round trip: {} sequential echo calls in {} rounds, each after {} warm-up calls, {}-byte payload; commit {}{}; {} CPUs, {}",
+        "round trip: {} sequential echo calls in {} rounds, each after {} warm-up calls, {}-byte payload, {} host runtime; commit {}{}; {} CPUs, {}",
         args.calls,
         args.rounds,
         args.warmup,
         PAYLOAD.len(),
+        args.host_runtime.key(),
         report.commit,
         if report.dirty { " (dirty)" } else { "" },
         cpus,
@@ -278,6 +287,7 @@ fn main() -> anyhow::Result<()> {
                 args.calls,
                 args.rounds,
                 child_cpu,
+                args.host_runtime,
             )?;
             print_table(regime, placement, n_spinners, &results);
             if i == 0 {
@@ -315,6 +325,7 @@ fn run_regime(
     calls: u64,
     rounds: u64,
     child_cpu: Option<usize>,
+    host_runtime: HostRuntime,
 ) -> anyhow::Result<Ordered<Summary>> {
     let mut runs: Vec<Run> = workloads.iter().map(|_| Run::empty()).collect();
     for round in 0..rounds {
@@ -329,7 +340,9 @@ fn run_regime(
         let start = round as usize % workloads.len();
         for i in (start..workloads.len()).chain(0..start) {
             let w = workloads[i];
-            let run = w.run(exe, warmup, n, child_cpu).with_context(|| w.key())?;
+            let run = w
+                .run(exe, warmup, n, child_cpu, host_runtime)
+                .with_context(|| w.key())?;
             runs[i].merge(run);
         }
     }

@@ -2,8 +2,11 @@
 //! the child's stdin and reap it.
 //!
 //! Each workload is one sequential caller: the next call starts when the previous answer is in.
-//! The host side of every tokio workload runs on a current-thread runtime of its own, created
-//! for that workload and dropped after it, so no state carries from one workload to the next.
+//! The host side of every tokio workload runs on a runtime of its own, created for that
+//! workload and dropped after it, so no state carries from one workload to the next: a
+//! current-thread runtime by default, or ([`HostRuntime::HostLoop`]) a two-worker one whose
+//! session tasks run on the workers while the calls come from the main thread blocking on each,
+//! as the daemon's host loop makes them.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -31,6 +34,39 @@ pub(crate) const PAYLOAD: &str = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJ
 
 /// How long a child may take to exit once its stdin is closed before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// Where the host side's calls come from and its session's tasks run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum HostRuntime {
+    /// One thread: the calls and the session's tasks share a current-thread runtime.
+    #[default]
+    Current,
+    /// The daemon's shape: a two-worker runtime carries the session, and the calls come from
+    /// another thread blocking on each (`block_on`), as the host loop's do.
+    HostLoop,
+}
+
+impl HostRuntime {
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            HostRuntime::Current => "current",
+            HostRuntime::HostLoop => "host-loop",
+        }
+    }
+
+    fn build(self) -> std::io::Result<tokio::runtime::Runtime> {
+        match self {
+            HostRuntime::Current => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build(),
+            HostRuntime::HostLoop => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build(),
+        }
+    }
+}
 
 /// Every workload, in the order they run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -107,6 +143,7 @@ impl Workload {
         warmup: u64,
         calls: u64,
         child_cpu: Option<usize>,
+        host_runtime: HostRuntime,
     ) -> anyhow::Result<Run> {
         let mut args = vec!["--child".to_owned(), self.role().arg().to_owned()];
         if let Some(cpu) = child_cpu {
@@ -115,10 +152,8 @@ impl Workload {
         if self == Workload::Floor {
             return floor(exe, &args, warmup, calls);
         }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("tokio runtime")?;
+        // The runtime's threads inherit this thread's placement.
+        let rt = host_runtime.build().context("tokio runtime")?;
         let mark = CpuMark::now()?;
         let hist = rt.block_on(self.run_async(exe, &args, warmup, calls))?;
         drop(rt);

@@ -2,7 +2,8 @@
 //! by the SDK alike.
 //!
 //! ```text
-//!            Peer::call ──► [write queue, ≤ 32 MiB] ──► writer task ──► W (child stdin / our stdout)
+//!            Peer::call ──┬─ nothing queued: written from the caller's task ──► W (child stdin / our stdout)
+//!                         └► [write queue, ≤ 32 MiB] ──► writer task ─────────► W
 //!   Handler ◄── handler tasks (≤ 64) ◄── reader task ◄── FrameReader ◄── R (child stdout / our stdin)
 //!                              responses ──► pending table ──► Peer::call returns
 //! ```
@@ -11,7 +12,10 @@
 //!   pending outgoing call, cancels an incoming one (`$/cancel`), hands a notification to the
 //!   handler, or starts a handler task for a request — at most `max_concurrent` at once; the
 //!   next is answered `overloaded` without starting anything.
-//! - One writer task owns the write half and writes whole frames, batching what is queued.
+//! - A sender that finds nothing queued and nothing being written writes its frame itself, in
+//!   one non-blocking attempt (no wake-up of another task); otherwise, or for the rest of a
+//!   frame the pipe did not take at once, the writer task writes it, batching what is queued.
+//!   Either way only the holder of the write half writes, and frames go out whole.
 //!   The queue is bounded in bytes: a peer that stops reading makes senders wait (within their
 //!   deadlines), never makes this side buffer without bound. What waits is bounded too: the
 //!   bytes held for the peer — queued, being written, and built by callers still waiting for
@@ -31,7 +35,7 @@
 //!
 //! Files: `handler.rs` (the [`Handler`] trait and [`Request`]), `peer.rs` ([`Peer`] and the
 //! outgoing call path), `reader.rs` (the read loop and the incoming table), `writer.rs` (the write
-//! queue and the write loop), `shared.rs` (what they share), `config.rs` and `error.rs` (the
+//! queue, the write loop and the direct write of a sender that finds it idle), `shared.rs` (what they share), `config.rs` and `error.rs` (the
 //! public values). This file holds [`Session`], which starts the two tasks and ends them.
 
 mod config;
@@ -59,7 +63,7 @@ pub use self::handler::{BoxFuture, Handler, HandlerResult, NoRequests, Request, 
 pub use self::peer::Peer;
 use self::reader::read_loop;
 use self::shared::{Shared, Tables};
-use self::writer::write_loop;
+use self::writer::{Out, write_loop};
 use crate::codec::FrameReader;
 
 /// A running session. Dropping it ends the session at once; [`Session::close`] ends it
@@ -95,6 +99,7 @@ impl Session {
                 closed: None,
             }),
             queue,
+            out: Mutex::new(Out::new(Box::new(write))),
             queue_space: Semaphore::new(queue_bytes),
             queue_total: queue_bytes as u32,
             outgoing_slots: Semaphore::new(config.max_outgoing.max(1)),
@@ -110,12 +115,7 @@ impl Session {
         };
         let handlers = TaskTracker::new();
         let finish_writes = CancellationToken::new();
-        let writer = tokio::spawn(write_loop(
-            shared.clone(),
-            write,
-            queue_rx,
-            finish_writes.clone(),
-        ));
+        let writer = tokio::spawn(write_loop(shared.clone(), queue_rx, finish_writes.clone()));
         let reader = tokio::spawn(read_loop(
             shared,
             FrameReader::new(read, config.max_message_bytes),
@@ -165,6 +165,7 @@ impl Session {
             r.abort();
             let _ = r.await;
         }
+        self.peer.shared.drop_write_half();
         self.peer.shared.close_reason()
     }
 }
@@ -179,5 +180,6 @@ impl Drop for Session {
         if let Some(w) = self.writer.take() {
             w.abort();
         }
+        self.peer.shared.drop_write_half();
     }
 }

@@ -1,9 +1,11 @@
 //! What the session's tasks and handles share: the pending (outgoing) and incoming tables, the
-//! write queue's sending end and its bounds, and the end of the session.
+//! write queue's sending end and its bounds, the write half itself when nobody is writing, and
+//! the end of the session.
 //!
 //! Invariant: the tables and the close reason sit under one lock, and every critical section is
 //! a single insert, remove or take, so ending the session fails every pending call and cancels
-//! every handler at once. No lock is held across an await.
+//! every handler at once. The write half sits under a second lock (`out`), never taken while
+//! the first is held. No lock is held across an await.
 //!
 //! How frames are queued is `writer.rs`'s; how the tables fill and empty is `peer.rs`'s
 //! (outgoing) and `reader.rs`'s (incoming).
@@ -19,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::SessionCounters;
 use super::error::CloseReason;
+use super::writer::Out;
 
 pub(super) type PendingTx = oneshot::Sender<Result<Box<RawValue>, Failure>>;
 
@@ -54,6 +57,9 @@ pub(super) struct Shared {
     pub(super) next_id: AtomicI64,
     pub(super) tables: Mutex<Tables>,
     pub(super) queue: mpsc::UnboundedSender<Queued>,
+    /// The write half while nobody is writing, and how many frames are queued or being written
+    /// by the writer task: a sender that finds none writes its frame itself (`writer.rs`).
+    pub(super) out: Mutex<Out>,
     pub(super) queue_space: Semaphore,
     pub(super) queue_total: u32,
     pub(super) outgoing_slots: Semaphore,
@@ -88,13 +94,15 @@ impl Shared {
                 std::mem::take(&mut st.incoming),
             )
         };
+        // First the semaphores, so that whoever sees the end below (a failed call, `closed`)
+        // and sends again is refused, not queued.
+        shared_close_semaphores(self);
         // Dropping the senders wakes every caller; they read the reason from `closed`.
         drop(pending);
         for token in incoming.into_values() {
             token.cancel();
         }
         self.ended.cancel();
-        shared_close_semaphores(self);
     }
 }
 

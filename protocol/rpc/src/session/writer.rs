@@ -1,18 +1,35 @@
-//! The write queue, bounded in bytes, and the writer task that drains it.
+//! The write queue, bounded in bytes, the writer task that drains it, and the fast path that
+//! skips both when nothing is waiting.
 //!
 //! ```text
-//!   send / send_held ──(waits for queue room)──┐
-//!   try_send (the reader: never waits) ────────┼──► queue ──► write_loop ──► W
-//!   send_now ($/cancel: tiny, never waits) ────┘        (batches up to 1 MiB per write)
+//!   send / send_held ──(waits for queue room)──┐         nothing queued or being written:
+//!   try_send (the reader: never waits) ────────┼──► write_or_queue ──► written here, at once
+//!   send_now ($/cancel: tiny, never waits) ────┘         │ otherwise, or the rest of a
+//!                                                        ▼ frame the pipe did not take
+//!                                             queue ──► write_loop ──► W
+//!                                                  (batches up to 1 MiB per write)
 //! ```
 //!
+//! The write half lives in `Shared::out` while nobody writes. A sender that finds it there
+//! with nothing queued or being written (`Out::queued == 0`) writes its frame from its own
+//! task, under the lock, in one non-blocking attempt ([`write_now`], a no-op waker: nothing
+//! is awaited under the lock) — no wake-up of the writer task. If the pipe takes only part of
+//! the frame (or a flush is still due), the rest is queued before the lock is released, so it
+//! is the first thing the writer task writes and no other frame can come between its bytes.
+//! The writer task takes the write half out of the slot for each batch and puts it back,
+//! with the count lowered, when the batch is written.
+//!
 //! Invariant: a frame holds queue permits (its length) and its bytes of the held-bytes bound
-//! from when it is queued until it is written (`$/cancel` holds neither); the writer gives both
-//! back after each write, so a peer that stops reading makes senders wait, and the queue never
-//! grows past its bound.
+//! from when it is accepted until it is written (`$/cancel` holds neither): a frame written at
+//! once gives both back at once, one queued gives them back when the writer has written it,
+//! so a peer that stops reading makes senders wait, and the queue never grows past its bound.
+//! Only the holder of the write half writes, and frames go out whole and in the order they
+//! were accepted.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
 
 use conduit_protocol::message::{self, CancelParams};
 use conduit_protocol::{RequestId, methods};
@@ -22,6 +39,76 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::CloseReason;
 use super::shared::{Queued, Shared};
+
+/// The session's write half, whatever its type (a child's stdin, our stdout, a duplex).
+pub(super) type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// The write half when nobody is writing, and the frames queued or being written by the
+/// writer task.
+pub(super) struct Out {
+    /// `None` while the writer task writes with it, and for good once a write failed or the
+    /// write half was shut down.
+    pub(super) io: Option<BoxWrite>,
+    /// Frames sent into the queue and not yet written (those in the writer's hands included).
+    pub(super) queued: usize,
+}
+
+impl Out {
+    pub(super) fn new(io: BoxWrite) -> Out {
+        Out {
+            io: Some(io),
+            queued: 0,
+        }
+    }
+}
+
+/// What one non-blocking attempt to write a frame did.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Attempt {
+    /// All of it written and flushed.
+    Done,
+    /// This many bytes written; the rest (possibly none but the flush) is left to wait.
+    Partial(usize),
+}
+
+/// One non-blocking attempt to write `bytes` (a single write, so a caller holding a lock
+/// holds it for one system call at most, however large the frame), then a flush, polled with a
+/// waker that does nothing: for a caller that holds a lock and may not await. A write half
+/// that would block registers that waker and is polled again, with a real one, by the writer
+/// task — every `AsyncWrite` wakes the waker of its latest poll.
+pub(super) fn write_now<W: AsyncWrite + Unpin + ?Sized>(
+    io: &mut W,
+    bytes: &[u8],
+) -> std::io::Result<Attempt> {
+    let mut cx = Context::from_waker(Waker::noop());
+    let done = match Pin::new(&mut *io).poll_write(&mut cx, bytes) {
+        // What `write_all` makes of a write that takes nothing.
+        Poll::Ready(Ok(0)) if !bytes.is_empty() => {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        Poll::Ready(Ok(n)) => n,
+        Poll::Ready(Err(e)) => return Err(e),
+        Poll::Pending => return Ok(Attempt::Partial(0)),
+    };
+    if done < bytes.len() {
+        return Ok(Attempt::Partial(done));
+    }
+    match Pin::new(&mut *io).poll_flush(&mut cx) {
+        Poll::Ready(Ok(())) => Ok(Attempt::Done),
+        Poll::Ready(Err(e)) => Err(e),
+        Poll::Pending => Ok(Attempt::Partial(done)),
+    }
+}
+
+/// How a failed write ends the session: a peer that closed its end (`EPIPE`) closed the
+/// stream; anything else broke it.
+pub(super) fn close_reason_for(e: &std::io::Error) -> CloseReason {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        CloseReason::PeerClosed
+    } else {
+        CloseReason::Broken(e.to_string())
+    }
+}
 
 /// Why a frame was not queued.
 pub(super) enum SendError {
@@ -73,56 +160,43 @@ impl Shared {
         self.send_held(bytes, held).await.map_err(SendError::Closed)
     }
 
-    /// Queue a frame already counted against the held bound, waiting for room.
+    /// Queue a frame already counted against the held bound, waiting for room (or write it at
+    /// once, when nothing is queued or being written).
     pub(super) async fn send_held(
         &self,
         bytes: Vec<u8>,
         held: Held<'_>,
     ) -> Result<(), CloseReason> {
-        // A frame larger than the whole queue (never, with the defaults) takes all of it.
-        let permits = u32::try_from(bytes.len())
-            .unwrap_or(u32::MAX)
-            .min(self.queue_total);
+        let permits = self.permits_for(&bytes);
         tokio::select! {
             biased;
             p = self.queue_space.acquire_many(permits) => p.map_err(|_| self.close_reason())?.forget(),
             () = self.ended.cancelled() => return Err(self.close_reason()),
         }
-        let held = held.into_queued();
-        self.queue
-            .send(Queued {
-                bytes,
-                permits,
-                held,
-            })
-            .map_err(|e| {
-                // The writer is gone: nobody will release what the frame held.
-                self.held.fetch_sub(e.0.held, Ordering::AcqRel);
-                self.close_reason()
-            })
+        self.write_or_queue(bytes, permits, held.into_queued())
+    }
+
+    /// Queue permits a frame takes: its length (a frame larger than the whole queue — never,
+    /// with the defaults — takes all of it).
+    fn permits_for(&self, bytes: &[u8]) -> u32 {
+        u32::try_from(bytes.len())
+            .unwrap_or(u32::MAX)
+            .min(self.queue_total)
     }
 
     /// Queue a frame if there is room now; otherwise hand it back. The reader task uses this:
     /// it must never wait for the writer, or two sessions whose queues are both full (each
     /// waiting for the other to read) would stop reading for good.
     pub(super) fn try_send(&self, bytes: Vec<u8>) -> Result<(), Vec<u8>> {
-        let permits = u32::try_from(bytes.len())
-            .unwrap_or(u32::MAX)
-            .min(self.queue_total);
+        let permits = self.permits_for(&bytes);
         let Ok(held) = self.reserve(bytes.len()) else {
             return Err(bytes);
         };
         match self.queue_space.try_acquire_many(permits) {
             Ok(p) => {
                 p.forget();
-                let held = held.into_queued();
-                if let Err(e) = self.queue.send(Queued {
-                    bytes,
-                    permits,
-                    held,
-                }) {
-                    self.held.fetch_sub(e.0.held, Ordering::AcqRel);
-                }
+                // Past here the frame is the session's: if the session ended, nobody waits.
+                let _ = self.write_or_queue(bytes, permits, held.into_queued());
                 Ok(())
             }
             Err(_) => Err(bytes),
@@ -132,11 +206,7 @@ impl Shared {
     /// Queue a frame without waiting: only for `$/cancel`, which is tiny and at most one per
     /// call, so it cannot grow the queue without bound.
     pub(super) fn send_now(&self, bytes: Vec<u8>) {
-        let _ = self.queue.send(Queued {
-            bytes,
-            permits: 0,
-            held: 0,
-        });
+        let _ = self.write_or_queue(bytes, 0, 0);
     }
 
     pub(super) fn send_cancel(&self, id: i64) {
@@ -149,11 +219,90 @@ impl Shared {
         frame.push(b'\n');
         self.send_now(frame);
     }
+
+    fn out(&self) -> std::sync::MutexGuard<'_, Out> {
+        // Every critical section leaves `Out` whole (a take, a put back, a count), so a
+        // poisoned lock is still usable.
+        self.out.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A frame accepted (its `permits` and `held` bytes taken): if nothing is queued or being
+    /// written, write it now from this task; queue what the pipe did not take, or the whole
+    /// frame when the writer task is busy. Fails only if the writer task is gone.
+    fn write_or_queue(
+        &self,
+        mut bytes: Vec<u8>,
+        permits: u32,
+        held: usize,
+    ) -> Result<(), CloseReason> {
+        let mut out = self.out();
+        if out.queued == 0
+            && let Some(io) = out.io.as_mut()
+        {
+            match write_now(io, &bytes) {
+                Ok(Attempt::Done) => {
+                    drop(out);
+                    self.written(bytes.len(), permits, held);
+                    return Ok(());
+                }
+                Ok(Attempt::Partial(n)) => {
+                    // The rest goes first in the queue: nothing else is queued, and nobody can
+                    // queue or write before this lock is released.
+                    self.counters
+                        .bytes_out
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    bytes.drain(..n);
+                }
+                Err(e) => {
+                    // As when the writer task's write fails: the session ends, and the frame
+                    // is lost with it (a call learns it from its pending entry, failed by
+                    // `end`). The write half is done for: nobody writes with it again.
+                    out.io = None;
+                    drop(out);
+                    self.queue_space.add_permits(permits as usize);
+                    self.held.fetch_sub(held, Ordering::AcqRel);
+                    tracing::debug!(peer = %self.name, error = %e, "write failed; ending the session");
+                    self.end(close_reason_for(&e));
+                    return Ok(());
+                }
+            }
+        }
+        out.queued += 1;
+        let sent = self.queue.send(Queued {
+            bytes,
+            permits,
+            held,
+        });
+        if let Err(e) = sent {
+            // The writer is gone: nobody will release what the frame held.
+            out.queued -= 1;
+            drop(out);
+            self.held.fetch_sub(e.0.held, Ordering::AcqRel);
+            return Err(self.close_reason());
+        }
+        Ok(())
+    }
+
+    /// Drop the write half if it is in its slot (the writer task drops it when it ends with
+    /// it): a session that is dropped closes its write half at once, as when the writer task
+    /// owned it, though peers and handler tasks may still hold the shared state.
+    pub(super) fn drop_write_half(&self) {
+        let io = self.out().io.take();
+        drop(io);
+    }
+
+    /// `len` bytes written: give back what they held, count them.
+    fn written(&self, len: usize, permits: u32, held: usize) {
+        self.queue_space.add_permits(permits as usize);
+        self.held.fetch_sub(held, Ordering::AcqRel);
+        self.counters
+            .bytes_out
+            .fetch_add(len as u64, Ordering::Relaxed);
+    }
 }
 
-pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
+pub(super) async fn write_loop(
     shared: Arc<Shared>,
-    mut write: W,
     mut queue: mpsc::UnboundedReceiver<Queued>,
     finish: CancellationToken,
 ) {
@@ -164,7 +313,16 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
             q = queue.recv() => match q { Some(q) => q, None => break },
             () = finish.cancelled() => match queue.try_recv() { Ok(q) => q, Err(_) => break },
         };
+        // While frames are queued nobody else writes, and a sender writing at once holds the
+        // lock for its whole attempt: the write half is in its slot, unless it is gone.
+        let Some(mut write) = shared.out().io.take() else {
+            // A write failed (the session has ended): what is queued will never be written.
+            shared.queue_space.add_permits(first.permits as usize);
+            shared.held.fetch_sub(first.held, Ordering::AcqRel);
+            return;
+        };
         // Batch whatever else is already queued into one write, up to 1 MiB.
+        let mut frames = 1;
         let mut permits = first.permits;
         let mut held = first.held;
         let mut written = first.bytes.len();
@@ -172,12 +330,14 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
             batch.clear();
             batch.extend_from_slice(&first.bytes);
             batch.extend_from_slice(&next.bytes);
+            frames += 1;
             permits += next.permits;
             held += next.held;
             while batch.len() < (1 << 20) {
                 match queue.try_recv() {
                     Ok(q) => {
                         batch.extend_from_slice(&q.bytes);
+                        frames += 1;
                         permits += q.permits;
                         held += q.held;
                     }
@@ -191,30 +351,153 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
         };
         shared.queue_space.add_permits(permits as usize);
         shared.held.fetch_sub(held, Ordering::AcqRel);
-        if res.is_ok() {
-            shared
-                .counters
-                .bytes_out
-                .fetch_add(written as u64, Ordering::Relaxed);
-        }
         if let Err(e) = res {
             tracing::debug!(peer = %shared.name, error = %e, "write failed; ending the session");
-            let reason = if e.kind() == std::io::ErrorKind::BrokenPipe {
-                CloseReason::PeerClosed
-            } else {
-                CloseReason::Broken(e.to_string())
-            };
-            shared.end(reason);
+            shared.end(close_reason_for(&e));
             return;
+        }
+        shared
+            .counters
+            .bytes_out
+            .fetch_add(written as u64, Ordering::Relaxed);
+        {
+            let mut out = shared.out();
+            out.io = Some(write);
+            out.queued -= frames;
         }
         if batch.capacity() > (4 << 20) {
             batch = Vec::new(); // do not keep a huge buffer after a burst
         }
     }
-    let _ = write.shutdown().await;
+    let write = shared.out().io.take();
+    if let Some(mut write) = write {
+        let _ = write.shutdown().await;
+    }
 }
 
-async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8]) -> std::io::Result<()> {
+async fn write_frame<W: AsyncWrite + Unpin + ?Sized>(
+    w: &mut W,
+    bytes: &[u8],
+) -> std::io::Result<()> {
     w.write_all(bytes).await?;
     w.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::io;
+
+    use super::*;
+
+    /// A write half that answers each poll from a script: `Some(n)` takes up to `n` bytes,
+    /// `None` would block. Past the script it takes everything. Flushes answer from their own.
+    #[derive(Default)]
+    struct Scripted {
+        writes: VecDeque<Option<usize>>,
+        flushes: VecDeque<Poll<io::Result<()>>>,
+        error: Option<io::ErrorKind>,
+        got: Vec<u8>,
+    }
+
+    impl AsyncWrite for Scripted {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            if let Some(kind) = self.error {
+                return Poll::Ready(Err(io::Error::new(kind, "scripted failure")));
+            }
+            match self.writes.pop_front() {
+                Some(None) => Poll::Pending,
+                Some(Some(n)) => {
+                    let n = n.min(buf.len());
+                    self.got.extend_from_slice(&buf[..n]);
+                    Poll::Ready(Ok(n))
+                }
+                None => {
+                    self.got.extend_from_slice(buf);
+                    Poll::Ready(Ok(buf.len()))
+                }
+            }
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.flushes.pop_front().unwrap_or(Poll::Ready(Ok(())))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn a_frame_the_pipe_takes_whole_is_done() {
+        let mut w = Scripted::default();
+        assert_eq!(write_now(&mut w, b"frame\n").unwrap(), Attempt::Done);
+        assert_eq!(w.got, b"frame\n");
+    }
+
+    #[test]
+    fn a_short_write_leaves_the_rest_after_one_attempt() {
+        let mut w = Scripted {
+            writes: [Some(3), Some(10)].into(),
+            ..Scripted::default()
+        };
+        assert_eq!(write_now(&mut w, b"frame\n").unwrap(), Attempt::Partial(3));
+        assert_eq!(w.got, b"fra", "one write, however much the next would take");
+    }
+
+    #[test]
+    fn a_write_that_would_block_leaves_it_all() {
+        let mut w = Scripted {
+            writes: [None].into(),
+            ..Scripted::default()
+        };
+        assert_eq!(write_now(&mut w, b"frame\n").unwrap(), Attempt::Partial(0));
+        assert!(w.got.is_empty());
+    }
+
+    #[test]
+    fn a_flush_that_would_block_leaves_only_the_flush() {
+        let mut w = Scripted {
+            flushes: [Poll::Pending].into(),
+            ..Scripted::default()
+        };
+        assert_eq!(write_now(&mut w, b"frame\n").unwrap(), Attempt::Partial(6));
+        assert_eq!(w.got, b"frame\n");
+    }
+
+    #[test]
+    fn failures_are_errors_and_a_write_of_nothing_is_one() {
+        let mut w = Scripted {
+            error: Some(io::ErrorKind::BrokenPipe),
+            ..Scripted::default()
+        };
+        let e = write_now(&mut w, b"frame\n").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+        let mut w = Scripted {
+            writes: [Some(0)].into(),
+            ..Scripted::default()
+        };
+        let e = write_now(&mut w, b"frame\n").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WriteZero);
+        let mut w = Scripted {
+            flushes: [Poll::Ready(Err(io::Error::other("flush failed")))].into(),
+            ..Scripted::default()
+        };
+        assert!(write_now(&mut w, b"frame\n").is_err());
+    }
+
+    #[test]
+    fn a_broken_pipe_is_the_peer_closing_anything_else_a_break() {
+        let epipe = io::Error::from(io::ErrorKind::BrokenPipe);
+        assert_eq!(close_reason_for(&epipe), CloseReason::PeerClosed);
+        let other = io::Error::other("disk on fire");
+        assert_eq!(
+            close_reason_for(&other),
+            CloseReason::Broken("disk on fire".into())
+        );
+    }
 }

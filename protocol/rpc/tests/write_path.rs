@@ -1,0 +1,404 @@
+//! The write path: a sender that finds nothing queued writes its frame itself, and hands the
+//! rest of a frame the pipe did not take to the writer task. Frames must still go out whole
+//! and in order, the bounds must still hold, and a broken pipe must end the session as before.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use conduit_protocol::ErrorCode;
+use conduit_rpc::testing::TestHandler;
+use conduit_rpc::{CallError, CloseReason, Session, SessionConfig, SessionCounters};
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe;
+
+/// How long a test waits for a condition before it gives up (only a failing test waits this
+/// long; the suite runs on busy machines).
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A read half that never yields anything and never ends, for sessions only written to.
+fn silent() -> (tokio::io::DuplexStream, tokio::io::DuplexStream) {
+    tokio::io::duplex(64)
+}
+
+/// The padding of frame `seq` of sender `task`: mostly small, every fifth larger than a pipe's
+/// buffer (64 KiB), so that some writes are partial.
+fn pad(task: usize, seq: usize) -> String {
+    let len = if (task + seq).is_multiple_of(5) {
+        100_000 + task * 13
+    } else {
+        (task * 7919 + seq * 104_729) % 3000
+    };
+    "x".repeat(len)
+}
+
+/// Every line of `bytes` as JSON (a line that does not parse is two frames interleaved).
+fn lines(bytes: &[u8]) -> Vec<Value> {
+    bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            serde_json::from_slice(l).unwrap_or_else(|e| {
+                panic!(
+                    "a line is not one JSON message ({e}): {}…",
+                    String::from_utf8_lossy(&l[..l.len().min(200)])
+                )
+            })
+        })
+        .collect()
+}
+
+/// Each sender's `seq`s in the order they arrived must be 0, 1, 2, … `per_task - 1`.
+fn assert_in_order(messages: &[Value], tasks: usize, per_task: usize) {
+    let mut seen: HashMap<u64, Vec<u64>> = HashMap::new();
+    for m in messages {
+        let p = &m["params"];
+        seen.entry(p["task"].as_u64().unwrap())
+            .or_default()
+            .push(p["seq"].as_u64().unwrap());
+    }
+    assert_eq!(seen.len(), tasks, "every sender's frames arrived");
+    for (task, seqs) in seen {
+        let want: Vec<u64> = (0..per_task as u64).collect();
+        assert_eq!(
+            seqs, want,
+            "sender {task}'s frames, in the order they arrived"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_callers_on_a_real_pipe_never_interleave_their_frames() {
+    let (to_peer, from_host) = pipe::pipe().unwrap();
+    let (to_host, from_peer) = pipe::pipe().unwrap();
+    let host = Session::new(
+        from_peer,
+        to_peer,
+        TestHandler::default(),
+        SessionConfig::named("pipe"),
+    );
+    // The other side: parses every line; answers each request with its params, keeps each
+    // notification's sender and sequence number.
+    let other = tokio::spawn(async move {
+        let mut to_host = to_host;
+        let mut from_host = BufReader::new(from_host);
+        let mut notes = Vec::new();
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if from_host.read_until(b'\n', &mut line).await.unwrap() == 0 {
+                return notes;
+            }
+            let mut m = lines(&line);
+            assert_eq!(m.len(), 1, "one message per line");
+            let m = m.pop().unwrap();
+            if m.get("id").is_some() {
+                let answer = json!({"jsonrpc": "2.0", "id": m["id"], "result": m["params"]});
+                let mut frame = serde_json::to_vec(&answer).unwrap();
+                frame.push(b'\n');
+                to_host.write_all(&frame).await.unwrap();
+            } else {
+                notes.push(m);
+            }
+        }
+    });
+    let (tasks, per_task) = (16, 12);
+    let mut callers = Vec::new();
+    for task in 0..tasks {
+        let peer = host.peer();
+        callers.push(tokio::spawn(async move {
+            for seq in 0..per_task {
+                let params = json!({"task": task, "seq": seq, "pad": pad(task, seq)});
+                peer.notify("note", &params).await?;
+                let raw = RawValue::from_string(params.to_string()).unwrap();
+                let answer = peer
+                    .call_raw("echo", &raw, Some(Duration::from_secs(20)))
+                    .await?;
+                assert_eq!(answer.get(), raw.get(), "caller {task} got its own answer");
+            }
+            Ok::<_, CallError>(())
+        }));
+    }
+    for (i, c) in callers.into_iter().enumerate() {
+        c.await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("caller {i}: {e}"));
+    }
+    // Closing the session closes the pipe: the other side reads to the end.
+    host.close(Duration::from_secs(1)).await;
+    let notes = tokio::time::timeout(PATIENCE, other)
+        .await
+        .expect("the other side reads to the end")
+        .unwrap();
+    assert_in_order(&notes, tasks, per_task);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_reading_a_real_pipe_gets_the_queue_and_the_held_bound_refuses() {
+    let (to_peer, from_host) = pipe::pipe().unwrap();
+    let (_keep, read) = silent();
+    let frame = 8 * 1024;
+    let config = SessionConfig {
+        max_message_bytes: 16 * 1024,
+        write_queue_bytes: 32 * 1024,
+        max_held_bytes: 64 * 1024,
+        ..SessionConfig::named("unread")
+    };
+    let host = Session::new(read, to_peer, TestHandler::default(), config);
+    let peer = host.peer();
+    let params = |seq: usize| json!({"task": 0, "seq": seq, "pad": "x".repeat(frame - 80)});
+    // Nobody reads: the pipe's buffer (64 KiB) fills, then the queue (32 KiB); then a sender
+    // waits for room.
+    let mut seq = 0;
+    loop {
+        match tokio::time::timeout(
+            Duration::from_millis(200),
+            peer.notify("note", &params(seq)),
+        )
+        .await
+        {
+            Ok(Ok(())) => seq += 1,
+            Ok(Err(e)) => panic!("{e}"),
+            Err(_) => break,
+        }
+        assert!(
+            seq < 40,
+            "{seq} frames of 8 KiB went into a pipe nobody reads"
+        );
+    }
+    assert!(seq >= 4, "only {seq} frames went out before senders waited");
+    // Senders that wait hold their bytes: a few more, and the next is refused at once.
+    let mut waiting: Vec<Waiting> = Vec::new();
+    let refused = loop {
+        let (p, frame_params) = (peer.clone(), params(seq));
+        let mut next: Waiting = Box::pin(async move { p.notify("note", &frame_params).await });
+        match tokio::time::timeout(Duration::from_millis(50), &mut next).await {
+            Err(_) => {
+                waiting.push(next);
+                seq += 1;
+            }
+            Ok(Ok(())) => panic!("a frame went out into a full pipe"),
+            Ok(Err(e)) => break e,
+        }
+        assert!(waiting.len() < 20, "the held-bytes bound never refused");
+    };
+    assert!(refused.is(ErrorCode::Overloaded), "{refused}");
+    // A call of the same size is refused at once too.
+    let same = RawValue::from_string(params(seq).to_string()).unwrap();
+    let err = peer
+        .call_raw("echo", &same, Some(Duration::from_secs(20)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, CallError::Overloaded { .. }),
+        "a call is refused at once too: {err:?}"
+    );
+    // Now read: everything accepted arrives, whole and in order, the waiting ones included.
+    let reader = tokio::spawn(async move {
+        let mut all = Vec::new();
+        let mut from_host = from_host;
+        tokio::io::AsyncReadExt::read_to_end(&mut from_host, &mut all)
+            .await
+            .unwrap();
+        all
+    });
+    tokio::time::timeout(PATIENCE, futures::future::try_join_all(waiting))
+        .await
+        .expect("the waiting senders get room once the peer reads")
+        .unwrap();
+    drop(peer);
+    host.close(Duration::from_secs(5)).await;
+    let all = tokio::time::timeout(PATIENCE, reader)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_in_order(&lines(&all), 1, seq);
+}
+
+/// A sender waiting for room.
+type Waiting = Pin<Box<dyn Future<Output = Result<(), CallError>> + Send>>;
+
+/// A write half that takes at most `max` bytes a write and would block every other poll (and
+/// wakes its caller at once, as a pipe that drains does).
+struct Trickle {
+    got: Arc<Mutex<Vec<u8>>>,
+    max: usize,
+    block_next: bool,
+}
+
+impl AsyncWrite for Trickle {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let block = self.block_next;
+        self.block_next = !block;
+        if block {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let n = buf.len().min(self.max);
+        self.got.lock().unwrap().extend_from_slice(&buf[..n]);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_the_pipe_takes_a_few_bytes_at_a_time_keep_their_order() {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let counters = Arc::new(SessionCounters::default());
+    let (_keep, read) = silent();
+    let host = Session::new(
+        read,
+        Trickle {
+            got: got.clone(),
+            max: 7,
+            block_next: false,
+        },
+        TestHandler::default(),
+        SessionConfig {
+            counters: counters.clone(),
+            ..SessionConfig::named("trickle")
+        },
+    );
+    let (tasks, per_task) = (8, 40);
+    let mut senders = Vec::new();
+    for task in 0..tasks {
+        let peer = host.peer();
+        senders.push(tokio::spawn(async move {
+            for seq in 0..per_task {
+                let len = (task * 31 + seq * 17) % 200;
+                peer.notify(
+                    "note",
+                    &json!({"task": task, "seq": seq, "pad": "y".repeat(len)}),
+                )
+                .await?;
+            }
+            Ok::<_, CallError>(())
+        }));
+    }
+    for s in senders {
+        s.await.unwrap().unwrap();
+    }
+    // Every frame is accepted; wait (with a ceiling) until the last is written.
+    let start = Instant::now();
+    while got.lock().unwrap().iter().filter(|b| **b == b'\n').count() < tasks * per_task {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the frames were never all written"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let written = got.lock().unwrap().clone();
+    assert_in_order(&lines(&written), tasks, per_task);
+    // Written bytes are counted once each, by whichever task wrote them.
+    let start = Instant::now();
+    while counters.bytes_out.load(Ordering::Relaxed) != written.len() as u64 {
+        assert!(start.elapsed() < PATIENCE, "bytes_out never matched");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_pipe_on_a_write_ends_the_session_as_the_peer_closing() {
+    // A pipe closed before the first write (tokio does not know yet that it is writable, so
+    // the writer task meets the error), and one closed after a write went through (the
+    // caller's own write meets it).
+    for written_first in [false, true] {
+        let (to_peer, from_host) = pipe::pipe().unwrap();
+        let (_keep, read) = silent();
+        let host = Session::new(
+            read,
+            to_peer,
+            TestHandler::default(),
+            SessionConfig::named("gone"),
+        );
+        if written_first {
+            host.peer().notify("first", &json!(1)).await.unwrap();
+            let mut from_host = BufReader::new(from_host);
+            let mut line = String::new();
+            tokio::time::timeout(PATIENCE, from_host.read_line(&mut line))
+                .await
+                .expect("the first frame arrives")
+                .unwrap();
+            assert!(line.contains("first"), "{line}");
+        } else {
+            drop(from_host);
+        }
+        let one = RawValue::from_string("1".into()).unwrap();
+        let err = host
+            .peer()
+            .call_raw("echo", &one, Some(Duration::from_secs(20)))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CallError::Closed {
+                    reason: CloseReason::PeerClosed,
+                    ..
+                }
+            ),
+            "written first: {written_first}: {err:?}"
+        );
+        let reason = tokio::time::timeout(PATIENCE, host.wait()).await.unwrap();
+        assert_eq!(reason, CloseReason::PeerClosed);
+        // And after it, nothing more is sent.
+        let err = host.peer().notify("more", &json!(1)).await.unwrap_err();
+        assert!(matches!(err, CallError::Closed { .. }), "{err:?}");
+    }
+}
+
+/// A write half whose writes fail.
+struct Failing;
+
+impl AsyncWrite for Failing {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, _: &[u8]) -> Poll<io::Result<usize>> {
+        Poll::Ready(Err(io::Error::other("the disk is on fire")))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_other_write_error_ends_the_session_as_broken() {
+    let (_keep, read) = silent();
+    let host = Session::new(
+        read,
+        Failing,
+        TestHandler::default(),
+        SessionConfig::named("failing"),
+    );
+    // Accepted, as a queued frame would be; the write fails and ends the session.
+    host.peer().notify("note", &json!(1)).await.unwrap();
+    let want = CloseReason::Broken("the disk is on fire".into());
+    let reason = tokio::time::timeout(PATIENCE, host.wait()).await.unwrap();
+    assert_eq!(reason, want);
+    let err = host.peer().notify("more", &json!(1)).await.unwrap_err();
+    assert!(
+        matches!(&err, CallError::Closed { reason, .. } if *reason == want),
+        "{err:?}"
+    );
+}
