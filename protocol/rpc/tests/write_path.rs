@@ -402,3 +402,37 @@ async fn any_other_write_error_ends_the_session_as_broken() {
         "{err:?}"
     );
 }
+
+/// A peer may reuse a request's id as soon as it has the answer (some clients number every
+/// request 1): the answers the reader writes itself free their id before the next request is
+/// read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_reuses_an_id_as_soon_as_it_has_the_answer_is_never_refused() {
+    let (to_ext, from_host) = pipe::pipe().unwrap();
+    let (to_host, from_ext) = pipe::pipe().unwrap();
+    let ext = Session::new(
+        from_host,
+        to_host,
+        TestHandler::default(),
+        SessionConfig::named("reuse"),
+    );
+    let mut to_ext = to_ext;
+    let mut from_ext = BufReader::new(from_ext);
+    let mut line = Vec::new();
+    for i in 0..2000 {
+        let req = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"echo\",\"params\":{{\"i\":{i}}}}}\n"
+        );
+        to_ext.write_all(req.as_bytes()).await.unwrap();
+        line.clear();
+        let read = tokio::time::timeout(PATIENCE, from_ext.read_until(b'\n', &mut line))
+            .await
+            .expect("an answer within the patience")
+            .unwrap();
+        assert!(read > 0, "the session ended");
+        let m = lines(&line).pop().unwrap();
+        assert_eq!(m["result"]["i"], i, "request {i} with the reused id 1: {m}");
+    }
+    drop(to_ext);
+    ext.close(Duration::from_secs(1)).await;
+}

@@ -162,6 +162,8 @@ async fn on_message(
             if let std::task::Poll::Ready(r) = futures::poll!(fut.as_mut()) {
                 let res = r.unwrap_or_else(|_| Err(RpcError::internal("the handler panicked")));
                 let frame = reply_frame(shared, Some(&id), &res);
+                // Written (or queued) and its id freed before this task reads the next
+                // request, so a peer that reuses the id at once finds it free.
                 let frame = match shared.try_send(frame) {
                     Ok(()) => {
                         shared.lock().incoming.remove(&id);
@@ -170,10 +172,17 @@ async fn on_message(
                     Err(frame) => frame,
                 };
                 // No room to write the answer now: a task waits for room, keeping the
-                // request's slot (so at most 64 such answers wait) — never the reader.
+                // request's slot (so at most 64 such answers wait) — never the reader. The
+                // reader goes on meanwhile, so the id is freed once there is room and before
+                // the answer can reach the peer (it may be written at once): a peer may reuse
+                // an id as soon as it has the answer.
                 let shared = shared.clone();
                 handlers.spawn(async move {
-                    send_answer(&shared, Some(&id), frame).await;
+                    send_answer(&shared, Some(&id), frame, || {
+                        shared.lock().incoming.remove(&id);
+                    })
+                    .await;
+                    // Also when the session ended before there was room.
                     shared.lock().incoming.remove(&id);
                 });
                 return;
@@ -253,17 +262,22 @@ async fn on_oversized(shared: &Arc<Shared>, head: &[u8], len: usize) {
 /// Answer a request. A result over the cap is replaced by `message_too_large`.
 async fn reply(shared: &Shared, id: Option<&RequestId>, res: HandlerResult) {
     let frame = reply_frame(shared, id, &res);
-    send_answer(shared, id, frame).await;
+    send_answer(shared, id, frame, || {}).await;
 }
 
 /// Queue an answer, waiting for room. One that would pass the held-bytes bound is replaced by
 /// a small `overloaded` error (held outside the bound, like `$/cancel`: at most one per
 /// request slot), so the peer's caller is still answered.
-async fn send_answer(shared: &Shared, id: Option<&RequestId>, frame: Vec<u8>) {
+async fn send_answer(
+    shared: &Shared,
+    id: Option<&RequestId>,
+    frame: Vec<u8>,
+    accepted: impl FnOnce(),
+) {
     let size = frame.len();
     match shared.reserve(size) {
         Ok(held) => {
-            let _ = shared.send_held(frame, held).await;
+            let _ = shared.send_held_then(frame, held, accepted).await;
         }
         Err((held, limit)) => {
             drop(frame);
@@ -279,7 +293,7 @@ async fn send_answer(shared: &Shared, id: Option<&RequestId>, frame: Vec<u8>) {
             .with_data(&serde_json::json!({ "held_bytes_limit": limit }));
             let small = reply_frame(shared, id, &Err(err));
             let held = Held { shared, bytes: 0 };
-            let _ = shared.send_held(small, held).await;
+            let _ = shared.send_held_then(small, held, accepted).await;
         }
     }
 }

@@ -167,12 +167,25 @@ impl Shared {
         bytes: Vec<u8>,
         held: Held<'_>,
     ) -> Result<(), CloseReason> {
+        self.send_held_then(bytes, held, || {}).await
+    }
+
+    /// [`Shared::send_held`], calling `accepted` once there is room and before the frame can
+    /// reach the peer: an answer frees its request's id there, since a peer may reuse an id as
+    /// soon as it has the answer. Not called if the session ends first.
+    pub(super) async fn send_held_then(
+        &self,
+        bytes: Vec<u8>,
+        held: Held<'_>,
+        accepted: impl FnOnce(),
+    ) -> Result<(), CloseReason> {
         let permits = self.permits_for(&bytes);
         tokio::select! {
             biased;
             p = self.queue_space.acquire_many(permits) => p.map_err(|_| self.close_reason())?.forget(),
             () = self.ended.cancelled() => return Err(self.close_reason()),
         }
+        accepted();
         self.write_or_queue(bytes, permits, held.into_queued())
     }
 
