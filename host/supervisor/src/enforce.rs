@@ -1,9 +1,9 @@
 //! The supervisor's side of an extension's limits, for one run: the tree sampled from `/proc`
 //! every [`crate::usage::SAMPLE_INTERVAL`] while it runs or nears a limit, less often while it
-//! is idle (see [`usage::next_interval`]), held to its CPU share by SIGSTOP/SIGCONT, and told
-//! apart when it is over its memory or task limit (the run then ends as `over-limit`: see
-//! `run.rs`). The decisions are pure ([`crate::usage`]); this module gathers the facts and
-//! applies them.
+//! is idle (see [`usage::next_interval`]), not at all while it rests (see `rest.rs`), held to
+//! its CPU share by SIGSTOP/SIGCONT, and told apart when it is over its memory or task limit
+//! (the run then ends as `over-limit`: see `run.rs`). The decisions are pure
+//! ([`crate::usage`]); this module gathers the facts and applies them.
 
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,8 @@ pub(crate) struct Enforcer {
     last_ticks: Option<u64>,
     every: Duration,
     due: tokio::time::Instant,
+    /// What the last sample said of resting ([`usage::may_rest`]).
+    may_rest: bool,
 }
 
 impl Enforcer {
@@ -61,12 +63,18 @@ impl Enforcer {
             last_ticks: None,
             every: usage::SAMPLE_INTERVAL,
             due: tokio::time::Instant::now() + usage::SAMPLE_INTERVAL,
+            may_rest: false,
         }
     }
 
     /// When the next sample is due.
     pub(crate) fn due(&self) -> tokio::time::Instant {
         self.due
+    }
+
+    /// Whether the last sample found the tree fit to rest ([`usage::may_rest`]).
+    pub(crate) fn may_rest(&self) -> bool {
+        self.may_rest
     }
 
     /// One sample; `Some(why)` when the tree must be stopped for a limit.
@@ -107,6 +115,7 @@ impl Enforcer {
             throttled: self.throttled,
             throttles: self.throttles,
         };
+        self.may_rest = usage::may_rest(idle, self.throttled, now.cpu, &u, &self.limits);
         ext.show_usage(now);
         None
     }
