@@ -270,29 +270,30 @@ async fn run_once(
     let asked = Instant::now();
     let mut enforcer = spec.confine.limits.map(Enforcer::new);
     let handshake = {
-        let call = tokio::time::timeout(
+        // On the heap: the actor's future holds what any of its awaits may need at once, and a
+        // thousand idle actors would each keep room for a handshake they finished long ago.
+        let mut call = Box::pin(tokio::time::timeout(
             spec.start_timeout,
             peer.call::<_, InitializeResult>(methods::host::INITIALIZE, &init, None),
-        );
-        tokio::pin!(call);
+        ));
         loop {
             tokio::select! {
                 r = &mut call => break r,
                 status = run.child.wait() => {
                     let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
-                    return finish_failed(ext, run, exit, None, "exited during the handshake".into()).await;
+                    return Box::pin(finish_failed(ext, run, exit, None, "exited during the handshake".into())).await;
                 }
-                () = shutdown.cancelled() => { stop_run(ext, run, spec.stop_grace, "the daemon stopping").await; return Outcome::Stop; }
+                () = shutdown.cancelled() => { Box::pin(stop_run(ext, run, spec.stop_grace, "the daemon stopping")).await; return Outcome::Stop; }
                 // A stop or restart asked for during the handshake is not kept waiting for it.
                 cmd = cmds.recv() => {
                     let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
-                    stop_run(ext, run, spec.stop_grace, why).await;
+                    Box::pin(stop_run(ext, run, spec.stop_grace, why)).await;
                     return outcome;
                 }
                 () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() => {
                     let e = enforcer.as_mut().expect("sampled only with an enforcer");
                     if let Some(why) = e.sample(ext, run.pid) {
-                        return over_limit(ext, run, None, why).await;
+                        return Box::pin(over_limit(ext, run, None, why)).await;
                     }
                 }
             }
@@ -301,7 +302,7 @@ async fn run_once(
     let result = match handshake {
         Err(_) => {
             let msg = format!("no answer to `initialize` within {:?}", spec.start_timeout);
-            return host_killed(ext, run, None, msg).await;
+            return Box::pin(host_killed(ext, run, None, msg)).await;
         }
         Ok(Err(e)) if e.is(ErrorCode::VersionMismatch) => {
             let data = match &e {
@@ -313,7 +314,13 @@ async fn run_once(
                 e,
                 data.as_deref().unwrap_or("none")
             );
-            stop_run(ext, run, spec.stop_grace, "an incompatible handshake").await;
+            Box::pin(stop_run(
+                ext,
+                run,
+                spec.stop_grace,
+                "an incompatible handshake",
+            ))
+            .await;
             return Outcome::Incompatible(msg);
         }
         Ok(Err(e)) if e.is(ErrorCode::ExtensionExited) => {
@@ -325,15 +332,21 @@ async fn run_once(
                 .map(|st| ExitInfo::from_status(st, now_ms()));
             return match exit {
                 Some(exit) => {
-                    finish_failed(ext, run, Some(exit), None, format!("handshake failed: {e}"))
-                        .await
+                    Box::pin(finish_failed(
+                        ext,
+                        run,
+                        Some(exit),
+                        None,
+                        format!("handshake failed: {e}"),
+                    ))
+                    .await
                 }
-                None => closed_stdout(ext, run, None).await,
+                None => Box::pin(closed_stdout(ext, run, None)).await,
             };
         }
         Ok(Err(e)) => {
             let msg = format!("handshake failed: {e}");
-            return host_killed(ext, run, None, msg).await;
+            return Box::pin(host_killed(ext, run, None, msg)).await;
         }
         Ok(Ok(r)) => r,
     };
@@ -342,7 +355,13 @@ async fn run_once(
             "the extension chose protocol version {}, which this host does not speak (it speaks {PROTOCOL_VERSIONS:?})",
             result.protocol_version
         );
-        stop_run(ext, run, spec.stop_grace, "an incompatible handshake").await;
+        Box::pin(stop_run(
+            ext,
+            run,
+            spec.stop_grace,
+            "an incompatible handshake",
+        ))
+        .await;
         return Outcome::Incompatible(msg);
     }
 
@@ -384,7 +403,7 @@ async fn run_once(
             () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() && rest.is_none() => {
                 let e = enforcer.as_mut().expect("sampled only with an enforcer");
                 if let Some(why) = e.sample(ext, run.pid) {
-                    return over_limit(ext, run, Some(ready_at), why).await;
+                    return Box::pin(over_limit(ext, run, Some(ready_at), why)).await;
                 }
             }
             // Woken by the sweep (its clock moved), or the resting tree's periodic read: read
@@ -400,9 +419,9 @@ async fn run_once(
                     && cgroup::read_use(dir).oom_kills > before
                 {
                     let why = format!("over its {} memory limit (killed by the kernel at the cgroup's memory.max)", limits::format_bytes(l.memory));
-                    return over_limit(ext, run, Some(ready_at), why).await;
+                    return Box::pin(over_limit(ext, run, Some(ready_at), why)).await;
                 }
-                return finish_failed(ext, run, exit, Some(ready_at), String::new()).await;
+                return Box::pin(finish_failed(ext, run, exit, Some(ready_at), String::new())).await;
             }
             _ = watch.closed() => {
                 // It closed stdout (or the pipe broke) but may still be alive: end it. If it
@@ -413,19 +432,19 @@ async fn run_once(
                     .and_then(Result::ok)
                     .map(|st| ExitInfo::from_status(st, now_ms()));
                 return match exit {
-                    Some(exit) => finish_failed(ext, run, Some(exit), Some(ready_at), String::new()).await,
-                    None => closed_stdout(ext, run, Some(ready_at)).await,
+                    Some(exit) => Box::pin(finish_failed(ext, run, Some(exit), Some(ready_at), String::new())).await,
+                    None => Box::pin(closed_stdout(ext, run, Some(ready_at))).await,
                 };
             }
             cmd = cmds.recv() => {
                 ext.set_peer(None);
                 let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
-                stop_run(ext, run, spec.stop_grace, why).await;
+                Box::pin(stop_run(ext, run, spec.stop_grace, why)).await;
                 return outcome;
             }
             () = shutdown.cancelled() => {
                 ext.set_peer(None);
-                stop_run(ext, run, spec.stop_grace, "the daemon stopping").await;
+                Box::pin(stop_run(ext, run, spec.stop_grace, "the daemon stopping")).await;
                 return Outcome::Stop;
             }
             () = tokio::time::sleep_until(next_track), if rest.is_none() => {
@@ -440,7 +459,7 @@ async fn run_once(
                         None => true,
                         Some(e) => {
                             if let Some(why) = e.sample(ext, run.pid) {
-                                return over_limit(ext, run, Some(ready_at), why).await;
+                                return Box::pin(over_limit(ext, run, Some(ready_at), why)).await;
                             }
                             e.may_rest()
                         }

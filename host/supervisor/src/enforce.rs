@@ -5,6 +5,7 @@
 //! (the run then ends as `over-limit`: see `run.rs`). The decisions are pure
 //! ([`crate::usage`]); this module gathers the facts and applies them.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use crate::extension::Extension;
@@ -14,14 +15,14 @@ use crate::tree;
 use crate::usage::{self, CpuBudget, Duty, Usage};
 
 /// How the limits of `c` are enforced, for `ext status`.
-pub(crate) fn mechanism(c: &Confinement) -> String {
-    if c.cgroup.is_some() {
-        "cgroup v2 (memory.max, cpu.max, pids.max) + RLIMIT_NOFILE".into()
+pub(crate) fn mechanism(c: &Confinement) -> Cow<'static, str> {
+    Cow::Borrowed(if c.cgroup.is_some() {
+        "cgroup v2 (memory.max, cpu.max, pids.max) + RLIMIT_NOFILE"
     } else if cfg!(target_os = "linux") {
-        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA) + supervisor (tree RSS and tasks from /proc, CPU share by SIGSTOP/SIGCONT)".into()
+        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA) + supervisor (tree RSS and tasks from /proc, CPU share by SIGSTOP/SIGCONT)"
     } else {
-        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA); no /proc here, so memory, tasks and CPU share are not enforced".into()
-    }
+        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA); no /proc here, so memory, tasks and CPU share are not enforced"
+    })
 }
 
 /// Send `sig` to every live process of the tree rooted at `pid`.

@@ -296,8 +296,8 @@ pub fn spawn_confined(cmd: &ChildCommand, confine: &Confinement) -> io::Result<(
                 let p = crate::sandbox::prepare(rules).map_err(io::Error::other)?;
                 let status = SandboxStatus::Landlock {
                     abi: p.abi,
-                    read: rules.read.clone(),
-                    write: rules.write.clone(),
+                    read: rules.read.as_slice().into(),
+                    write: rules.write.as_slice().into(),
                 };
                 (Some(p), status)
             }

@@ -81,7 +81,17 @@ fn parse_stat(pid: u32, text: &str) -> Option<ProcStat> {
     // the comm, counting from 0: state 0, ppid 1, pgrp 2, session 3, utime 11, stime 12,
     // num_threads 17, starttime 19, rss 21 (pages).
     let rest = &text[text.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
+    // The first 22 fields, without a heap allocation (this runs for every process of every
+    // tree read).
+    let mut f = [""; 22];
+    let mut got = 0;
+    for (slot, field) in f.iter_mut().zip(rest.split_whitespace()) {
+        *slot = field;
+        got += 1;
+    }
+    if got < f.len() {
+        return None;
+    }
     let n = |i: usize| f.get(i)?.parse::<u64>().ok();
     Some(ProcStat {
         usage: crate::usage::ProcUse {
