@@ -173,6 +173,27 @@ pub fn children(pid: u32) -> Vec<u32> {
     out
 }
 
+/// The direct children of a process whose stat was just read as `s`. A live single-threaded
+/// process's children are all in its one thread's `children` file, read without listing
+/// `/proc/<pid>/task` (a directory read costs a 32 KiB buffer and three more system calls; most
+/// extensions and their processes have one thread). A thread started since the stat was read
+/// may have children this read misses; the next read sees them, as it sees any process started
+/// just after a read.
+fn children_of(s: &ProcStat) -> Vec<u32> {
+    if s.usage.threads != 1 || s.is_zombie() {
+        // Several threads, or a leader that is gone while others run: every thread's file.
+        return children(s.id.pid);
+    }
+    let pid = s.id.pid;
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map(|text| {
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// `root` and every live descendant of it.
 pub fn tree(root: u32) -> Vec<ProcStat> {
     let mut out = Vec::new();
@@ -183,10 +204,10 @@ pub fn tree(root: u32) -> Vec<ProcStat> {
             continue;
         }
         let Some(s) = stat(pid) else { continue };
+        todo.extend(children_of(&s));
         if !s.is_zombie() {
             out.push(s);
         }
-        todo.extend(children(pid));
     }
     out
 }
@@ -440,6 +461,31 @@ mod tests {
         let line = "77 (a (b) c) R 1 77 77 0 -1 0 0 0 0 0 250 50 0 0 20 0 3 0 1234 100000 512 0";
         let u = parse_stat(77, line).unwrap().usage;
         assert_eq!((u.cpu_ticks, u.threads, u.rss_pages), (300, 3, 512));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_tree_holds_the_children_of_single_and_multi_threaded_processes() {
+        // `sh` has one thread; this test process has several (the test harness's).
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", "sleep 1000 & wait"])
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let sleeper = loop {
+            let t = tree(sh.id());
+            if let Some(s) = t.iter().find(|p| p.id.pid != sh.id()) {
+                assert_eq!(t[0].usage.threads, 1, "sh is single-threaded");
+                break s.id.pid;
+            }
+            assert!(Instant::now() < deadline, "the shell's child never showed");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mine = tree(std::process::id());
+        assert!(mine.iter().any(|p| p.id.pid == sh.id()));
+        assert!(mine.iter().any(|p| p.id.pid == sleeper));
+        let _ = kill(Pid::from_raw(sleeper as i32), Signal::SIGKILL);
+        sh.wait().unwrap();
     }
 
     #[cfg(target_os = "linux")]
