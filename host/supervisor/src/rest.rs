@@ -67,15 +67,17 @@ impl Resting {
         rx
     }
 
-    /// How many are parked now (those unparked since the last pass not counted).
+    /// How many are parked now (those unparked since the last pass not counted; during a pass,
+    /// only those parked since it began).
     pub(crate) fn count(&self) -> usize {
         self.lock().iter().filter(|p| !p.wake.is_closed()).count()
     }
 
     /// One pass over the parked clocks: wake each whose clock moved, forget each no one waits
-    /// for any more. Returns how many stay parked.
+    /// for any more. Returns how many stay parked. The list is taken out for the pass, so an
+    /// actor parking meanwhile does not wait for a thousand clocks to be read.
     pub(crate) fn sweep(&self) -> usize {
-        let mut parked = self.lock();
+        let mut parked = std::mem::take(&mut *self.lock());
         let mut i = 0;
         while i < parked.len() {
             let p = &parked[i];
@@ -85,7 +87,9 @@ impl Resting {
                 i += 1;
             }
         }
-        parked.len()
+        let mut now = self.lock();
+        now.append(&mut parked);
+        now.len()
     }
 
     /// The sweep, until `stop`: a pass every [`SWEEP_INTERVAL`] while any extension rests.
