@@ -87,6 +87,7 @@ impl Enforcer {
             return Some(why);
         }
         let idle = self.last_ticks == Some(u.cpu_ticks);
+        let was_throttled = self.throttled;
         self.last_ticks = Some(u.cpu_ticks);
         self.every = usage::next_interval(self.every, idle && !self.throttled, &u, &self.limits);
         self.due = tokio::time::Instant::now() + self.every;
@@ -116,7 +117,16 @@ impl Enforcer {
             throttled: self.throttled,
             throttles: self.throttles,
         };
-        self.may_rest = usage::may_rest(idle, self.throttled, now.cpu, &u, &self.limits);
+        // Not in the sample that continues a stopped tree: it was idle only because it was
+        // stopped, and resting now would leave it unread for a whole sweep of full-speed CPU
+        // (a debt of fifty seconds at a share of 0.02).
+        self.may_rest = usage::may_rest(
+            idle,
+            was_throttled || self.throttled,
+            now.cpu,
+            &u,
+            &self.limits,
+        );
         ext.show_usage(now);
         None
     }

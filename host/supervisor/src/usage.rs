@@ -45,9 +45,10 @@ pub fn next_interval(prev: Duration, idle: bool, u: &TreeUse, limits: &Limits) -
 /// clock alone ([`crate::tree::CpuClock`], read by one shared task every
 /// [`crate::rest::SWEEP_INTERVAL`]) instead of sampled from `/proc`, until the clock moves. Only
 /// a tree that is the extension alone (a fork takes its CPU time, so no process can join
-/// unseen), used no CPU lately, is not held to its CPU share (a stopped tree's clock stands
-/// still however much it owes) and is under half of its memory and task limits, as for the
-/// longest interval of [`next_interval`].
+/// unseen), used no CPU lately, is not held to its CPU share (`throttled`: stopped at this
+/// sample or continued by it — a stopped tree's clock stands still however much it owes, and one
+/// just continued was idle only because it was stopped) and is under half of its memory and task
+/// limits, as for the longest interval of [`next_interval`].
 pub fn may_rest(
     idle: bool,
     throttled: bool,
