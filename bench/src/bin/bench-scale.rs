@@ -18,7 +18,9 @@
 //!   after the idle window;
 //! - the daemon's CPU over `--idle-s` seconds of nothing, `--settle-s` after all were ready (user + system time of the whole
 //!   process, `/proc/<pid>/stat`, in clock ticks: 0.1% resolution over 10 s), as a share of one
-//!   CPU, and the same summed over the extension processes;
+//!   CPU, and the same summed over the extension processes; and the daemon's ticks per thread
+//!   over the same window (by thread name), which says whether the host loop or the runtime's
+//!   workers spend them;
 //! - the p50 and p99 of sequential `echo` calls through the API (`POST
 //!   /v1/extensions/echo-0001/call`, one connection per call as the CLI makes them);
 //! - the median time to restart one extension (`POST …/restart` until it is ready again with a
@@ -283,6 +285,9 @@ struct RunFigures {
     extension_processes: usize,
     /// Every extension process's CPU over the same window, summed.
     extensions_idle_cpu_pct: f64,
+    /// The daemon's CPU over the idle window per live thread, in clock ticks, by thread name
+    /// (one entry per thread, busiest first; threads that used none are left out).
+    idle_ticks_by_thread: Vec<(String, u64)>,
     echo_p50_us: f64,
     echo_p99_us: f64,
     /// Median time from `POST …/restart` of one extension to it ready again with a new pid.
@@ -307,6 +312,20 @@ fn print_run(label: &str, n: usize, r: &RunFigures) {
         r.echo_p50_us,
         r.echo_p99_us,
         r.restart_ms
+    );
+    let by_thread: Vec<String> = r
+        .idle_ticks_by_thread
+        .iter()
+        .map(|(name, ticks)| format!("{name} {ticks}"))
+        .collect();
+    println!(
+        "{:>11}  idle CPU by thread (clock ticks): {}",
+        "",
+        if by_thread.is_empty() {
+            "none".to_owned()
+        } else {
+            by_thread.join(", ")
+        }
     );
 }
 
@@ -387,10 +406,12 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
     let kids_ticks = || -> u64 { kids.iter().filter_map(|k| proc_cpu_ticks(*k).ok()).sum() };
     let cpu0 = proc_cpu_ticks(pid)?;
     let kids0 = kids_ticks();
+    let threads0 = thread_ticks(pid);
     let t_idle = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.idle_s)).await;
     let cpu1 = proc_cpu_ticks(pid)?;
     let kids1 = kids_ticks();
+    let idle_ticks_by_thread = ticks_by_name(&threads0, &thread_ticks(pid));
     let secs = t_idle.elapsed().as_secs_f64();
     let tick = 1.0 / clock_ticks_per_s();
     let idle_cpu_pct = 100.0 * cpu1.saturating_sub(cpu0) as f64 * tick / secs;
@@ -443,6 +464,7 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
     Ok(RunFigures {
         extension_processes: kids.len(),
         extensions_idle_cpu_pct,
+        idle_ticks_by_thread,
         restart_ms,
         extensions: size.n,
         ready,
@@ -537,7 +559,12 @@ fn ready_floor(echo: &Path, n: usize) -> anyhow::Result<f64> {
 /// utime + stime of a whole process, exited threads included, in clock ticks (`/proc/<pid>/stat`
 /// fields 14 and 15).
 fn proc_cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    proc_cpu_ticks_at(Path::new(&format!("/proc/{pid}/stat")))
+}
+
+/// utime + stime from a `stat` file of `/proc` (a process's or one thread's).
+fn proc_cpu_ticks_at(path: &Path) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(path)?;
     // The command name is in parentheses and may hold spaces: count fields after the last `)`.
     let rest = text
         .rsplit_once(')')
@@ -554,6 +581,42 @@ fn proc_cpu_ticks(pid: u32) -> anyhow::Result<u64> {
         .and_then(|v| v.parse().ok())
         .context("stime")?;
     Ok(utime + stime)
+}
+
+/// Each live thread of `pid`: its id, name and utime + stime in clock ticks
+/// (`/proc/<pid>/task/<tid>/stat`).
+fn thread_ticks(pid: u32) -> Vec<(u32, String, u64)> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if let Ok(ticks) = proc_cpu_ticks_at(&t.path().join("stat")) {
+            out.push((tid, name.trim().to_owned(), ticks));
+        }
+    }
+    out
+}
+
+/// What each thread alive at both readings used in between, busiest first, zeros left out.
+fn ticks_by_name(
+    before: &[(u32, String, u64)],
+    after: &[(u32, String, u64)],
+) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = after
+        .iter()
+        .filter_map(|(tid, name, t1)| {
+            let (_, _, t0) = before.iter().find(|(b, _, _)| b == tid)?;
+            let used = t1.saturating_sub(*t0);
+            (used > 0).then(|| (name.clone(), used))
+        })
+        .collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
 }
 
 fn clock_ticks_per_s() -> f64 {

@@ -22,13 +22,14 @@ use crate::extension::{Cmd, Extension};
 use crate::limits;
 use crate::log::LogFile;
 use crate::process::{self, ExitInfo};
+use crate::rest::{REST_LOOK_EVERY, Resting};
 use crate::run::{
     Outcome, Run, closed_stdout, finish_failed, host_killed, over_limit, session_peer, stop_run,
     track,
 };
 use crate::spec::ExtensionSpec;
 use crate::status::{Resources, State, now_ms};
-use crate::tree::{Ledger, TRACK_INTERVAL, TRACK_INTERVAL_QUIET};
+use crate::tree::{CpuClock, Ledger, TRACK_INTERVAL, TRACK_INTERVAL_QUIET};
 
 /// The callback handler of one extension, shared by the sessions of all its runs.
 struct SharedHandler(Arc<dyn Handler>);
@@ -56,6 +57,7 @@ pub(crate) async fn actor(
     handler: Arc<dyn Handler>,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     shutdown: CancellationToken,
+    resting: Arc<Resting>,
 ) {
     let mut tracker = RestartTracker::default();
     let mut jitter = Jitter::default();
@@ -95,7 +97,7 @@ pub(crate) async fn actor(
             ext.update(|s| s.restarts += 1);
         }
         runs += 1;
-        let outcome = run_once(&ext, &spec, &handler, &log, &mut cmds, &shutdown).await;
+        let outcome = run_once(&ext, &spec, &handler, &log, &mut cmds, &shutdown, &resting).await;
         ext.set_peer(None);
         match outcome {
             Outcome::Stop => break,
@@ -191,6 +193,7 @@ async fn run_once(
     log: &LogFile,
     cmds: &mut mpsc::UnboundedReceiver<Cmd>,
     shutdown: &CancellationToken,
+    resting: &Resting,
 ) -> Outcome {
     ext.update(|s| {
         s.state = State::Starting;
@@ -267,29 +270,30 @@ async fn run_once(
     let asked = Instant::now();
     let mut enforcer = spec.confine.limits.map(Enforcer::new);
     let handshake = {
-        let call = tokio::time::timeout(
+        // On the heap: the actor's future holds what any of its awaits may need at once, and a
+        // thousand idle actors would each keep room for a handshake they finished long ago.
+        let mut call = Box::pin(tokio::time::timeout(
             spec.start_timeout,
             peer.call::<_, InitializeResult>(methods::host::INITIALIZE, &init, None),
-        );
-        tokio::pin!(call);
+        ));
         loop {
             tokio::select! {
                 r = &mut call => break r,
                 status = run.child.wait() => {
                     let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
-                    return finish_failed(ext, run, exit, None, "exited during the handshake".into()).await;
+                    return Box::pin(finish_failed(ext, run, exit, None, "exited during the handshake".into())).await;
                 }
-                () = shutdown.cancelled() => { stop_run(ext, run, spec.stop_grace, "the daemon stopping").await; return Outcome::Stop; }
+                () = shutdown.cancelled() => { Box::pin(stop_run(ext, run, spec.stop_grace, "the daemon stopping")).await; return Outcome::Stop; }
                 // A stop or restart asked for during the handshake is not kept waiting for it.
                 cmd = cmds.recv() => {
                     let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
-                    stop_run(ext, run, spec.stop_grace, why).await;
+                    Box::pin(stop_run(ext, run, spec.stop_grace, why)).await;
                     return outcome;
                 }
                 () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() => {
                     let e = enforcer.as_mut().expect("sampled only with an enforcer");
                     if let Some(why) = e.sample(ext, run.pid) {
-                        return over_limit(ext, run, None, why).await;
+                        return Box::pin(over_limit(ext, run, None, why)).await;
                     }
                 }
             }
@@ -298,7 +302,7 @@ async fn run_once(
     let result = match handshake {
         Err(_) => {
             let msg = format!("no answer to `initialize` within {:?}", spec.start_timeout);
-            return host_killed(ext, run, None, msg).await;
+            return Box::pin(host_killed(ext, run, None, msg)).await;
         }
         Ok(Err(e)) if e.is(ErrorCode::VersionMismatch) => {
             let data = match &e {
@@ -310,7 +314,13 @@ async fn run_once(
                 e,
                 data.as_deref().unwrap_or("none")
             );
-            stop_run(ext, run, spec.stop_grace, "an incompatible handshake").await;
+            Box::pin(stop_run(
+                ext,
+                run,
+                spec.stop_grace,
+                "an incompatible handshake",
+            ))
+            .await;
             return Outcome::Incompatible(msg);
         }
         Ok(Err(e)) if e.is(ErrorCode::ExtensionExited) => {
@@ -322,15 +332,21 @@ async fn run_once(
                 .map(|st| ExitInfo::from_status(st, now_ms()));
             return match exit {
                 Some(exit) => {
-                    finish_failed(ext, run, Some(exit), None, format!("handshake failed: {e}"))
-                        .await
+                    Box::pin(finish_failed(
+                        ext,
+                        run,
+                        Some(exit),
+                        None,
+                        format!("handshake failed: {e}"),
+                    ))
+                    .await
                 }
-                None => closed_stdout(ext, run, None).await,
+                None => Box::pin(closed_stdout(ext, run, None)).await,
             };
         }
         Ok(Err(e)) => {
             let msg = format!("handshake failed: {e}");
-            return host_killed(ext, run, None, msg).await;
+            return Box::pin(host_killed(ext, run, None, msg)).await;
         }
         Ok(Ok(r)) => r,
     };
@@ -339,7 +355,13 @@ async fn run_once(
             "the extension chose protocol version {}, which this host does not speak (it speaks {PROTOCOL_VERSIONS:?})",
             result.protocol_version
         );
-        stop_run(ext, run, spec.stop_grace, "an incompatible handshake").await;
+        Box::pin(stop_run(
+            ext,
+            run,
+            spec.stop_grace,
+            "an incompatible handshake",
+        ))
+        .await;
         return Outcome::Incompatible(msg);
     }
 
@@ -365,6 +387,11 @@ async fn run_once(
     // thousand idle extensions cost the daemon a fraction of a CPU percent rather than ten.
     let mut every = TRACK_INTERVAL;
     let mut next_track = tokio::time::Instant::now() + every;
+    // A tree found resting (the extension alone, idle, far from its limits) is parked with the
+    // supervisor's sweep, which watches its CPU clock, and read again once that moves (or every
+    // REST_LOOK_EVERY): meanwhile neither the tracking nor the sampling timer runs.
+    let clock = CpuClock::of(run.pid);
+    let mut rest: Option<(tokio::sync::oneshot::Receiver<()>, tokio::time::Instant)> = None;
     // In a cgroup the kernel enforces memory.max itself: its OOM kills are counted there.
     let ooms = spec
         .confine
@@ -373,11 +400,18 @@ async fn run_once(
         .map(|d| cgroup::read_use(d).oom_kills);
     loop {
         tokio::select! {
-            () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() => {
+            () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() && rest.is_none() => {
                 let e = enforcer.as_mut().expect("sampled only with an enforcer");
                 if let Some(why) = e.sample(ext, run.pid) {
-                    return over_limit(ext, run, Some(ready_at), why).await;
+                    return Box::pin(over_limit(ext, run, Some(ready_at), why)).await;
                 }
+            }
+            // Woken by the sweep (its clock moved), or the resting tree's periodic read: read
+            // it now, as before it rested (the sample is due already).
+            () = rest_ends(&mut rest), if rest.is_some() => {
+                rest = None;
+                every = TRACK_INTERVAL;
+                next_track = tokio::time::Instant::now();
             }
             status = run.child.wait() => {
                 let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
@@ -385,9 +419,9 @@ async fn run_once(
                     && cgroup::read_use(dir).oom_kills > before
                 {
                     let why = format!("over its {} memory limit (killed by the kernel at the cgroup's memory.max)", limits::format_bytes(l.memory));
-                    return over_limit(ext, run, Some(ready_at), why).await;
+                    return Box::pin(over_limit(ext, run, Some(ready_at), why)).await;
                 }
-                return finish_failed(ext, run, exit, Some(ready_at), String::new()).await;
+                return Box::pin(finish_failed(ext, run, exit, Some(ready_at), String::new())).await;
             }
             _ = watch.closed() => {
                 // It closed stdout (or the pipe broke) but may still be alive: end it. If it
@@ -398,26 +432,58 @@ async fn run_once(
                     .and_then(Result::ok)
                     .map(|st| ExitInfo::from_status(st, now_ms()));
                 return match exit {
-                    Some(exit) => finish_failed(ext, run, Some(exit), Some(ready_at), String::new()).await,
-                    None => closed_stdout(ext, run, Some(ready_at)).await,
+                    Some(exit) => Box::pin(finish_failed(ext, run, Some(exit), Some(ready_at), String::new())).await,
+                    None => Box::pin(closed_stdout(ext, run, Some(ready_at))).await,
                 };
             }
             cmd = cmds.recv() => {
                 ext.set_peer(None);
                 let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
-                stop_run(ext, run, spec.stop_grace, why).await;
+                Box::pin(stop_run(ext, run, spec.stop_grace, why)).await;
                 return outcome;
             }
             () = shutdown.cancelled() => {
                 ext.set_peer(None);
-                stop_run(ext, run, spec.stop_grace, "the daemon stopping").await;
+                Box::pin(stop_run(ext, run, spec.stop_grace, "the daemon stopping")).await;
                 return Outcome::Stop;
             }
-            () = tokio::time::sleep_until(next_track) => {
-                every = if track(ext, &run) { TRACK_INTERVAL } else { (every * 2).min(TRACK_INTERVAL_QUIET) };
+            () = tokio::time::sleep_until(next_track), if rest.is_none() => {
+                // Read before the tree: whatever the tree does after this moves the clock.
+                let before = clock.and_then(CpuClock::read);
+                let busy = track(ext, &run);
+                every = if busy { TRACK_INTERVAL } else { (every * 2).min(TRACK_INTERVAL_QUIET) };
                 next_track = tokio::time::Instant::now() + every;
+                if let (false, Some(clock), Some(at)) = (busy, clock, before) {
+                    // And its use, read after the clock too.
+                    let may_rest = match enforcer.as_mut() {
+                        None => true,
+                        Some(e) => {
+                            if let Some(why) = e.sample(ext, run.pid) {
+                                return Box::pin(over_limit(ext, run, Some(ready_at), why)).await;
+                            }
+                            e.may_rest()
+                        }
+                    };
+                    if may_rest {
+                        rest = Some((resting.park(clock, at), tokio::time::Instant::now() + REST_LOOK_EVERY));
+                    }
+                }
             }
         }
+    }
+}
+
+/// Until a resting tree is to be read again: its clock moved (the sweep says so, or was
+/// dropped), or its periodic read is due. Never, when it does not rest.
+async fn rest_ends(rest: &mut Option<(tokio::sync::oneshot::Receiver<()>, tokio::time::Instant)>) {
+    match rest {
+        Some((woken, until)) => {
+            tokio::select! {
+                _ = woken => {}
+                () = tokio::time::sleep_until(*until) => {}
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -1,10 +1,11 @@
 //! The supervisor's side of an extension's limits, for one run: the tree sampled from `/proc`
 //! every [`crate::usage::SAMPLE_INTERVAL`] while it runs or nears a limit, less often while it
-//! is idle (see [`usage::next_interval`]), held to its CPU share by SIGSTOP/SIGCONT, and told
-//! apart when it is over its memory or task limit (the run then ends as `over-limit`: see
-//! `run.rs`). The decisions are pure ([`crate::usage`]); this module gathers the facts and
-//! applies them.
+//! is idle (see [`usage::next_interval`]), not at all while it rests (see `rest.rs`), held to
+//! its CPU share by SIGSTOP/SIGCONT, and told apart when it is over its memory or task limit
+//! (the run then ends as `over-limit`: see `run.rs`). The decisions are pure
+//! ([`crate::usage`]); this module gathers the facts and applies them.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use crate::extension::Extension;
@@ -14,14 +15,14 @@ use crate::tree;
 use crate::usage::{self, CpuBudget, Duty, Usage};
 
 /// How the limits of `c` are enforced, for `ext status`.
-pub(crate) fn mechanism(c: &Confinement) -> String {
-    if c.cgroup.is_some() {
-        "cgroup v2 (memory.max, cpu.max, pids.max) + RLIMIT_NOFILE".into()
+pub(crate) fn mechanism(c: &Confinement) -> Cow<'static, str> {
+    Cow::Borrowed(if c.cgroup.is_some() {
+        "cgroup v2 (memory.max, cpu.max, pids.max) + RLIMIT_NOFILE"
     } else if cfg!(target_os = "linux") {
-        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA) + supervisor (tree RSS and tasks from /proc, CPU share by SIGSTOP/SIGCONT)".into()
+        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA) + supervisor (tree RSS and tasks from /proc, CPU share by SIGSTOP/SIGCONT)"
     } else {
-        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA); no /proc here, so memory, tasks and CPU share are not enforced".into()
-    }
+        "rlimits (RLIMIT_NOFILE, RLIMIT_DATA); no /proc here, so memory, tasks and CPU share are not enforced"
+    })
 }
 
 /// Send `sig` to every live process of the tree rooted at `pid`.
@@ -48,6 +49,8 @@ pub(crate) struct Enforcer {
     last_ticks: Option<u64>,
     every: Duration,
     due: tokio::time::Instant,
+    /// What the last sample said of resting ([`usage::may_rest`]).
+    may_rest: bool,
 }
 
 impl Enforcer {
@@ -61,12 +64,18 @@ impl Enforcer {
             last_ticks: None,
             every: usage::SAMPLE_INTERVAL,
             due: tokio::time::Instant::now() + usage::SAMPLE_INTERVAL,
+            may_rest: false,
         }
     }
 
     /// When the next sample is due.
     pub(crate) fn due(&self) -> tokio::time::Instant {
         self.due
+    }
+
+    /// Whether the last sample found the tree fit to rest ([`usage::may_rest`]).
+    pub(crate) fn may_rest(&self) -> bool {
+        self.may_rest
     }
 
     /// One sample; `Some(why)` when the tree must be stopped for a limit.
@@ -78,6 +87,7 @@ impl Enforcer {
             return Some(why);
         }
         let idle = self.last_ticks == Some(u.cpu_ticks);
+        let was_throttled = self.throttled;
         self.last_ticks = Some(u.cpu_ticks);
         self.every = usage::next_interval(self.every, idle && !self.throttled, &u, &self.limits);
         self.due = tokio::time::Instant::now() + self.every;
@@ -107,6 +117,16 @@ impl Enforcer {
             throttled: self.throttled,
             throttles: self.throttles,
         };
+        // Not in the sample that continues a stopped tree: it was idle only because it was
+        // stopped, and resting now would leave it unread for a whole sweep of full-speed CPU
+        // (a debt of fifty seconds at a share of 0.02).
+        self.may_rest = usage::may_rest(
+            idle,
+            was_throttled || self.throttled,
+            now.cpu,
+            &u,
+            &self.limits,
+        );
         ext.show_usage(now);
         None
     }

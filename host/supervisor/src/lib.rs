@@ -19,9 +19,10 @@
 //!
 //! Where things are: `supervisor.rs` holds the registry ([`Supervisor`]), `extension.rs` the
 //! handle on one extension and its calls ([`Extension`]), `status.rs` what an operator sees
-//! ([`Status`], [`ExitRecord`]), `actor.rs` the run loop, `run.rs` how one run ends, and
-//! `spec.rs` what the daemon hands in ([`ExtensionSpec`], [`CallbackHandlers`]). This file only
-//! declares and re-exports, so no module imports it.
+//! ([`Status`], [`ExitRecord`]), `actor.rs` the run loop, `run.rs` how one run ends, `rest.rs`
+//! the one task that watches every resting (idle) extension by its CPU clock, and `spec.rs`
+//! what the daemon hands in ([`ExtensionSpec`], [`CallbackHandlers`]). This file only declares
+//! and re-exports, so no module imports it.
 //!
 //! Not here: where packages live on disk, HTTP, the database. The daemon gives the supervisor
 //! an [`ExtensionSpec`] per package and a [`CallbackHandlers`] factory for the callbacks.
@@ -34,6 +35,7 @@ mod extension;
 pub mod limits;
 pub mod log;
 pub mod process;
+pub mod rest;
 mod run;
 pub mod sandbox;
 mod spec;

@@ -22,6 +22,7 @@ use std::io;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
@@ -187,12 +188,50 @@ pub fn is_subreaper() -> bool {
     }
 }
 
+/// What one pass of [`reap_orphans`] found among this process's children that are not leaders.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Orphans {
+    /// Zombies reaped.
+    pub reaped: usize,
+    /// Processes SIGKILLed: the unclaimed orphans and their descendants.
+    pub killed: usize,
+    /// Live orphans a running extension claims, left running (its stop kills them).
+    pub kept: usize,
+}
+
+impl Orphans {
+    /// Whether the pass found any child that is not a leader.
+    pub fn any(&self) -> bool {
+        self.reaped + self.killed + self.kept > 0
+    }
+}
+
+/// How often the orphan reaper looks without a SIGCHLD.
+pub const REAP_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The longest the reaper waits without a SIGCHLD while it finds no orphan at all.
+pub const REAP_INTERVAL_IDLE: Duration = Duration::from_secs(30);
+
+/// The reaper's wait after a pass that found `found` (see [`Orphans::any`]): [`REAP_INTERVAL`]
+/// while there are orphans (one kept for a running extension is killed soon after that
+/// extension stops claiming it), doubling up to [`REAP_INTERVAL_IDLE`] while there are none.
+/// Every orphan arrives with a SIGCHLD (its parent, one of this process's children, died), which
+/// wakes the reaper at once whatever the wait; reading this process's `children` lists, a
+/// thousand pids with a thousand extensions, every 250 ms found nothing almost always.
+pub fn reap_interval(prev: Duration, found: bool) -> Duration {
+    if found {
+        REAP_INTERVAL
+    } else {
+        (prev * 2).clamp(REAP_INTERVAL, REAP_INTERVAL_IDLE)
+    }
+}
+
 /// Reap this process's zombie children that are not leaders, and SIGKILL its live ones that
 /// are not leaders and that `keep` does not claim (adopted orphans of no running extension,
-/// with their descendants). Returns `(reaped, killed)`.
-pub fn reap_orphans(keep: impl Fn(crate::tree::ProcId) -> bool) -> (usize, usize) {
+/// with their descendants).
+pub fn reap_orphans(keep: impl Fn(crate::tree::ProcId) -> bool) -> Orphans {
     let me = std::process::id();
-    let (mut reaped, mut killed) = (0, 0);
+    let (mut reaped, mut killed, mut kept) = (0, 0, 0);
     for pid in crate::tree::children(me) {
         // Held while reaping, so a child spawned meanwhile is a leader before it can be seen.
         // Leaders first: the extensions themselves are most of the children, and need no read
@@ -213,6 +252,7 @@ pub fn reap_orphans(keep: impl Fn(crate::tree::ProcId) -> bool) -> (usize, usize
         }
         drop(leaders);
         if keep(st.id) {
+            kept += 1;
             continue;
         }
         for p in crate::tree::tree(pid) {
@@ -221,7 +261,11 @@ pub fn reap_orphans(keep: impl Fn(crate::tree::ProcId) -> bool) -> (usize, usize
             }
         }
     }
-    (reaped, killed)
+    Orphans {
+        reaped,
+        killed,
+        kept,
+    }
 }
 
 /// Spawn `cmd` with piped stdio, in its own process group, isolated as the module docs say.
@@ -252,8 +296,8 @@ pub fn spawn_confined(cmd: &ChildCommand, confine: &Confinement) -> io::Result<(
                 let p = crate::sandbox::prepare(rules).map_err(io::Error::other)?;
                 let status = SandboxStatus::Landlock {
                     abi: p.abi,
-                    read: rules.read.clone(),
-                    write: rules.write.clone(),
+                    read: rules.read.as_slice().into(),
+                    write: rules.write.as_slice().into(),
                 };
                 (Some(p), status)
             }
@@ -393,6 +437,30 @@ impl std::fmt::Display for ExitInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reaper_backs_off_while_it_finds_nothing_and_is_quick_while_orphans_are_about() {
+        let mut every = REAP_INTERVAL;
+        let mut seen = Vec::new();
+        for _ in 0..9 {
+            every = reap_interval(every, false);
+            seen.push(every.as_millis());
+        }
+        assert_eq!(
+            seen,
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+        );
+        assert_eq!(reap_interval(every, true), REAP_INTERVAL);
+        assert_eq!(reap_interval(Duration::ZERO, false), REAP_INTERVAL);
+        assert!(!Orphans::default().any());
+        assert!(
+            Orphans {
+                kept: 1,
+                ..Orphans::default()
+            }
+            .any()
+        );
+    }
 
     #[test]
     fn only_allow_listed_variables_pass_and_conduit_ones_are_added() {

@@ -16,6 +16,7 @@
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -76,11 +77,14 @@ impl SandboxRules {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "kebab-case")]
 pub enum SandboxStatus {
-    /// Landlock is enforced with this ABI.
+    /// Landlock is enforced with this ABI. The lists are shared, not copied, by every copy of a
+    /// status (the host copies each extension's status several times a pass).
     Landlock {
         abi: u32,
-        read: Vec<PathBuf>,
-        write: Vec<PathBuf>,
+        #[serde(with = "shared_paths")]
+        read: Arc<[PathBuf]>,
+        #[serde(with = "shared_paths")]
+        write: Arc<[PathBuf]>,
     },
     /// The operator turned it off for this package.
     Off,
@@ -105,6 +109,25 @@ impl SandboxStatus {
             SandboxStatus::Off => "off (the operator's choice)".into(),
             SandboxStatus::Unavailable { reason } => format!("none: {reason}"),
         }
+    }
+}
+
+/// A shared list of paths, written and read as a plain list.
+mod shared_paths {
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        paths: &Arc<[PathBuf]>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        paths.as_ref().serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<[PathBuf]>, D::Error> {
+        Vec::<PathBuf>::deserialize(d).map(Arc::from)
     }
 }
 
@@ -216,6 +239,21 @@ mod tests {
         );
         let w: Vec<_> = r.write.iter().filter(|p| !p.starts_with("/dev")).collect();
         assert_eq!(w, [Path::new("/d"), Path::new("/t")]);
+    }
+
+    #[test]
+    fn a_landlock_status_is_written_and_read_as_plain_lists() {
+        let st = SandboxStatus::Landlock {
+            abi: 7,
+            read: vec![PathBuf::from("/usr")].into(),
+            write: vec![PathBuf::from("/d"), PathBuf::from("/t")].into(),
+        };
+        let text = serde_json::to_string(&st).unwrap();
+        assert_eq!(
+            text,
+            r#"{"state":"landlock","abi":7,"read":["/usr"],"write":["/d","/t"]}"#
+        );
+        assert_eq!(serde_json::from_str::<SandboxStatus>(&text).unwrap(), st);
     }
 
     #[test]

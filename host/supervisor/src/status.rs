@@ -105,8 +105,9 @@ pub struct Resources {
     /// Where each limit came from: `default`, `package` (its ask) or `operator`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sources: BTreeMap<limits::LimitKey, limits::LimitSource>,
-    /// How the limits are enforced: `cgroup v2 (...)` or `rlimits + supervisor (...)`.
-    pub mechanism: String,
+    /// How the limits are enforced: `cgroup v2 (...)` or `rlimits + supervisor (...)` (one of
+    /// a few fixed texts: borrowed, so a status copied every pass copies no text of it).
+    pub mechanism: std::borrow::Cow<'static, str>,
     pub sandbox: SandboxStatus,
     /// Of the current run, while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,9 +13,9 @@ use tokio_util::sync::CancellationToken;
 use crate::actor::actor;
 use crate::extension::Extension;
 use crate::process;
+use crate::rest::Resting;
 use crate::spec::{CallbackHandlers, ExtensionSpec};
 use crate::status::{State, Status};
-use crate::tree::TRACK_INTERVAL;
 
 struct Running {
     ext: Extension,
@@ -33,6 +33,8 @@ pub struct Supervisor {
     shutdown: CancellationToken,
     /// Reaps (and kills) adopted orphans while this process is a subreaper.
     reaper: Mutex<Option<JoinHandle<()>>>,
+    /// The resting extensions, watched by one sweep (see `rest.rs`).
+    resting: Arc<Resting>,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -45,16 +47,17 @@ fn lock_map(map: &RunningMap) -> std::sync::MutexGuard<'_, HashMap<String, Runni
     map.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Reap adopted orphans, and kill those no running extension claims.
-fn reap_once(map: &RunningMap) {
+/// Reap adopted orphans, and kill those no running extension claims; whether there were any.
+fn reap_once(map: &RunningMap) -> bool {
     let exts: Vec<Extension> = lock_map(map).values().map(|r| r.ext.clone()).collect();
-    let (_, killed) = process::reap_orphans(|id| exts.iter().any(|e| e.owns(id)));
-    if killed > 0 {
+    let found = process::reap_orphans(|id| exts.iter().any(|e| e.owns(id)));
+    if found.killed > 0 {
         tracing::warn!(
-            killed,
+            killed = found.killed,
             "killed processes whose extension had stopped (they had left its process tree)"
         );
     }
+    found.any()
 }
 
 impl Supervisor {
@@ -69,22 +72,29 @@ impl Supervisor {
             tokio::spawn(async move {
                 use tokio::signal::unix::{SignalKind, signal};
                 let mut sigchld = signal(SignalKind::child()).ok();
+                // Quick while there are orphans, ever slower while there are none: each new one
+                // comes with a SIGCHLD, which wakes the reaper at once.
+                let mut every = process::REAP_INTERVAL;
                 loop {
                     tokio::select! {
                         _ = async { match &mut sigchld { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
-                        () = tokio::time::sleep(TRACK_INTERVAL) => {}
+                        () = tokio::time::sleep(every) => {}
                         () = stop.cancelled() => break,
                     }
-                    reap_once(&map);
+                    every = process::reap_interval(every, reap_once(&map));
                 }
             })
         });
+        let resting = Arc::new(Resting::default());
+        let (sweep, stop) = (resting.clone(), shutdown.clone());
+        tokio::spawn(async move { sweep.run(stop).await });
         Supervisor {
             running,
             retired: Mutex::new(HashMap::new()),
             handlers,
             shutdown,
             reaper: Mutex::new(reaper),
+            resting,
         }
     }
 
@@ -135,6 +145,7 @@ impl Supervisor {
         let mut running = self.lock();
         let previous = running.remove(&spec.name);
         let (actor_ext, shutdown) = (ext.clone(), self.shutdown.child_token());
+        let resting = self.resting.clone();
         let task = tokio::spawn(async move {
             // The old one stops first (it owns the package's processes and log); its history
             // goes on in the new one.
@@ -144,7 +155,7 @@ impl Supervisor {
                 let old = old.ext.brief();
                 actor_ext.update(|s| s.carry_history(&old));
             }
-            actor(actor_ext, spec, handler, cmd_rx, shutdown).await
+            actor(actor_ext, spec, handler, cmd_rx, shutdown, resting).await
         });
         running.insert(
             ext.name().to_owned(),
@@ -172,6 +183,12 @@ impl Supervisor {
         self.lock().get(name).map(|r| r.ext.clone())
     }
 
+    /// How many extensions rest now: idle, watched by their CPU clock alone (see the
+    /// `rest` module).
+    pub fn resting(&self) -> usize {
+        self.resting.count()
+    }
+
     /// Every supervised extension, by name.
     pub fn list(&self) -> Vec<Extension> {
         let mut v: Vec<Extension> = self.lock().values().map(|r| r.ext.clone()).collect();
@@ -194,8 +211,8 @@ impl Supervisor {
             // Nothing runs now: every child that is not a leader goes, until none is left.
             let deadline = Instant::now() + Duration::from_secs(2);
             loop {
-                let (reaped, killed) = process::reap_orphans(|_| false);
-                if (reaped == 0 && killed == 0) || Instant::now() >= deadline {
+                let left = process::reap_orphans(|_| false);
+                if (left.reaped == 0 && left.killed == 0) || Instant::now() >= deadline {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;

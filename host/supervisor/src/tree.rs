@@ -29,15 +29,18 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 /// How often a running extension's tree is read and recorded while it has descendants or just
-/// changed. A descendant that has lived this long (or [`TRACK_INTERVAL_QUIET`], when it is the
-/// first process an idle extension started) is in the ledger, so the sweep after a daemon crash
-/// finds it.
+/// changed. A descendant that has lived this long is in the ledger, so the sweep after a daemon
+/// crash finds it; the first process of a resting extension (see [`crate::rest`]) is seen
+/// within [`crate::rest::SWEEP_INTERVAL`] (and a scheduler tick) and recorded then; that of an
+/// idle extension that may not rest (near a limit, or held to its CPU share) within
+/// [`TRACK_INTERVAL_QUIET`].
 pub const TRACK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The longest time between two reads of a tree that is only the extension itself and has not
-/// changed: the interval doubles from [`TRACK_INTERVAL`] up to this while nothing changes, and
-/// falls back to [`TRACK_INTERVAL`] when anything does. (Reading a tree costs a few `/proc`
-/// reads; at 250 ms, a thousand idle extensions kept the daemon 12% busy.)
+/// changed while it does not rest: the interval doubles from [`TRACK_INTERVAL`] up to this
+/// while nothing changes, and falls back to [`TRACK_INTERVAL`] when anything does. (Reading a
+/// tree costs a few `/proc` reads; at 250 ms, a thousand idle extensions kept the daemon 12%
+/// busy.)
 pub const TRACK_INTERVAL_QUIET: Duration = Duration::from_secs(4);
 
 /// One process, told apart from a later one with the same pid by its start time (clock ticks
@@ -78,7 +81,17 @@ fn parse_stat(pid: u32, text: &str) -> Option<ProcStat> {
     // the comm, counting from 0: state 0, ppid 1, pgrp 2, session 3, utime 11, stime 12,
     // num_threads 17, starttime 19, rss 21 (pages).
     let rest = &text[text.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
+    // The first 22 fields, without a heap allocation (this runs for every process of every
+    // tree read).
+    let mut f = [""; 22];
+    let mut got = 0;
+    for (slot, field) in f.iter_mut().zip(rest.split_whitespace()) {
+        *slot = field;
+        got += 1;
+    }
+    if got < f.len() {
+        return None;
+    }
     let n = |i: usize| f.get(i)?.parse::<u64>().ok();
     Some(ProcStat {
         usage: crate::usage::ProcUse {
@@ -95,6 +108,46 @@ fn parse_stat(pid: u32, text: &str) -> Option<ProcStat> {
         pgrp: f.get(2)?.parse().ok()?,
         session: f.get(3)?.parse().ok()?,
     })
+}
+
+/// A process's CPU clock: the CPU time of all its threads, live and ended, read with one
+/// `clock_gettime` — no `/proc` file to open, format and parse. It moves whenever the process
+/// runs at all (a fork, an allocation, a thread's start all take CPU time), to the nanosecond,
+/// where `/proc/<pid>/stat` counts whole clock ticks; so an unmoved clock says the process did
+/// nothing in between (its threads' time is brought up to date at least every scheduler tick).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuClock(libc::clockid_t);
+
+impl CpuClock {
+    /// The clock of process `pid`; `None` if it is gone, or where there is none to read (not
+    /// Linux).
+    pub fn of(pid: u32) -> Option<CpuClock> {
+        #[cfg(target_os = "linux")]
+        {
+            let mut id: libc::clockid_t = 0;
+            // SAFETY: writes one clockid_t through a valid pointer.
+            let r = unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut id) };
+            (r == 0).then_some(CpuClock(id))
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = pid;
+            None
+        }
+    }
+
+    /// The CPU time used so far, in nanoseconds; `None` once the process is gone.
+    pub fn read(self) -> Option<u64> {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: writes one timespec through a valid pointer.
+        if unsafe { libc::clock_gettime(self.0, &mut ts) } != 0 {
+            return None;
+        }
+        Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+    }
 }
 
 /// Whether `id` still runs (same pid, same start time, not a zombie).
@@ -120,6 +173,27 @@ pub fn children(pid: u32) -> Vec<u32> {
     out
 }
 
+/// The direct children of a process whose stat was just read as `s`. A live single-threaded
+/// process's children are all in its one thread's `children` file, read without listing
+/// `/proc/<pid>/task` (a directory read costs a 32 KiB buffer and three more system calls; most
+/// extensions and their processes have one thread). A thread started since the stat was read
+/// may have children this read misses; the next read sees them, as it sees any process started
+/// just after a read.
+fn children_of(s: &ProcStat) -> Vec<u32> {
+    if s.usage.threads != 1 || s.is_zombie() {
+        // Several threads, or a leader that is gone while others run: every thread's file.
+        return children(s.id.pid);
+    }
+    let pid = s.id.pid;
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map(|text| {
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// `root` and every live descendant of it.
 pub fn tree(root: u32) -> Vec<ProcStat> {
     let mut out = Vec::new();
@@ -130,10 +204,10 @@ pub fn tree(root: u32) -> Vec<ProcStat> {
             continue;
         }
         let Some(s) = stat(pid) else { continue };
+        todo.extend(children_of(&s));
         if !s.is_zombie() {
             out.push(s);
         }
-        todo.extend(children(pid));
     }
     out
 }
@@ -387,6 +461,70 @@ mod tests {
         let line = "77 (a (b) c) R 1 77 77 0 -1 0 0 0 0 0 250 50 0 0 20 0 3 0 1234 100000 512 0";
         let u = parse_stat(77, line).unwrap().usage;
         assert_eq!((u.cpu_ticks, u.threads, u.rss_pages), (300, 3, 512));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_tree_holds_the_children_of_single_and_multi_threaded_processes() {
+        // `sh` has one thread; this test process has several (the test harness's).
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", "sleep 1000 & wait"])
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let sleeper = loop {
+            let t = tree(sh.id());
+            if let Some(s) = t.iter().find(|p| p.id.pid != sh.id()) {
+                assert_eq!(t[0].usage.threads, 1, "sh is single-threaded");
+                break s.id.pid;
+            }
+            assert!(Instant::now() < deadline, "the shell's child never showed");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mine = tree(std::process::id());
+        assert!(mine.iter().any(|p| p.id.pid == sh.id()));
+        assert!(mine.iter().any(|p| p.id.pid == sleeper));
+        let _ = kill(Pid::from_raw(sleeper as i32), Signal::SIGKILL);
+        sh.wait().unwrap();
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_cpu_clock_moves_with_work_stands_still_in_sleep_and_ends_with_its_process() {
+        let me = CpuClock::of(std::process::id()).unwrap();
+        let before = me.read().unwrap();
+        let mut x = 0u64;
+        while me.read().unwrap() == before {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+        }
+        let mut child = std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .unwrap();
+        let clock = CpuClock::of(child.id()).unwrap();
+        // Once started and asleep, its clock stands still (polled: its start takes CPU).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = clock.read().unwrap();
+        loop {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = clock.read().unwrap();
+            if now == last {
+                break;
+            }
+            assert!(now > last, "a clock never goes back");
+            assert!(
+                Instant::now() < deadline,
+                "a sleeping process's clock kept moving"
+            );
+            last = now;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(
+            clock.read(),
+            None,
+            "the clock of a reaped process cannot be read"
+        );
     }
 
     #[test]

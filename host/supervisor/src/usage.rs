@@ -40,6 +40,29 @@ pub fn next_interval(prev: Duration, idle: bool, u: &TreeUse, limits: &Limits) -
     }
 }
 
+/// Whether a tree may *rest* after a sample that found it `idle` and using `u` (and had
+/// `recent_share` of a CPU over the last second): watched from then on by its one process's CPU
+/// clock alone ([`crate::tree::CpuClock`], read by one shared task every
+/// [`crate::rest::SWEEP_INTERVAL`]) instead of sampled from `/proc`, until the clock moves. Only
+/// a tree that is the extension alone (a fork takes its CPU time, so no process can join
+/// unseen), used no CPU lately, is not held to its CPU share (`throttled`: stopped at this
+/// sample or continued by it — a stopped tree's clock stands still however much it owes, and one
+/// just continued was idle only because it was stopped) and is under half of its memory and task
+/// limits, as for the longest interval of [`next_interval`].
+pub fn may_rest(
+    idle: bool,
+    throttled: bool,
+    recent_share: f64,
+    u: &TreeUse,
+    limits: &Limits,
+) -> bool {
+    idle && !throttled
+        && recent_share == 0.0
+        && u.processes == 1
+        && u.rss_bytes.saturating_mul(2) < limits.memory
+        && u64::from(u.tasks) * 2 < u64::from(limits.tasks)
+}
+
 /// The most CPU time an idle extension saves up to spend in one go, in seconds of its share.
 pub const BURST: f64 = 0.5;
 
@@ -274,6 +297,48 @@ mod tests {
             next_interval(every, true, &half_tasks, &limits),
             SAMPLE_INTERVAL
         );
+    }
+
+    #[test]
+    fn only_a_lone_idle_unthrottled_tree_far_from_its_limits_may_rest() {
+        let limits = Limits {
+            memory: 100 << 20,
+            cpu: 1.0,
+            tasks: 10,
+            open_files: 64,
+        };
+        let lone = TreeUse {
+            rss_bytes: 10 << 20,
+            cpu_ticks: 5,
+            tasks: 1,
+            processes: 1,
+        };
+        assert!(may_rest(true, false, 0.0, &lone, &limits));
+        // CPU used since the last sample, or over the last second.
+        assert!(!may_rest(false, false, 0.0, &lone, &limits));
+        assert!(!may_rest(true, false, 0.01, &lone, &limits));
+        // Stopped for its share: its clock stands still while it owes.
+        assert!(!may_rest(true, true, 0.0, &lone, &limits));
+        // A descendant could fork unseen by the extension's own clock.
+        let two = TreeUse {
+            processes: 2,
+            tasks: 2,
+            ..lone
+        };
+        assert!(!may_rest(true, false, 0.0, &two, &limits));
+        // At half of a limit (the edge), as for the idle interval.
+        let half_memory = TreeUse {
+            rss_bytes: 50 << 20,
+            ..lone
+        };
+        assert!(!may_rest(true, false, 0.0, &half_memory, &limits));
+        let just_under = TreeUse {
+            rss_bytes: (50 << 20) - 1,
+            ..lone
+        };
+        assert!(may_rest(true, false, 0.0, &just_under, &limits));
+        let half_tasks = TreeUse { tasks: 5, ..lone };
+        assert!(!may_rest(true, false, 0.0, &half_tasks, &limits));
     }
 
     #[test]

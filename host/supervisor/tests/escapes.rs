@@ -101,6 +101,48 @@ async fn grandchildren_that_leave_the_group_or_session_are_stopped_with_the_exte
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resting_extension_that_starts_processes_is_read_again_and_they_stop_with_it() {
+    // With limits, so both the tracking and the sampling rest and wake.
+    let dir = tempfile::tempdir().unwrap();
+    let sup = supervisor();
+    let mut s = spec(&dir, "sleeper", "escape.py", "escape-later");
+    s.confine.limits = Some(conduit_supervisor::limits::Limits::DEFAULT);
+    let ext = sup.start(s).await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    // Idle, alone and far from its limits: it rests, watched by its CPU clock only.
+    until("the idle extension rests", || sup.resting() == 1).await;
+    let escapees: Vec<u32> = ext
+        .call("escapees", &json!({}), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    // Its clock moved: it is read again, its new processes seen and recorded.
+    until("the status lists every escapee", || {
+        let d = ext.status().descendants;
+        escapees.iter().all(|p| d.contains(p))
+    })
+    .await;
+    let ledger = tree::Ledger::new(dir.path().join("sleeper.pids")).read();
+    for p in &escapees {
+        assert!(
+            ledger.iter().any(|r| r.pid == *p),
+            "{p} not in the ledger {ledger:?}"
+        );
+    }
+    let usage = ext.status().resources.and_then(|r| r.usage).unwrap();
+    assert!(usage.processes >= 5, "{usage:?}");
+    // A tree with descendants does not rest.
+    assert_eq!(sup.resting(), 0);
+    sup.stop("sleeper").await;
+    let left: Vec<u32> = escapees.iter().copied().filter(|p| running(*p)).collect();
+    assert_eq!(
+        left,
+        Vec::<u32>::new(),
+        "escapees still running after the stop"
+    );
+    sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_kills_what_the_extension_left_and_the_ledger_sweep_finds_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let sup = supervisor();
