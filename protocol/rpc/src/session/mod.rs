@@ -62,8 +62,8 @@ pub use self::error::{CallError, CloseReason};
 pub use self::handler::{BoxFuture, Handler, HandlerResult, NoRequests, Request, to_raw};
 pub use self::peer::Peer;
 use self::reader::read_loop;
-use self::shared::{Shared, Tables};
-use self::writer::{Out, write_loop};
+use self::shared::{Out, Shared, Tables};
+use self::writer::write_loop;
 use crate::codec::FrameReader;
 
 /// A running session. Dropping it ends the session at once; [`Session::close`] ends it

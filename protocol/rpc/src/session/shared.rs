@@ -7,7 +7,7 @@
 //! every handler at once. The write half sits under a second lock (`out`), never taken while
 //! the first is held. No lock is held across an await.
 //!
-//! How frames are queued is `writer.rs`'s; how the tables fill and empty is `peer.rs`'s
+//! How frames are queued and written is `writer.rs`'s; how the tables fill and empty is `peer.rs`'s
 //! (outgoing) and `reader.rs`'s (incoming).
 
 use std::collections::HashMap;
@@ -16,12 +16,12 @@ use std::sync::{Arc, Mutex};
 
 use conduit_protocol::{RequestId, RpcError};
 use serde_json::value::RawValue;
+use tokio::io::AsyncWrite;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::config::SessionCounters;
 use super::error::CloseReason;
-use super::writer::Out;
 
 pub(super) type PendingTx = oneshot::Sender<Result<Box<RawValue>, Failure>>;
 
@@ -30,6 +30,28 @@ pub(super) type PendingTx = oneshot::Sender<Result<Box<RawValue>, Failure>>;
 pub(super) enum Failure {
     Rpc(RpcError),
     TooLarge(usize),
+}
+
+/// The session's write half, whatever its type (a child's stdin, our stdout, a duplex).
+pub(super) type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// The write half when nobody is writing, and the frames queued or being written by the
+/// writer task.
+pub(super) struct Out {
+    /// `None` while the writer task writes with it, and for good once a write failed or the
+    /// write half was shut down.
+    pub(super) io: Option<BoxWrite>,
+    /// Frames sent into the queue and not yet written (those in the writer's hands included).
+    pub(super) queued: usize,
+}
+
+impl Out {
+    pub(super) fn new(io: BoxWrite) -> Out {
+        Out {
+            io: Some(io),
+            queued: 0,
+        }
+    }
 }
 
 /// One frame in the write queue, with what it holds until the writer has written it.

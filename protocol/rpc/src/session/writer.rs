@@ -38,29 +38,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::error::CloseReason;
-use super::shared::{Queued, Shared};
-
-/// The session's write half, whatever its type (a child's stdin, our stdout, a duplex).
-pub(super) type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
-
-/// The write half when nobody is writing, and the frames queued or being written by the
-/// writer task.
-pub(super) struct Out {
-    /// `None` while the writer task writes with it, and for good once a write failed or the
-    /// write half was shut down.
-    pub(super) io: Option<BoxWrite>,
-    /// Frames sent into the queue and not yet written (those in the writer's hands included).
-    pub(super) queued: usize,
-}
-
-impl Out {
-    pub(super) fn new(io: BoxWrite) -> Out {
-        Out {
-            io: Some(io),
-            queued: 0,
-        }
-    }
-}
+use super::shared::{Out, Queued, Shared};
 
 /// What one non-blocking attempt to write a frame did.
 #[derive(Debug, PartialEq, Eq)]
