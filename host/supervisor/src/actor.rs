@@ -80,14 +80,7 @@ pub(crate) async fn actor(
         };
         if let Some(Err(e)) = preflight {
             tracing::error!(extension = %spec.name, error = %e, "refusing to start");
-            ext.update(|s| {
-                s.state = State::Refused;
-                s.last_error = Some(e);
-                s.pid = None;
-                s.spawn_to_ready_ms = None;
-                s.handshake_ms = None;
-            });
-            match wait_for_operator(&mut cmds, &shutdown).await {
+            match hold(&ext, State::Refused, e, &mut cmds, &shutdown).await {
                 Cmd::Restart => continue,
                 Cmd::Stop => break,
             }
@@ -106,14 +99,7 @@ pub(crate) async fn actor(
                 continue;
             }
             Outcome::Incompatible(msg) => {
-                ext.update(|s| {
-                    s.state = State::Incompatible;
-                    s.last_error = Some(msg);
-                    s.pid = None;
-                    s.spawn_to_ready_ms = None;
-                    s.handshake_ms = None;
-                });
-                match wait_for_operator(&mut cmds, &shutdown).await {
+                match hold(&ext, State::Incompatible, msg, &mut cmds, &shutdown).await {
                     Cmd::Restart => continue,
                     Cmd::Stop => break,
                 }
@@ -174,6 +160,25 @@ pub(crate) async fn actor(
         s.backoff_ms = None;
         s.descendants.clear();
     });
+}
+
+/// Show `state` and why, with no process, until the operator restarts or stops the
+/// extension: a start that was refused or is incompatible is not retried by itself.
+async fn hold(
+    ext: &Extension,
+    state: State,
+    why: String,
+    cmds: &mut mpsc::UnboundedReceiver<Cmd>,
+    shutdown: &CancellationToken,
+) -> Cmd {
+    ext.update(|s| {
+        s.state = state;
+        s.last_error = Some(why);
+        s.pid = None;
+        s.spawn_to_ready_ms = None;
+        s.handshake_ms = None;
+    });
+    wait_for_operator(cmds, shutdown).await
 }
 
 async fn wait_for_operator(
