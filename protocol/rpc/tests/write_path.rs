@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use conduit_protocol::ErrorCode;
 use conduit_rpc::testing::TestHandler;
@@ -22,6 +22,18 @@ use tokio::net::unix::pipe;
 /// How long a test waits for a condition before it gives up (only a failing test waits this
 /// long; the suite runs on busy machines).
 const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Wait until `done` holds, polling; only a failing test reaches the [`PATIENCE`] ceiling.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let poll = async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    if tokio::time::timeout(PATIENCE, poll).await.is_err() {
+        panic!("timed out waiting for {what}");
+    }
+}
 
 /// A read half that never yields anything and never ends, for sessions only written to.
 fn silent() -> (tokio::io::DuplexStream, tokio::io::DuplexStream) {
@@ -296,23 +308,18 @@ async fn frames_the_pipe_takes_a_few_bytes_at_a_time_keep_their_order() {
     for s in senders {
         s.await.unwrap().unwrap();
     }
-    // Every frame is accepted; wait (with a ceiling) until the last is written.
-    let start = Instant::now();
-    while got.lock().unwrap().iter().filter(|b| **b == b'\n').count() < tasks * per_task {
-        assert!(
-            start.elapsed() < PATIENCE,
-            "the frames were never all written"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // Every frame is accepted; wait until the last is written.
+    eventually("every frame to be written", || {
+        got.lock().unwrap().iter().filter(|b| **b == b'\n').count() == tasks * per_task
+    })
+    .await;
     let written = got.lock().unwrap().clone();
     assert_in_order(&lines(&written), tasks, per_task);
     // Written bytes are counted once each, by whichever task wrote them.
-    let start = Instant::now();
-    while counters.bytes_out.load(Ordering::Relaxed) != written.len() as u64 {
-        assert!(start.elapsed() < PATIENCE, "bytes_out never matched");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("bytes_out to count every written byte", || {
+        counters.bytes_out.load(Ordering::Relaxed) == written.len() as u64
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
