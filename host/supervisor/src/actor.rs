@@ -181,6 +181,18 @@ async fn hold(
     wait_for_operator(cmds, shutdown).await
 }
 
+/// End a run whose handshake found no protocol both sides speak: stopped, not restarted.
+async fn incompatible(ext: &Extension, run: Run, spec: &ExtensionSpec, msg: String) -> Outcome {
+    Box::pin(stop_run(
+        ext,
+        run,
+        spec.stop_grace,
+        "an incompatible handshake",
+    ))
+    .await;
+    Outcome::Incompatible(msg)
+}
+
 async fn wait_for_operator(
     cmds: &mut mpsc::UnboundedReceiver<Cmd>,
     shutdown: &CancellationToken,
@@ -319,14 +331,7 @@ async fn run_once(
                 e,
                 data.as_deref().unwrap_or("none")
             );
-            Box::pin(stop_run(
-                ext,
-                run,
-                spec.stop_grace,
-                "an incompatible handshake",
-            ))
-            .await;
-            return Outcome::Incompatible(msg);
+            return incompatible(ext, run, spec, msg).await;
         }
         Ok(Err(e)) if e.is(ErrorCode::ExtensionExited) => {
             // It closed stdout (or exited) during the handshake: which, the exit tells.
@@ -360,14 +365,7 @@ async fn run_once(
             "the extension chose protocol version {}, which this host does not speak (it speaks {PROTOCOL_VERSIONS:?})",
             result.protocol_version
         );
-        Box::pin(stop_run(
-            ext,
-            run,
-            spec.stop_grace,
-            "an incompatible handshake",
-        ))
-        .await;
-        return Outcome::Incompatible(msg);
+        return incompatible(ext, run, spec, msg).await;
     }
 
     let ready_at = Instant::now();
