@@ -171,7 +171,9 @@ fn each_in_transaction_call_happens_at_its_call_site_and_its_answer_is_applied()
             "{m} missing from {s:#}"
         );
     }
-    assert_eq!(http_get(&f, "/v1/health")["host_loop"]["fallbacks"], 0);
+    let health = http_get(&f, "/v1/health");
+    assert_eq!(health["host_loop"]["fallbacks"], 0);
+    assert_eq!(health["store"]["panics"], 0, "{health:#}");
 }
 
 #[test]

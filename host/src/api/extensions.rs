@@ -42,6 +42,7 @@ async fn health(State(d): State<Arc<Daemon>>) -> ApiResult {
         "state_dir": d.state_dir().path(),
         "extensions": { "installed": exts.len(), "ready": ready },
         "host_loop": d.core().stats.snapshot(),
+        "store": { "panics": d.core().store_panics() },
         "telemetry": crate::telemetry::otlp::STATS.snapshot(),
     }))
     .into_response())
