@@ -284,8 +284,10 @@ describe("session", () => {
     err(await h.waitFor(h.request("echo", {}, rid)), -32600, rid);
     h.notify("$/cancel", { id: rid });
     err(await h.waitFor(rid), -32001, rid);
-    await h.until("the marker", () => (existsSync(marker) ? true : undefined));
-    assert.equal(readFileSync(marker, "utf8"), "cancelled");
+    // The handler writes the marker as it ends: wait for what it wrote, not just the file.
+    await h.until("the marker to say cancelled", () =>
+      existsSync(marker) && readFileSync(marker, "utf8") === "cancelled" ? true : undefined,
+    );
     const held = [];
     for (let i = 0; i < 64; i++) held.push(h.request("check.sleep", { ms: 60000 }));
     const extra = await h.waitFor(h.request("check.sleep", { ms: 1 }));

@@ -75,13 +75,14 @@ async fn a_healthy_extension_becomes_ready_answers_and_stops_cleanly() {
     );
     assert!(st.pid.is_some());
     assert_eq!(st.calls["echo"].count, 1);
-    assert!(
-        st.stderr_tail
+    // Its stderr is copied as it comes, and reaches the tail once it is in the log file.
+    common::until("the start line to reach the stderr tail", || {
+        ext.status()
+            .stderr_tail
             .iter()
-            .any(|l| l.contains("starting in mode ok")),
-        "{:?}",
-        st.stderr_tail
-    );
+            .any(|l| l.contains("starting in mode ok"))
+    })
+    .await;
     env.sup.stop("ok").await;
     let st = ext.status();
     assert_eq!(st.state, State::Stopped);
