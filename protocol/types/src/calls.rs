@@ -224,7 +224,7 @@ pub struct PushResult {
 }
 
 /// `artifact.open` params.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ArtifactOpen {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -232,6 +232,10 @@ pub struct ArtifactOpen {
     /// The size the sender expects to send, if known (lets the host refuse early).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<u64>,
+    /// Asks to send the bytes on the bulk pipe (`initialize`'s `bulk`) rather than as
+    /// `artifact.chunk` calls; the host grants it with a `bulk_tag`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bulk: bool,
 }
 
 /// `artifact.open` result.
@@ -242,6 +246,10 @@ pub struct ArtifactOpened {
     pub max_chunk_bytes: usize,
     /// How many chunks may be unanswered at once.
     pub window: usize,
+    /// Granted a `bulk: true` open: the tag of this stream's frames on the bulk pipe. The
+    /// stream then takes no `artifact.chunk`. Absent: send chunks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bulk_tag: Option<u32>,
 }
 
 /// `artifact.chunk` params: chunk `seq` (0, 1, 2, … in order) of a stream.

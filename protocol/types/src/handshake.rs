@@ -76,6 +76,16 @@ pub struct InitializeParams {
     pub limits: Limits,
     #[serde(default)]
     pub deadlines: Deadlines,
+    /// The bulk pipe for artifact bytes, when the host started the extension with one
+    /// ([`crate::bulk`]); absent, artifacts travel as JSON chunks only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bulk: Option<BulkOffer>,
+}
+
+/// `initialize`'s `bulk`: the descriptor the extension inherited the bulk pipe's write end as.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BulkOffer {
+    pub fd: i32,
 }
 
 impl InitializeParams {
@@ -89,7 +99,16 @@ impl InitializeParams {
             },
             limits: Limits::default(),
             deadlines: Deadlines::default(),
+            bulk: None,
         }
+    }
+
+    /// The same, offering the bulk pipe at [`crate::bulk::BULK_FD`].
+    pub fn with_bulk(mut self) -> Self {
+        self.bulk = Some(BulkOffer {
+            fd: crate::bulk::BULK_FD,
+        });
+        self
     }
 }
 
