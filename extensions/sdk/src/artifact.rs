@@ -12,14 +12,22 @@
 //! `max_chunk_bytes`), except the last. Size and SHA-256 are computed as bytes are written, so
 //! the content is never held whole.
 //!
+//! With the bulk pipe (`docs/protocol.md` §8.1: the host offered it in `initialize` and granted
+//! it in the open's answer) the bytes go there instead, as frames written straight from the
+//! caller's slices (small writes gathered up to `chunk_bytes`, 256 KiB by default), with no
+//! acknowledgement per frame: the pipe's own back-pressure is the flow control. `close` is the
+//! same JSON call either way.
+//!
 //! Invariants: chunks are queued for writing in `seq` order; no more than `window` are
 //! unanswered at once; `close` is sent only after every chunk was acknowledged; a writer that
 //! fails or is dropped before `finish` aborts the stream, so the host keeps nothing of it.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use conduit_protocol::bulk::{DEFAULT_BULK_FRAME_BYTES, MAX_BULK_FRAME_BYTES};
 use conduit_protocol::calls::{
     ArtifactAbort, ArtifactClose, ArtifactOpen, ArtifactOpened, ArtifactStored, ChunkAck, Empty,
 };
@@ -29,7 +37,12 @@ use futures::FutureExt as _;
 use futures::stream::{FuturesUnordered, StreamExt};
 use sha2::{Digest, Sha256};
 
+use crate::bulk::BulkPipe;
 use crate::error::HostError;
+
+/// Writes at least this long go to the bulk pipe straight from the caller's slice; shorter ones
+/// are gathered first.
+const BULK_DIRECT_BYTES: usize = 64 * 1024;
 
 /// How long a best-effort `artifact.abort` may take; nobody waits for its answer but the task
 /// that sends it.
@@ -69,6 +82,8 @@ pub struct ArtifactWriter {
     hasher: Sha256,
     in_flight: FuturesUnordered<BoxFuture<Result<ChunkAck, CallError>>>,
     status: StreamStatus,
+    /// The bulk pipe and this stream's tag on it, when the host granted it.
+    bulk: Option<(Arc<BulkPipe>, u32)>,
 }
 
 impl fmt::Debug for ArtifactWriter {
@@ -82,6 +97,7 @@ impl fmt::Debug for ArtifactWriter {
             .field("size", &self.size)
             .field("in_flight", &self.in_flight.len())
             .field("status", &self.status)
+            .field("bulk_tag", &self.bulk.as_ref().map(|(_, t)| *t))
             .finish()
     }
 }
@@ -91,23 +107,35 @@ impl ArtifactWriter {
     /// (the [`Host`](crate::Host)'s).
     pub(crate) async fn open(
         peer: &Peer,
+        pipe: Option<Arc<BulkPipe>>,
         deadline: Option<Duration>,
-        open: ArtifactOpen,
+        mut open: ArtifactOpen,
     ) -> Result<Self, HostError> {
         let name = open.name.clone();
+        open.bulk = pipe.is_some();
         let opened: ArtifactOpened = peer
             .call(methods::ext::ARTIFACT_OPEN, &open, deadline)
             .await?;
-        let max_chunk_bytes = opened
-            .max_chunk_bytes
-            .min(conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES);
+        let bulk = match (pipe, opened.bulk_tag) {
+            (Some(p), Some(tag)) => Some((p, tag)),
+            _ => None,
+        };
+        let (max_chunk_bytes, chunk_bytes) = match bulk {
+            Some(_) => (MAX_BULK_FRAME_BYTES, DEFAULT_BULK_FRAME_BYTES),
+            None => {
+                let max = opened
+                    .max_chunk_bytes
+                    .min(conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES);
+                (max, conduit_protocol::DEFAULT_ARTIFACT_CHUNK_BYTES.min(max))
+            }
+        };
         let mut w = ArtifactWriter {
             peer: peer.clone(),
             deadline,
             name,
             stream_id: opened.stream_id,
             max_chunk_bytes,
-            chunk_bytes: conduit_protocol::DEFAULT_ARTIFACT_CHUNK_BYTES.min(max_chunk_bytes),
+            chunk_bytes,
             window: opened.window.clamp(1, MAX_WINDOW),
             buf: Vec::new(),
             seq: 0,
@@ -115,6 +143,7 @@ impl ArtifactWriter {
             hasher: Sha256::new(),
             in_flight: FuturesUnordered::new(),
             status: StreamStatus::Open,
+            bulk,
         };
         if max_chunk_bytes == 0 {
             // Nothing could ever be sent; give the stream back rather than hold it open.
@@ -128,8 +157,9 @@ impl ArtifactWriter {
         Ok(w)
     }
 
-    /// Use chunks of `n` bytes from now on (clamped to 1 ..= the host's `max_chunk_bytes`).
-    /// Bytes already buffered go out in chunks of the new size.
+    /// Use chunks of `n` bytes from now on (clamped to 1 ..= the host's `max_chunk_bytes`, or
+    /// to 1 ..= 1 MiB for frames on the bulk pipe). Bytes already buffered go out in chunks of
+    /// the new size.
     pub fn set_chunk_bytes(&mut self, n: usize) {
         self.chunk_bytes = n.clamp(1, self.max_chunk_bytes);
     }
@@ -137,6 +167,12 @@ impl ArtifactWriter {
     /// The chunk size in use.
     pub fn chunk_bytes(&self) -> usize {
         self.chunk_bytes
+    }
+
+    /// Whether the bytes go on the bulk pipe (the host offered and granted it) rather than as
+    /// `artifact.chunk` calls.
+    pub fn is_bulk(&self) -> bool {
+        self.bulk.is_some()
     }
 
     /// How many chunks may be unanswered at once (the host's `window`).
@@ -164,6 +200,9 @@ impl ArtifactWriter {
         self.check_open()?;
         self.hasher.update(data);
         self.size += data.len() as u64;
+        if self.bulk.is_some() {
+            return self.write_bulk(data).await;
+        }
         if !self.buf.is_empty() {
             let take = (self.chunk_bytes.saturating_sub(self.buf.len())).min(data.len());
             self.buf.extend_from_slice(&data[..take]);
@@ -188,9 +227,13 @@ impl ArtifactWriter {
         self.check_open()?;
         if !self.buf.is_empty() {
             let chunk = std::mem::take(&mut self.buf);
-            // A buffer left from a larger chunk size is cut to the current one.
-            for piece in chunk.chunks(self.chunk_bytes) {
-                self.send_chunk(piece).await?;
+            if self.bulk.is_some() {
+                self.send_frames(&chunk).await?;
+            } else {
+                // A buffer left from a larger chunk size is cut to the current one.
+                for piece in chunk.chunks(self.chunk_bytes) {
+                    self.send_chunk(piece).await?;
+                }
             }
         }
         while let Some(ack) = self.in_flight.next().await {
@@ -242,6 +285,49 @@ impl ArtifactWriter {
                 detail: "the stream has already failed or ended".into(),
             }),
         }
+    }
+
+    /// [`write`](Self::write) on the bulk pipe: top up what is gathered, send whole frames
+    /// straight from `data`, gather the rest.
+    async fn write_bulk(&mut self, mut data: &[u8]) -> Result<(), HostError> {
+        if !self.buf.is_empty() {
+            let take = (self.chunk_bytes.saturating_sub(self.buf.len())).min(data.len());
+            self.buf.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if self.buf.len() >= self.chunk_bytes {
+                let gathered = std::mem::take(&mut self.buf);
+                self.send_frames(&gathered).await?;
+                self.buf = gathered;
+                self.buf.clear();
+            }
+        }
+        let direct = BULK_DIRECT_BYTES.min(self.chunk_bytes);
+        if data.len() >= direct {
+            let whole = data.len() - data.len() % direct;
+            let (now, rest) = data.split_at(whole);
+            self.send_frames(now).await?;
+            data = rest;
+        }
+        self.buf.extend_from_slice(data);
+        Ok(())
+    }
+
+    /// Write `bytes` to the bulk pipe in frames of at most `chunk_bytes`.
+    async fn send_frames(&mut self, bytes: &[u8]) -> Result<(), HostError> {
+        let Some((pipe, tag)) = self.bulk.clone() else {
+            unreachable!("frames are sent only on a bulk stream");
+        };
+        for frame in bytes.chunks(self.chunk_bytes) {
+            if let Err(e) = pipe.frame(tag, frame).await {
+                self.status = StreamStatus::Failed;
+                self.abort_now().await;
+                return Err(HostError::Artifact {
+                    name: self.name.clone(),
+                    detail: format!("cannot write to the bulk pipe: {e}; the stream was aborted"),
+                });
+            }
+        }
+        Ok(())
     }
 
     async fn send_chunk(&mut self, bytes: &[u8]) -> Result<(), HostError> {

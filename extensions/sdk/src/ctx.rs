@@ -90,6 +90,8 @@ impl Ctx {
 pub struct Host {
     pub(crate) peer: Peer,
     pub(crate) init: Arc<InitializeParams>,
+    /// The bulk pipe for artifact bytes, when the host offered one.
+    pub(crate) bulk: Option<Arc<crate::bulk::BulkPipe>>,
     pub(crate) deadline: Option<Duration>,
 }
 
@@ -100,6 +102,16 @@ impl Host {
     pub fn with_deadline(&self, deadline: Duration) -> Host {
         Host {
             deadline: Some(deadline),
+            ..self.clone()
+        }
+    }
+
+    /// The same host, sending artifacts as `artifact.chunk` calls even where the host offers
+    /// the bulk pipe (docs/protocol.md §8.1): for comparing the two, or for a host that should
+    /// see every byte in its JSON log.
+    pub fn with_json_chunks(&self) -> Host {
+        Host {
+            bulk: None,
             ..self.clone()
         }
     }
@@ -137,7 +149,7 @@ impl Host {
     /// `artifact.open`: start an artifact stream. Write to the returned writer, then
     /// [`finish`](ArtifactWriter::finish) it; dropped unfinished, it aborts the stream.
     pub async fn artifact(&self, open: ArtifactOpen) -> Result<ArtifactWriter, HostError> {
-        ArtifactWriter::open(&self.peer, self.deadline, open).await
+        ArtifactWriter::open(&self.peer, self.bulk.clone(), self.deadline, open).await
     }
 
     /// Store `bytes` as one artifact: open (with `size` filled in), chunks, close.

@@ -78,7 +78,7 @@
 //!         })
 //!         // Streams an artifact: chunks are pipelined, size and sha256 computed on the way.
 //!         .method("report", |cx: Ctx, _p: serde_json::Value| async move {
-//!             let open = ArtifactOpen { name: "report.txt".into(), media_type: Some("text/plain".into()), size: None };
+//!             let open = ArtifactOpen { name: "report.txt".into(), media_type: Some("text/plain".into()), size: None, ..Default::default() };
 //!             let mut w = cx.host().artifact(open).await?;
 //!             for i in 0..1000 {
 //!                 w.write(format!("line {i}\n").as_bytes()).await?;
@@ -98,6 +98,7 @@
 //! writes to it, and [`run`] sends every log line to stderr.
 
 mod artifact;
+mod bulk;
 mod ctx;
 mod error;
 mod extension;

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
+use crate::bulk::BulkPipe;
 use conduit_protocol::calls::{
     CommitParams, Empty, FilterParams, IngressPollParams, IngressPollResult, RecurrenceParams,
     SleepParams, SleepResult, TriggerParams,
@@ -146,6 +147,8 @@ enum Phase {
 struct Lifecycle {
     phase: Phase,
     init: Option<Arc<InitializeParams>>,
+    /// The bulk pipe, when the host offered one that is usable here.
+    bulk: Option<Arc<BulkPipe>>,
 }
 
 /// The session's handler: the handshake, then routing by method and name.
@@ -170,6 +173,7 @@ impl Dispatch {
             lifecycle: Mutex::new(Lifecycle {
                 phase: Phase::New,
                 init: None,
+                bulk: None,
             }),
             tracker: TaskTracker::new(),
             stopping: CancellationToken::new(),
@@ -213,6 +217,7 @@ impl Dispatch {
         };
         tracing::info!(host = %params.host.name, host_version = %params.host.version, protocol = version, "initialized");
         st.phase = Phase::Ready;
+        st.bulk = params.bulk.as_ref().and_then(BulkPipe::take);
         st.init = Some(Arc::new(params));
         to_raw(&InitializeResult {
             protocol_version: version,
@@ -252,7 +257,12 @@ impl Dispatch {
     }
 
     /// Route a request of the ready phase to its handler.
-    fn route(&self, req: Request, init: Arc<InitializeParams>) -> BoxFuture<HandlerResult> {
+    fn route(
+        &self,
+        req: Request,
+        init: Arc<InitializeParams>,
+        bulk: Option<Arc<BulkPipe>>,
+    ) -> BoxFuture<HandlerResult> {
         // `_meta` is the protocol's, not the handler's (docs/protocol.md §11): strip it and
         // keep the deadline it carries.
         let stripped = req
@@ -267,6 +277,7 @@ impl Dispatch {
             host: Host {
                 peer: req.peer.clone(),
                 init,
+                bulk,
                 deadline: None,
             },
             cancel: req.cancel.clone(),
@@ -370,9 +381,9 @@ impl Handler for Dispatch {
         let answer: BoxFuture<HandlerResult> = if req.method == methods::host::INITIALIZE {
             Box::pin(std::future::ready(self.initialize(&req)))
         } else {
-            let (phase, init) = {
+            let (phase, init, bulk) = {
                 let st = self.lock();
-                (st.phase, st.init.clone())
+                (st.phase, st.init.clone(), st.bulk.clone())
             };
             match (phase, init) {
                 (Phase::New, _) | (_, None) => ready_err(RpcError::new(
@@ -387,7 +398,7 @@ impl Handler for Dispatch {
                 (Phase::Ready, Some(init)) if req.method == methods::host::SHUTDOWN => {
                     return self.shutdown(&init);
                 }
-                (Phase::Ready, Some(init)) => self.route(req, init),
+                (Phase::Ready, Some(init)) => self.route(req, init, bulk),
             }
         };
         // Even answers that are ready at once are tracked: the session writes them from a task

@@ -156,6 +156,7 @@ impl FakeHost {
                     stream_id: id,
                     max_chunk_bytes: self.max_chunk_bytes,
                     window: self.window,
+                    bulk_tag: None,
                 })
             }
             methods::ext::ARTIFACT_CHUNK => {
@@ -380,6 +381,7 @@ fn extension() -> Extension {
                 name: "run.log".into(),
                 media_type: Some("application/octet-stream".into()),
                 size: Some(p.bytes as u64),
+                ..Default::default()
             };
             let mut w = cx.host().artifact(open).await?;
             if let Some(n) = p.chunk {

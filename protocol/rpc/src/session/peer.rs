@@ -258,6 +258,11 @@ impl Peer {
         })
     }
 
+    /// Whether `other` is a handle of the same session (not merely of the same extension).
+    pub fn same_session(&self, other: &Peer) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Whether the session has ended.
     pub fn is_closed(&self) -> bool {
         self.shared.ended.is_cancelled()
