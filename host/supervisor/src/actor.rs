@@ -220,7 +220,25 @@ async fn run_once(
         s.handshake_ms = None;
     });
     let spawned = Instant::now();
-    let mut child = match process::spawn_confined(&spec.command, &spec.confine) {
+    // The bulk pipe: our end does not leak into the child (close-on-exec); its end becomes
+    // descriptor 3 there and is closed here once the child has it.
+    let bulk = match &spec.bulk {
+        None => None,
+        Some(_) => match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+            Ok(ends) => Some(ends),
+            Err(e) => {
+                tracing::warn!(extension = %spec.name, error = %e, "cannot make the bulk pipe; artifacts go as JSON chunks this run");
+                None
+            }
+        },
+    };
+    let spawn = process::spawn_with_bulk(
+        &spec.command,
+        &spec.confine,
+        bulk.as_ref().map(|(_, w)| std::os::fd::AsFd::as_fd(w)),
+    );
+    let bulk = bulk.map(|(r, _w)| r);
+    let mut child = match spawn {
         Ok((c, applied)) => {
             if let Some(limits) = spec.confine.limits {
                 let mechanism = mechanism(&spec.confine);
@@ -283,7 +301,11 @@ async fn run_once(
     // The limits hold from the start: a package that allocates before it answers is stopped
     // there too.
     let peer = session_peer(&run);
-    let init = InitializeParams::current(&spec.host_version);
+    let mut init = InitializeParams::current(&spec.host_version);
+    if let (Some(read), Some(sink)) = (bulk, &spec.bulk) {
+        sink(&peer, read);
+        init = init.with_bulk();
+    }
     let asked = Instant::now();
     let mut enforcer = spec.confine.limits.map(Enforcer::new);
     let handshake = {

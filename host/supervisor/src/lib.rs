@@ -46,7 +46,7 @@ pub mod tree;
 pub mod usage;
 
 pub use crate::extension::{ExtCallError, Extension};
-pub use crate::spec::{CallbackHandlers, ExtensionSpec, no_callbacks};
+pub use crate::spec::{BulkSink, CallbackHandlers, ExtensionSpec, no_callbacks};
 pub use crate::stats::{LatencyHistogram, MethodStats, Traffic};
 pub use crate::status::{
     ExitCause, ExitRecord, InFlightCall, RECENT_EXITS, Resources, State, Status, now_ms,

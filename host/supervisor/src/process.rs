@@ -277,6 +277,18 @@ pub fn spawn(cmd: &ChildCommand) -> io::Result<Child> {
 /// in the child before exec. A sandbox asked for where Landlock is missing is reported in
 /// [`Applied`], not an error; one that cannot be built where Landlock exists is an error.
 pub fn spawn_confined(cmd: &ChildCommand, confine: &Confinement) -> io::Result<(Child, Applied)> {
+    spawn_with_bulk(cmd, confine, None)
+}
+
+/// [`spawn_confined`], and with `bulk` (a pipe's write end) given to the child as descriptor
+/// [`conduit_protocol::bulk::BULK_FD`] (3), its one descriptor beyond the standard three. The
+/// caller keeps `bulk` open until this returns and closes its copy afterwards.
+pub fn spawn_with_bulk(
+    cmd: &ChildCommand,
+    confine: &Confinement,
+    bulk: Option<std::os::fd::BorrowedFd<'_>>,
+) -> io::Result<(Child, Applied)> {
+    let bulk_fd = bulk.map(|fd| std::os::fd::AsRawFd::as_raw_fd(&fd));
     let mut c = Command::new(&cmd.program);
     c.args(&cmd.args)
         .current_dir(&cmd.cwd)
@@ -350,6 +362,9 @@ pub fn spawn_confined(cmd: &ChildCommand, confine: &Confinement) -> io::Result<(
                 crate::sandbox::restrict_self(fd)?;
             }
             mark_inherited_fds_cloexec();
+            if let Some(fd) = bulk_fd {
+                give_bulk_fd(fd)?;
+            }
             Ok(())
         });
     }
@@ -363,6 +378,62 @@ pub fn spawn_confined(cmd: &ChildCommand, confine: &Confinement) -> io::Result<(
     // The child has its copy of the ruleset (or has exec'd); ours closes here.
     drop(prepared);
     Ok((child, Applied { sandbox }))
+}
+
+/// Ask the kernel for a pipe buffer of `bytes` (Linux; elsewhere a no-op answering `Ok(0)`);
+/// the size granted. Refused past the user's pipe pages or `pipe-max-size`, and when shrinking
+/// below what the pipe holds.
+pub fn set_pipe_size(fd: std::os::fd::BorrowedFd<'_>, bytes: usize) -> io::Result<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        let bytes = i32::try_from(bytes).map_err(io::Error::other)?;
+        // SAFETY: fcntl on a descriptor the caller holds open.
+        let r = unsafe {
+            libc::fcntl(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                libc::F_SETPIPE_SZ,
+                bytes,
+            )
+        };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (fd, bytes);
+        Ok(0)
+    }
+}
+
+/// In the child: make `fd` descriptor 3, kept across exec. `dup2` onto 3 clears close-on-exec
+/// on the copy; when `fd` already is 3 the flag is cleared by hand. Descriptor 3 is not the
+/// standard library's exec-error pipe: the bulk pipe was open in the parent before that pipe
+/// was made, so 3 was taken by then (by the bulk pipe or another open file), unless another
+/// thread closed it in between; then a failed exec would be reported as a child that exits at
+/// once rather than as a spawn error.
+fn give_bulk_fd(fd: i32) -> io::Result<()> {
+    let target = conduit_protocol::bulk::BULK_FD;
+    // SAFETY: plain system calls on descriptors the parent opened for the child.
+    let r = unsafe {
+        if fd == target {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags < 0 {
+                -1
+            } else {
+                libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC)
+            }
+        } else {
+            libc::dup2(fd, target)
+        }
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// Make every descriptor above stderr close on exec. Closing them here instead would also

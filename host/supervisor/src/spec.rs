@@ -41,7 +41,15 @@ pub struct ExtensionSpec {
     /// Where each limit in force came from (default, package, operator), shown in status.
     pub limit_sources: BTreeMap<limits::LimitKey, limits::LimitSource>,
     pub host_version: String,
+    /// Where the bulk pipe of each run goes (`docs/protocol.md` §8.1). Set, every run gets a
+    /// pipe whose write end is its descriptor 3, `initialize` offers it, and this is handed the
+    /// read end with the run's session; `None`, no pipe and no offer.
+    pub bulk: Option<BulkSink>,
 }
+
+/// Takes the read end of a run's bulk pipe, with the peer of the run's session (which ends when
+/// the run does). Called on the supervisor's task: it must not block.
+pub type BulkSink = Arc<dyn Fn(&conduit_rpc::Peer, std::os::fd::OwnedFd) + Send + Sync>;
 
 impl std::fmt::Debug for ExtensionSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,6 +84,7 @@ impl ExtensionSpec {
             limit_notes: Vec::new(),
             limit_sources: BTreeMap::new(),
             host_version: env!("CARGO_PKG_VERSION").into(),
+            bulk: None,
         }
     }
 }
