@@ -451,6 +451,153 @@ fn a_16_mib_artifact_arrives_intact_and_a_wrong_digest_keeps_nothing() {
     assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
 }
 
+/// `ext call NAME make-artifact PARAMS` on the Python core extension, answered as JSON.
+fn make_artifact(f: &Fixture, ext: &str, params: &str) -> Value {
+    let run = f.conduit(&[
+        "ext",
+        "call",
+        ext,
+        "make-artifact",
+        params,
+        "--timeout-ms",
+        "120000",
+    ]);
+    assert_eq!(run.code(), Some(0), "{}{}", run.context(), f.context());
+    serde_json::from_slice(&run.out.stdout).unwrap()
+}
+
+fn stored_count(f: &Fixture) -> usize {
+    std::fs::read_dir(f.state().join("artifacts/sha256")).map_or(0, |d| d.count())
+}
+
+fn tmp_leftovers(f: &Fixture) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(f.state().join("tmp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect()
+}
+
+#[test]
+fn artifacts_on_the_bulk_pipe_arrive_intact_and_a_broken_pipe_keeps_nothing() {
+    // Written from docs/protocol.md §8.1 in Python: the framing is the protocol, not the SDK's.
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("art", "ok"));
+    f.install(&f.core_ext("art2", "ok"));
+    f.start_daemon();
+    f.wait_state("art", "ready", PATIENCE);
+    f.wait_state("art2", "ready", PATIENCE);
+
+    // 3 MiB + 1 in frames of 100,000 bytes, and one frame at the 1 MiB limit.
+    for (size, chunk) in [(3 * 1024 * 1024 + 1, 100_000), (1024 * 1024, 1024 * 1024)] {
+        let v = make_artifact(
+            &f,
+            "art",
+            &format!(r#"{{"size":{size},"chunk":{chunk},"bulk":true}}"#),
+        );
+        assert_eq!(v["bulk"], true, "the bulk pipe was not granted: {v:#}");
+        assert_eq!(v["size"], size, "{v:#}");
+        let id = v["artifact_id"].as_str().unwrap();
+        let out = f.dir.path().join("got.bin");
+        let get = f.conduit(&["artifacts", "get", id, "-o", out.to_str().unwrap()]);
+        assert_eq!(get.code(), Some(0), "{}", get.context());
+        let bytes = std::fs::read(&out).unwrap();
+        assert_eq!(bytes.len(), size);
+        use sha2::Digest;
+        assert_eq!(
+            format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes))),
+            id
+        );
+    }
+    let before = stored_count(&f);
+
+    // A frame header claiming 0 bytes: the stream is refused, naming the frame, and nothing
+    // is kept; the pipe is done for this run, so the next stream goes as JSON chunks.
+    let v = make_artifact(
+        &f,
+        "art",
+        r#"{"size":300000,"chunk":65536,"bulk":true,"bulk_fault":"garbage"}"#,
+    );
+    assert_eq!(v["error"]["code"], -32009, "artifact_invalid: {v:#}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("claims 0 bytes"), "{msg}");
+    let v = make_artifact(&f, "art", r#"{"size":300000,"chunk":65536,"bulk":true}"#);
+    assert!(v["artifact_id"].is_string(), "{v:#}");
+    assert_eq!(
+        v.get("bulk"),
+        None,
+        "a broken pipe was granted again: {v:#}"
+    );
+
+    // One byte short, and the pipe closed: the close is refused at once, not after a timeout.
+    let t0 = Instant::now();
+    let v = make_artifact(
+        &f,
+        "art2",
+        r#"{"size":300000,"chunk":65536,"bulk":true,"bulk_fault":"short"}"#,
+    );
+    assert_eq!(v["error"]["code"], -32009, "artifact_invalid: {v:#}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("ended after 299999 of the 300000 bytes"),
+        "{msg}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(25),
+        "the close waited for bytes from a closed pipe"
+    );
+    // The garbage stream kept nothing; the JSON one after it was stored.
+    assert_eq!(stored_count(&f), before + 1);
+    f.wait_until("no partial artifact files", || {
+        tmp_leftovers(&f).is_empty().then_some(())
+    });
+    assert_eq!(f.status("art")["state"], "ready");
+}
+
+#[test]
+fn the_rust_sdk_sends_an_export_on_the_bulk_pipe_into_the_store() {
+    let mut f = Fixture::new();
+    for p in stage_examples(&f) {
+        f.install(&p);
+    }
+    f.start_daemon();
+    f.wait_state("notes", "ready", PATIENCE);
+    // Three notes of about 900 KiB each: the export is several 256 KiB frames.
+    for i in 0..3 {
+        let (code, body) = http_post(&f, "/v1/events", &push_body(&format!("big-{i}"), 900_000));
+        assert_eq!(code, 201, "{body}");
+    }
+    let run = f.conduit(&[
+        "ext",
+        "call",
+        "notes",
+        "export",
+        "{}",
+        "--timeout-ms",
+        "60000",
+    ]);
+    assert_eq!(run.code(), Some(0), "{}{}", run.context(), f.context());
+    let v: Value = serde_json::from_slice(&run.out.stdout).unwrap();
+    assert_eq!(v["transport"], "bulk-pipe", "{v:#}");
+    assert_eq!(v["notes"], 3, "{v:#}");
+    let out = f.dir.path().join("notes.jsonl");
+    let id = v["artifact_id"].as_str().unwrap();
+    let get = f.conduit(&["artifacts", "get", id, "-o", out.to_str().unwrap()]);
+    assert_eq!(get.code(), Some(0), "{}", get.context());
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(text.len() as u64, v["size"].as_u64().unwrap());
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let deliveries: Vec<&str> = lines
+        .iter()
+        .map(|e| e["delivery_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(deliveries, ["big-0", "big-1", "big-2"]);
+    assert!(tmp_leftovers(&f).is_empty());
+}
+
 #[test]
 fn pushes_are_validated_and_capped_and_lists_are_paged_1_to_200() {
     let mut f = Fixture::new();

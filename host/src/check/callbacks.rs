@@ -190,6 +190,7 @@ impl CheckHost {
                     stream_id,
                     max_chunk_bytes: conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
                     window: conduit_protocol::ARTIFACT_WINDOW,
+                    bulk_tag: None,
                 })
             }
             ext::ARTIFACT_CHUNK => {

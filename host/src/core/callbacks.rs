@@ -172,10 +172,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
         }
         ext::ARTIFACT_OPEN => {
             let p: ArtifactOpen = params(&req)?;
-            let peer = req.peer.clone();
-            let opened = core.artifacts_arc().open(ext, p, async move {
-                peer.closed().await;
-            })?;
+            let opened = core.artifacts_arc().open(ext, p, &req.peer)?;
             to_raw(&opened)
         }
         ext::ARTIFACT_CHUNK => {

@@ -301,6 +301,7 @@ impl Daemon {
         spec.confine = confine;
         spec.limit_notes = plan.notes;
         spec.limit_sources = plan.limits.sources;
+        spec.bulk = Some(self.core.artifacts.bulk_sink(&rec.name));
         let state = self.state.clone();
         let name = rec.name.clone();
         let resolve_error = resolved.err().map(|e| e.to_string());

@@ -7,10 +7,18 @@
 //!   artifact.close {size, sha256} ─► checked ─► artifacts/sha256/<hex>   (rename, fsync)
 //! ```
 //!
+//! A stream opened with `bulk: true` on a run that has a bulk pipe gets a tag instead of
+//! chunks: its bytes arrive on the pipe (`bulk.rs`), and its close waits until `size` bytes
+//! have arrived (or the pipe ended) before it checks them. `stream.rs` holds what both paths
+//! share: the stream, appending to it, the errors.
+//!
 //! Invariants: a stream that fails a check, is aborted, or whose session ends (the extension
 //! crashed) leaves no file behind; a stored artifact's name is its digest, so its content is
 //! what the digest says. Chunks of one stream may be served by concurrent handler tasks; each
 //! waits for its turn, so they are written in `seq` order whatever order the tasks run in.
+
+mod bulk;
+mod stream;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -23,32 +31,19 @@ use conduit_protocol::calls::{
     ArtifactChunk, ArtifactClose, ArtifactOpen, ArtifactOpened, ChunkAck,
 };
 use conduit_protocol::{ErrorCode, RpcError};
+use conduit_rpc::Peer;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
-/// The largest artifact accepted.
-pub const MAX_ARTIFACT_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+use self::bulk::Channel;
+pub use self::stream::MAX_ARTIFACT_BYTES;
+use self::stream::{SharedStream, Stream, invalid, io_error};
 
 /// How many streams one extension may have open at once.
 pub const MAX_OPEN_STREAMS: usize = 16;
 
-/// How long a chunk waits for the ones before it.
+/// How long a chunk waits for the ones before it, and a bulk stream's close for its next bytes.
 const CHUNK_TURN_TIMEOUT: Duration = Duration::from_secs(30);
-
-struct Stream {
-    ext: String,
-    name: String,
-    media_type: Option<String>,
-    path: PathBuf,
-    file: Option<std::fs::File>,
-    hasher: Sha256,
-    received: u64,
-    next_seq: u64,
-    /// Told when `next_seq` moves or the stream ends, so waiting chunks re-check.
-    turn: Arc<Notify>,
-    /// Ends the task that removes the stream when the session ends.
-    watcher: tokio_util::sync::CancellationToken,
-}
 
 /// A verified artifact, ready to be recorded.
 #[derive(Debug)]
@@ -68,36 +63,8 @@ pub struct Artifacts {
     /// Stream id → (owner, stream). The owner is kept outside the stream's lock so that the
     /// check never waits on a chunk being written.
     streams: Mutex<HashMap<String, (String, SharedStream)>>,
-}
-
-type SharedStream = Arc<tokio::sync::Mutex<Stream>>;
-
-impl std::fmt::Debug for Stream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stream")
-            .field("ext", &self.ext)
-            .field("received", &self.received)
-            .finish_non_exhaustive()
-    }
-}
-
-fn invalid(msg: impl Into<String>) -> RpcError {
-    RpcError::new(ErrorCode::ArtifactInvalid, msg)
-}
-
-/// A file error while receiving an artifact: `storage_full` (retryable) when the disk is full,
-/// `internal_error` otherwise.
-fn io_error(what: String, e: &std::io::Error) -> RpcError {
-    if e.kind() == std::io::ErrorKind::StorageFull {
-        RpcError::new(
-            ErrorCode::StorageFull,
-            format!(
-                "{what}: {e}; the disk holding the state directory is full, retry once space is freed"
-            ),
-        )
-    } else {
-        RpcError::internal(format!("{what}: {e}"))
-    }
+    /// Each extension's bulk pipe of its current run.
+    channels: Mutex<HashMap<String, Arc<Channel>>>,
 }
 
 impl Artifacts {
@@ -106,6 +73,7 @@ impl Artifacts {
             dir,
             tmp,
             streams: Mutex::new(HashMap::new()),
+            channels: Mutex::new(HashMap::new()),
         }
     }
 
@@ -139,12 +107,45 @@ impl Artifacts {
         }
     }
 
-    /// Open a stream for `ext`; it is removed (and its file deleted) when `session_end` fires.
+    /// What the supervisor hands each run's bulk pipe to: a reader task for the run of `ext`,
+    /// whose streams then may take their bytes from it.
+    pub fn bulk_sink(self: &Arc<Self>, ext: &str) -> conduit_supervisor::BulkSink {
+        let me = Arc::downgrade(self);
+        let ext = ext.to_owned();
+        Arc::new(move |peer: &Peer, fd: std::os::fd::OwnedFd| {
+            let Some(me) = me.upgrade() else { return };
+            let channel = Channel::new(peer.clone());
+            me.lock_channels().insert(ext.clone(), channel.clone());
+            let ext = ext.clone();
+            tokio::spawn(async move {
+                bulk::read(ext.clone(), channel.clone(), fd).await;
+                let mut channels = me.lock_channels();
+                if channels.get(&ext).is_some_and(|c| Arc::ptr_eq(c, &channel)) {
+                    channels.remove(&ext);
+                }
+            });
+        })
+    }
+
+    fn lock_channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Channel>>> {
+        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The bulk pipe of the run `peer` belongs to, if it has one that can take a stream.
+    fn channel(&self, ext: &str, peer: &Peer) -> Option<Arc<Channel>> {
+        self.lock_channels()
+            .get(ext)
+            .filter(|c| c.peer.same_session(peer) && c.usable())
+            .cloned()
+    }
+
+    /// Open a stream for `ext`, from the session of `peer`; it is removed (and its file
+    /// deleted) when that session ends.
     pub fn open(
         self: &Arc<Self>,
         ext: &str,
         p: ArtifactOpen,
-        session_end: impl std::future::Future<Output = ()> + Send + 'static,
+        peer: &Peer,
     ) -> Result<ArtifactOpened, RpcError> {
         if p.size.is_some_and(|s| s > MAX_ARTIFACT_BYTES) {
             return Err(invalid(format!(
@@ -175,6 +176,11 @@ impl Artifacts {
         let file = std::fs::File::create(&path)
             .map_err(|e| io_error(format!("cannot create {}", path.display()), &e))?;
         let watcher = tokio_util::sync::CancellationToken::new();
+        let channel = if p.bulk {
+            self.channel(ext, peer)
+        } else {
+            None
+        };
         let stream = Stream {
             ext: ext.to_owned(),
             name: p.name,
@@ -186,17 +192,26 @@ impl Artifacts {
             next_seq: 0,
             turn: Arc::new(Notify::new()),
             watcher: watcher.clone(),
+            bulk: None,
+            spoiled: None,
+            pipe_done: false,
         };
-        self.lock().insert(
-            id.clone(),
-            (ext.to_owned(), Arc::new(tokio::sync::Mutex::new(stream))),
-        );
+        let stream: SharedStream = Arc::new(tokio::sync::Mutex::new(stream));
+        // Registered before anyone can know the tag, so no frame of it can come first.
+        let bulk_tag = channel.as_ref().map(|c| {
+            let tag = c.add(&stream);
+            let mut s = stream.try_lock().expect("a new stream is not locked");
+            s.bulk = Some((c.weak_tags(), tag));
+            tag
+        });
+        self.lock().insert(id.clone(), (ext.to_owned(), stream));
         // A stream cut by a crash leaves nothing behind.
         let me = self.clone();
         let sid = id.clone();
+        let peer = peer.clone();
         tokio::spawn(async move {
             tokio::select! {
-                () = session_end => me.discard(&sid).await,
+                _ = peer.closed() => me.discard(&sid).await,
                 () = watcher.cancelled() => {}
             }
         });
@@ -204,6 +219,7 @@ impl Artifacts {
             stream_id: id,
             max_chunk_bytes: conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
             window: conduit_protocol::ARTIFACT_WINDOW,
+            bulk_tag,
         })
     }
 
@@ -228,6 +244,14 @@ impl Artifacts {
             if s.file.is_none() {
                 return Err(invalid("the stream was discarded"));
             }
+            if s.bulk.is_some() {
+                drop(s);
+                self.fail(&c.stream_id).await;
+                return Err(invalid(format!(
+                    "stream `{}` was opened for the bulk pipe and takes no `artifact.chunk`; the stream was discarded",
+                    c.stream_id
+                )));
+            }
             let window = conduit_protocol::ARTIFACT_WINDOW as u64;
             if c.seq < s.next_seq || c.seq >= s.next_seq + window {
                 drop(s);
@@ -238,23 +262,12 @@ impl Artifacts {
                 )));
             }
             if c.seq == s.next_seq {
-                if s.received + data.len() as u64 > MAX_ARTIFACT_BYTES {
+                if let Err(e) = s.append(&data) {
                     drop(s);
                     self.fail(&c.stream_id).await;
-                    return Err(invalid(format!(
-                        "the artifact grew past {MAX_ARTIFACT_BYTES} bytes; the stream was discarded"
-                    )));
+                    return Err(e);
                 }
-                s.hasher.update(&data);
-                let res = s.file.as_mut().map(|f| f.write_all(&data));
-                if let Some(Err(e)) = res {
-                    drop(s);
-                    self.fail(&c.stream_id).await;
-                    return Err(io_error("cannot write the artifact".into(), &e));
-                }
-                s.received += data.len() as u64;
                 s.next_seq += 1;
-                s.turn.notify_waiters();
                 return Ok(ChunkAck {
                     received: s.received,
                 });
@@ -276,12 +289,17 @@ impl Artifacts {
     /// Check size and digest; on success move the content into place and return it.
     pub async fn close(&self, ext: &str, c: ArtifactClose) -> Result<Finished, RpcError> {
         let stream = self.get(ext, &c.stream_id)?;
+        if let Err(e) = Self::bulk_arrived(&stream, c.size).await {
+            self.discard(&c.stream_id).await;
+            return Err(e);
+        }
         self.lock().remove(&c.stream_id);
         let mut s = stream.lock().await;
         s.watcher.cancel();
         let Some(mut file) = s.file.take() else {
             return Err(invalid("the stream was discarded"));
         };
+        s.drop_content();
         let digest = hex::encode(std::mem::take(&mut s.hasher).finalize());
         let path = s.path.clone();
         if s.received != c.size || digest != c.sha256.to_ascii_lowercase() {
@@ -329,6 +347,40 @@ impl Artifacts {
         })
     }
 
+    /// For a bulk stream: wait until `size` bytes have come on the pipe, the pipe ended, or no
+    /// byte came for [`CHUNK_TURN_TIMEOUT`]. `Err` when the stream cannot be stored.
+    async fn bulk_arrived(stream: &SharedStream, size: u64) -> Result<(), RpcError> {
+        loop {
+            let s = stream.lock().await;
+            if s.bulk.is_none() && s.spoiled.is_none() && !s.pipe_done {
+                return Ok(()); // a JSON stream, or discarded: close says which
+            }
+            if let Some(why) = &s.spoiled {
+                return Err(invalid(format!("{why}; nothing was kept")));
+            }
+            if s.received >= size {
+                return Ok(());
+            }
+            if s.pipe_done {
+                return Err(invalid(format!(
+                    "the bulk pipe ended after {} of the {size} bytes close claims; nothing was kept",
+                    s.received
+                )));
+            }
+            let (received, turn) = (s.received, s.turn.clone());
+            let notified = turn.notified();
+            drop(s);
+            if tokio::time::timeout(CHUNK_TURN_TIMEOUT, notified)
+                .await
+                .is_err()
+            {
+                return Err(invalid(format!(
+                    "no byte came on the bulk pipe for {CHUNK_TURN_TIMEOUT:?} with {received} of the {size} bytes close claims received; nothing was kept"
+                )));
+            }
+        }
+    }
+
     /// Give up on a stream at the extension's request.
     pub async fn abort(&self, ext: &str, id: &str) -> Result<(), RpcError> {
         self.get(ext, id)?;
@@ -344,11 +396,7 @@ impl Artifacts {
         let Some((_, stream)) = self.lock().remove(id) else {
             return;
         };
-        let mut s = stream.lock().await;
-        s.watcher.cancel();
-        s.file = None;
-        let _ = std::fs::remove_file(&s.path);
-        s.turn.notify_waiters();
+        stream.lock().await.drop_content();
     }
 
     /// How many streams are open (tests).
