@@ -83,15 +83,22 @@ async fn sleep(cx: Ctx, p: SleepParams) -> Result<SleepResult, RpcError> {
     }
 }
 
-/// Stream `bytes` bytes to the host through the SDK's pipelined artifact writer.
+/// Stream `bytes` bytes to the host through the SDK's artifact writer: on the bulk pipe when the
+/// host offers it (unless `json_chunks`), else as pipelined JSON chunks.
 async fn artifact(cx: Ctx, p: ArtifactParams) -> Result<ArtifactStored, RpcError> {
     let data = artifact_bytes(p.bytes as usize);
     let open = ArtifactOpen {
         name: ARTIFACT_NAME.into(),
         media_type: Some("application/octet-stream".into()),
         size: Some(data.len() as u64),
+        ..Default::default()
     };
-    let mut w = cx.host().artifact(open).await?;
+    let host = if p.json_chunks {
+        cx.host().with_json_chunks()
+    } else {
+        cx.host().clone()
+    };
+    let mut w = host.artifact(open).await?;
     for piece in data.chunks(p.chunk_bytes.max(1)) {
         w.write(piece).await?;
     }

@@ -52,4 +52,7 @@ pub struct CancelSeen {
 pub struct ArtifactParams {
     pub bytes: u64,
     pub chunk_bytes: usize,
+    /// Send `artifact.chunk` calls even when the host offers the bulk pipe.
+    #[serde(default)]
+    pub json_chunks: bool,
 }

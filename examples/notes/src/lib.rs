@@ -9,6 +9,7 @@
 //! | `emit.commit` | `annotation` | one ~240-byte annotation record built from the payload | [`annotation`] |
 //! | `ingress.poll` | `notes-inbox` | notes from the JSON-lines file `$CONDUIT_NOTES_INBOX` | [`inbox`] |
 //! | custom | `echo` | answers `{"text": …}` with its params | here |
+//! | custom | `export` | every note (or one thread's) as a JSON-lines artifact | [`export`] |
 //!
 //! A note is an event whose payload looks like
 //! `{"thread": "t-42", "author": "ada", "text": "…about 1 KiB…"}`.
@@ -18,6 +19,7 @@
 //! 250 ms deadline, and a repeated call (the host retrying a commit) gets the same answer.
 
 pub mod annotation;
+pub mod export;
 pub mod inbox;
 pub mod mentions;
 pub mod recurrence;
@@ -83,4 +85,5 @@ pub fn extension_with_inbox(inbox: Option<PathBuf>) -> Extension {
             async move { inbox::poll(inbox.as_deref(), &p).await }
         })
         .method("echo", |_cx: Ctx, p: Echo| async move { Ok(p) })
+        .method("export", export::export)
 }

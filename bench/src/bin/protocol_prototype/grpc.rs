@@ -307,7 +307,12 @@ impl Conn for GrpcConn {
         Ok(())
     }
 
-    async fn artifact(&mut self, bytes: u64, chunk_bytes: usize) -> anyhow::Result<()> {
+    async fn artifact(
+        &mut self,
+        bytes: u64,
+        chunk_bytes: usize,
+        _json_chunks: bool,
+    ) -> anyhow::Result<()> {
         let req = ProduceRequest {
             bytes,
             chunk_bytes: chunk_bytes as u32,

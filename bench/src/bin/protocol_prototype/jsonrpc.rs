@@ -66,7 +66,9 @@ impl JsonRpc {
         }
     }
 
-    fn spawn(&self, version: Option<u32>) -> anyhow::Result<(Child, Tail)> {
+    /// Spawn the child as the supervisor does, the bulk pipe's write end its descriptor 3; the
+    /// read end is handed back.
+    fn spawn(&self, version: Option<u32>) -> anyhow::Result<(Child, Tail, std::os::fd::OwnedFd)> {
         let mut args: Vec<OsString> = Vec::new();
         if let Some(v) = version {
             args.push("--protocol-version".into());
@@ -78,12 +80,22 @@ impl JsonRpc {
             cwd: self.cwd.clone(),
             env: vec![("CONDUIT_EXTENSION".into(), "proto-jsonrpc".into())],
         };
+        let (read, write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("the bulk pipe")?;
         let mut child = self
             .cpus
-            .spawn_with(|| process::spawn(&cmd))
-            .with_context(|| format!("spawning {}", self.program.display()))?;
+            .spawn_with(|| {
+                process::spawn_with_bulk(
+                    &cmd,
+                    &process::Confinement::none(),
+                    Some(std::os::fd::AsFd::as_fd(&write)),
+                )
+            })
+            .with_context(|| format!("spawning {}", self.program.display()))?
+            .0;
+        drop(write);
         let stderr = child.stderr.take().context("the child's stderr")?;
-        Ok((child, Tail::drain(stderr)))
+        Ok((child, Tail::drain(stderr), read))
     }
 
     /// Spawn and send `initialize`; the session and the handshake's outcome.
@@ -91,23 +103,32 @@ impl JsonRpc {
         &self,
         version: Option<u32>,
     ) -> anyhow::Result<(JsonConn, Result<InitializeResult, CallError>)> {
-        let (mut child, tail) = self.spawn(version)?;
+        let (mut child, tail, bulk) = self.spawn(version)?;
         let pid = child.id().context("the child's pid")?;
         let stdin = child.stdin.take().context("the child's stdin")?;
         let stdout = child.stdout.take().context("the child's stdout")?;
         let sleeping = Arc::new(Notify::new());
-        let handler = HostHandler {
+        let handler = Arc::new(HostHandler {
             sleeping: sleeping.clone(),
             ..HostHandler::default()
-        };
+        });
         let session = Session::new(
             stdout,
             stdin,
-            handler,
+            Shared(handler.clone()),
             SessionConfig::named("proto-jsonrpc"),
         );
         let peer = session.peer();
-        let init = InitializeParams::current(env!("CARGO_PKG_VERSION"));
+        // Read until the child's end closes (it exits) or the session ends.
+        let reader = handler.clone();
+        let ended = peer.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                r = reader.read_bulk(bulk) => if let Err(e) = r { eprintln!("protocol-prototype: the bulk pipe: {e:#}") },
+                _ = ended.closed() => {}
+            }
+        });
+        let init = InitializeParams::current(env!("CARGO_PKG_VERSION")).with_bulk();
         let res = peer
             .call::<_, InitializeResult>(methods::host::INITIALIZE, &init, Some(PHASE_TIMEOUT))
             .await;
@@ -242,8 +263,21 @@ impl Conn for JsonConn {
         Ok(())
     }
 
-    async fn artifact(&mut self, bytes: u64, chunk_bytes: usize) -> anyhow::Result<()> {
-        let p = ArtifactParams { bytes, chunk_bytes };
+    fn has_json_chunks(&self) -> bool {
+        true
+    }
+
+    async fn artifact(
+        &mut self,
+        bytes: u64,
+        chunk_bytes: usize,
+        json_chunks: bool,
+    ) -> anyhow::Result<()> {
+        let p = ArtifactParams {
+            bytes,
+            chunk_bytes,
+            json_chunks,
+        };
         let stored: ArtifactStored = self.peer.call(ARTIFACT, &p, None).await?;
         ensure!(
             stored.size == bytes,
@@ -333,6 +367,8 @@ struct Stream {
     hasher: Sha256,
     received: u64,
     next_seq: u64,
+    /// Its tag on the bulk pipe, when its bytes come that way.
+    tag: Option<u32>,
 }
 
 /// The host's side of the callbacks: `bench.ping`, `bench.sleeping` and the artifact stream.
@@ -344,6 +380,23 @@ struct HostHandler {
     streams: Mutex<HashMap<String, Stream>>,
     next_stream: AtomicU64,
     sleeping: Arc<Notify>,
+    /// Bulk tag → stream id.
+    tags: Mutex<HashMap<u32, String>>,
+    /// Told whenever bulk bytes were taken.
+    bulk_moved: Notify,
+}
+
+/// The handler, shared with the bulk pipe's reader.
+struct Shared(Arc<HostHandler>);
+
+impl Handler for Shared {
+    fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
+        let h = self.0.clone();
+        if req.method == methods::ext::ARTIFACT_CLOSE {
+            return Box::pin(async move { h.close(&req).await });
+        }
+        Box::pin(std::future::ready(h.serve(&req)))
+    }
 }
 
 impl HostHandler {
@@ -355,20 +408,27 @@ impl HostHandler {
                 to_raw(&Empty {})
             }
             methods::ext::ARTIFACT_OPEN => {
-                let _open: ArtifactOpen = req.params()?;
-                let id = format!("s{}", self.next_stream.fetch_add(1, Ordering::Relaxed));
+                let open: ArtifactOpen = req.params()?;
+                let n = self.next_stream.fetch_add(1, Ordering::Relaxed);
+                let id = format!("s{n}");
+                let tag = open.bulk.then_some(n as u32);
+                if let Some(tag) = tag {
+                    lock(&self.tags).insert(tag, id.clone());
+                }
                 self.lock().insert(
                     id.clone(),
                     Stream {
                         hasher: Sha256::new(),
                         received: 0,
                         next_seq: 0,
+                        tag,
                     },
                 );
                 to_raw(&ArtifactOpened {
                     stream_id: id,
                     max_chunk_bytes: conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
                     window: conduit_protocol::ARTIFACT_WINDOW,
+                    bulk_tag: tag,
                 })
             }
             methods::ext::ARTIFACT_CHUNK => {
@@ -395,21 +455,6 @@ impl HostHandler {
                     received: s.received,
                 })
             }
-            methods::ext::ARTIFACT_CLOSE => {
-                let c: ArtifactClose = req.params()?;
-                let s = self
-                    .lock()
-                    .remove(&c.stream_id)
-                    .ok_or_else(|| invalid("no such stream"))?;
-                let digest = hex::encode(s.hasher.finalize());
-                if digest != c.sha256 || s.received != c.size {
-                    return Err(invalid("size or digest do not match what was received"));
-                }
-                to_raw(&ArtifactStored {
-                    artifact_id: format!("sha256:{digest}"),
-                    size: s.received,
-                })
-            }
             methods::ext::ARTIFACT_ABORT => {
                 let a: ArtifactAbort = req.params()?;
                 self.lock().remove(&a.stream_id);
@@ -420,16 +465,79 @@ impl HostHandler {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Stream>> {
-        self.streams.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.streams)
     }
+
+    /// `artifact.close`: for a bulk stream, once its `size` bytes have come on the pipe.
+    async fn close(&self, req: &Request) -> HandlerResult {
+        let c: ArtifactClose = req.params()?;
+        let deadline = tokio::time::Instant::now() + PHASE_TIMEOUT;
+        loop {
+            let moved = self.bulk_moved.notified();
+            {
+                let streams = self.lock();
+                let s = streams
+                    .get(&c.stream_id)
+                    .ok_or_else(|| invalid("no such stream"))?;
+                if s.tag.is_none() || s.received >= c.size {
+                    break;
+                }
+            }
+            if tokio::time::timeout_at(deadline, moved).await.is_err() {
+                return Err(invalid("the bulk bytes never came"));
+            }
+        }
+        let s = self
+            .lock()
+            .remove(&c.stream_id)
+            .ok_or_else(|| invalid("no such stream"))?;
+        if let Some(tag) = s.tag {
+            lock(&self.tags).remove(&tag);
+        }
+        let digest = hex::encode(s.hasher.finalize());
+        if digest != c.sha256 || s.received != c.size {
+            return Err(invalid("size or digest do not match what was received"));
+        }
+        to_raw(&ArtifactStored {
+            artifact_id: format!("sha256:{digest}"),
+            size: s.received,
+        })
+    }
+
+    /// Read the bulk pipe until it ends, hashing each piece into its stream.
+    async fn read_bulk(&self, fd: std::os::fd::OwnedFd) -> anyhow::Result<()> {
+        // The buffer the daemon gives the pipe while a stream is open on it.
+        let _ = process::set_pipe_size(std::os::fd::AsFd::as_fd(&fd), 1024 * 1024);
+        let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?;
+        let mut decoder = conduit_protocol::bulk::Decoder::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            rx.readable().await?;
+            let n = match rx.try_read(&mut buf) {
+                Ok(0) => return Ok(decoder.finish()?),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e.into()),
+            };
+            {
+                let tags = lock(&self.tags);
+                let mut streams = self.lock();
+                decoder.feed(&buf[..n], |tag, bytes| {
+                    if let Some(s) = tags.get(&tag).and_then(|id| streams.get_mut(id)) {
+                        s.hasher.update(bytes);
+                        s.received += bytes.len() as u64;
+                    }
+                })?;
+            }
+            self.bulk_moved.notify_waiters();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn invalid(msg: impl Into<String>) -> RpcError {
     RpcError::new(ErrorCode::ArtifactInvalid, msg)
-}
-
-impl Handler for HostHandler {
-    fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
-        Box::pin(std::future::ready(self.serve(&req)))
-    }
 }

@@ -80,8 +80,18 @@ pub(crate) trait Conn: Sized {
     async fn callbacks(&mut self, n: u32) -> anyhow::Result<Vec<u64>>;
     /// `calls` echo calls with `in_flight` outstanding at once.
     async fn pipelined(&mut self, calls: u64, in_flight: usize) -> anyhow::Result<()>;
-    /// Have the extension stream an artifact; checks what the host stored.
-    async fn artifact(&mut self, bytes: u64, chunk_bytes: usize) -> anyhow::Result<()>;
+    /// Have the extension stream an artifact; checks what the host stored. `json_chunks`: by
+    /// the transport's second path (JSON-RPC's `artifact.chunk` calls beside its bulk pipe).
+    async fn artifact(
+        &mut self,
+        bytes: u64,
+        chunk_bytes: usize,
+        json_chunks: bool,
+    ) -> anyhow::Result<()>;
+    /// Whether [`Conn::artifact`] has a second path to measure.
+    fn has_json_chunks(&self) -> bool {
+        false
+    }
     /// Start a `sleep`, cancel it as soon as it says it runs; from the start of the
     /// cancellation to the extension seeing it.
     async fn cancel(&mut self) -> anyhow::Result<Duration>;
@@ -265,26 +275,38 @@ pub(crate) async fn round<T: Transport>(t: &mut T, cfg: &Config) -> anyhow::Resu
 
     phase("artifact", async {
         // The first transfer also makes the child build its 16 MiB of content.
-        conn.artifact(cfg.artifact_bytes, cfg.chunk_bytes).await?;
-        let mut rates = Vec::with_capacity(cfg.artifacts);
-        let (mut host_cpu, mut child_cpu) = (Duration::ZERO, Duration::ZERO);
-        for _ in 0..cfg.artifacts.max(1) {
-            let mark = PairMark::now(pid)?;
-            let start = Instant::now();
-            conn.artifact(cfg.artifact_bytes, cfg.chunk_bytes).await?;
-            let wall = start.elapsed();
-            let (host, child) = mark.elapsed(pid)?;
-            host_cpu += host;
-            child_cpu += child;
-            rates.push(cfg.artifact_bytes as f64 / 1048576.0 / wall.as_secs_f64().max(1e-9));
+        conn.artifact(cfg.artifact_bytes, cfg.chunk_bytes, false)
+            .await?;
+        let paths: &[(&str, bool)] = if conn.has_json_chunks() {
+            &[("artifact", false), ("artifact_json", true)]
+        } else {
+            &[("artifact", false)]
+        };
+        for &(key, json_chunks) in paths {
+            let mut rates = Vec::with_capacity(cfg.artifacts);
+            let (mut host_cpu, mut child_cpu) = (Duration::ZERO, Duration::ZERO);
+            for _ in 0..cfg.artifacts.max(1) {
+                let mark = PairMark::now(pid)?;
+                let start = Instant::now();
+                conn.artifact(cfg.artifact_bytes, cfg.chunk_bytes, json_chunks)
+                    .await?;
+                let wall = start.elapsed();
+                let (host, child) = mark.elapsed(pid)?;
+                host_cpu += host;
+                child_cpu += child;
+                rates.push(cfg.artifact_bytes as f64 / 1048576.0 / wall.as_secs_f64().max(1e-9));
+            }
+            let mib = cfg.artifact_bytes as f64 / 1048576.0 * rates.len() as f64;
+            rates.sort_by(f64::total_cmp);
+            f.push(format!("{key}_mib_s"), rates[rates.len() / 2]);
+            let per_mib = |d: Duration| d.as_nanos() as f64 / 1000.0 / mib.max(1e-9);
+            f.push(
+                format!("{key}_cpu_us_per_mib"),
+                per_mib(host_cpu + child_cpu),
+            );
+            f.push(format!("{key}_host_cpu_us_per_mib"), per_mib(host_cpu));
+            f.push(format!("{key}_child_cpu_us_per_mib"), per_mib(child_cpu));
         }
-        let mib = cfg.artifact_bytes as f64 / 1048576.0 * rates.len() as f64;
-        rates.sort_by(f64::total_cmp);
-        f.push("artifact_mib_s", rates[rates.len() / 2]);
-        let per_mib = |d: Duration| d.as_nanos() as f64 / 1000.0 / mib.max(1e-9);
-        f.push("artifact_cpu_us_per_mib", per_mib(host_cpu + child_cpu));
-        f.push("artifact_host_cpu_us_per_mib", per_mib(host_cpu));
-        f.push("artifact_child_cpu_us_per_mib", per_mib(child_cpu));
         Ok(())
     })
     .await?;

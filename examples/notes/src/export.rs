@@ -1,0 +1,76 @@
+//! `export`: every note the host holds (optionally of one thread), as a JSON-lines artifact.
+//!
+//! Pages through `state.events` (200 at a time, oldest first) and writes each event as one
+//! line into an artifact stream; the SDK sends the bytes on the host's bulk pipe when it offers
+//! one (`docs/protocol.md` §8.1), else as JSON chunks. The answer is what the host stored,
+//! with how many notes went in and which way the bytes went.
+
+use conduit_extension::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// `export` params.
+#[derive(Debug, Default, Deserialize)]
+pub struct ExportParams {
+    /// Only notes whose payload's `thread` is this.
+    #[serde(default)]
+    pub thread: Option<String>,
+}
+
+/// `export` result.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Exported {
+    pub artifact_id: String,
+    pub size: u64,
+    pub notes: u64,
+    /// `"bulk-pipe"` or `"json-chunks"`.
+    pub transport: String,
+}
+
+const PAGE: u32 = 200;
+
+pub async fn export(cx: Ctx, p: ExportParams) -> Result<Exported, RpcError> {
+    let host = cx.host();
+    let open = ArtifactOpen {
+        name: "notes.jsonl".into(),
+        media_type: Some("application/jsonl".into()),
+        ..Default::default()
+    };
+    let mut w = host.artifact(open).await?;
+    let transport = if w.is_bulk() {
+        "bulk-pipe"
+    } else {
+        "json-chunks"
+    };
+    let (mut after, mut notes) = (None, 0u64);
+    loop {
+        let page = host
+            .events(EventsQuery {
+                source: None,
+                after_id: after,
+                limit: Some(PAGE),
+            })
+            .await?;
+        for e in &page.events {
+            let thread = e.payload.get("thread").and_then(|t| t.as_str());
+            if p.thread.as_deref().is_some_and(|want| thread != Some(want)) {
+                continue;
+            }
+            let mut line = serde_json::to_vec(e)
+                .map_err(|err| RpcError::internal(format!("event {}: {err}", e.id)))?;
+            line.push(b'\n');
+            w.write(&line).await?;
+            notes += 1;
+        }
+        match page.events.last() {
+            Some(last) if page.events.len() == PAGE as usize => after = Some(last.id),
+            _ => break,
+        }
+    }
+    let stored = w.finish().await?;
+    Ok(Exported {
+        artifact_id: stored.artifact_id,
+        size: stored.size,
+        notes,
+        transport: transport.into(),
+    })
+}
