@@ -15,7 +15,9 @@
 //! session can try to read its id) and its length. Decoding resumes after its `\n`.
 //! [`FrameReader`] drives the codec with a buffer that never grows past
 //! `max_len + READ_CHUNK + 2` bytes, whatever the peer sends, and that shrinks back to at most
-//! 1 MiB once an oversized line has ended.
+//! 1 MiB once an oversized line has ended. The room it offers each read starts at
+//! [`FIRST_READ_CHUNK`], doubles (to [`READ_CHUNK`]) while reads fill it or bring at least that
+//! much, and halves back while they use under a quarter of it.
 
 use std::io;
 
@@ -26,8 +28,12 @@ use tokio_util::codec::{Decoder, Encoder};
 /// How much of an oversized message is kept to look for its id.
 pub const HEAD_BYTES: usize = 4096;
 
-/// The least free space [`FrameReader`] offers each read.
+/// The most free space [`FrameReader`] asks for before a read, once reads fill what it offers.
 pub const READ_CHUNK: usize = 64 * 1024;
+
+/// What a [`FrameReader`] offers its first reads, and goes back to while messages are small: a
+/// thousand idle sessions then hold a few KiB each rather than 64 KiB.
+pub const FIRST_READ_CHUNK: usize = 4 * 1024;
 
 /// A decoded frame.
 #[derive(Debug, PartialEq, Eq)]
@@ -224,6 +230,8 @@ pub struct FrameReader<R> {
     buf: BytesMut,
     codec: FrameCodec,
     eof: bool,
+    /// The room offered to the next read (see the module docs).
+    chunk: usize,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -234,6 +242,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             buf: BytesMut::new(),
             codec: FrameCodec::new_with_max_len(max_len),
             eof: false,
+            chunk: FIRST_READ_CHUNK,
         }
     }
 
@@ -253,10 +262,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 Ok(None) => {}
                 Err(e) => return Some(Err(e)),
             }
-            self.make_room();
+            let room = self.make_room();
             match self.inner.read_buf(&mut self.buf).await {
                 Ok(0) => self.eof = true,
-                Ok(_) => {}
+                Ok(n) => self.chunk = next_chunk(self.chunk, n, room),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Some(Err(e)),
             }
@@ -286,16 +295,32 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    fn make_room(&mut self) {
+    /// The free space offered to the next read.
+    fn make_room(&mut self) -> usize {
         let len = self.buf.len();
-        if self.buf.capacity() - len >= MIN_SPARE.min(self.codec.max_len + 2) {
-            return;
+        let spare = self.buf.capacity() - len;
+        if spare >= MIN_SPARE.min(self.chunk).min(self.codec.max_len + 2) {
+            return spare;
         }
         let bound = self.codec.max_len + 2 + READ_CHUNK;
-        let want = (len * 2).max(len + READ_CHUNK).min(bound);
+        let want = (len * 2).max(len + self.chunk).min(bound);
         let mut grown = BytesMut::with_capacity(want);
         grown.extend_from_slice(&self.buf);
         self.buf = grown;
+        self.buf.capacity() - len
+    }
+}
+
+/// The room to offer after a read of `n` bytes into `room`: more while reads fill it or bring a
+/// whole offer's worth, less while they use little of it, within [`FIRST_READ_CHUNK`] ..=
+/// [`READ_CHUNK`].
+fn next_chunk(chunk: usize, n: usize, room: usize) -> usize {
+    if n >= room || n >= chunk {
+        (chunk * 2).min(READ_CHUNK)
+    } else if n < chunk / 4 {
+        (chunk / 2).max(FIRST_READ_CHUNK)
+    } else {
+        chunk
     }
 }
 

@@ -233,6 +233,70 @@ async fn a_message_of_exactly_16_mib_passes_and_one_byte_more_never_grows_the_bu
     assert!(r.next().await.is_none());
 }
 
+/// Hands out one queued piece per read (as much of it as fits).
+struct Reads(std::collections::VecDeque<Vec<u8>>);
+
+impl AsyncRead for Reads {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        if let Some(mut piece) = self.0.pop_front() {
+            let k = piece.len().min(buf.remaining());
+            buf.put_slice(&piece[..k]);
+            if k < piece.len() {
+                self.0.push_front(piece.split_off(k));
+            }
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn small_messages_keep_a_small_buffer_and_reads_that_fill_it_grow_the_offer() {
+    let small = |i: usize| format!("{{\"jsonrpc\":\"2.0\",\"id\":{i}}}\n").into_bytes();
+    let mut pieces: std::collections::VecDeque<Vec<u8>> = (0..200).map(small).collect();
+    // Then a stream of 64 KiB reads of one long line: the offer doubles up to READ_CHUNK.
+    let long = (1 << 20) - 1;
+    let mut line = vec![b'x'; long];
+    line.push(b'\n');
+    pieces.extend(line.chunks(READ_CHUNK).map(<[u8]>::to_vec));
+    let mut r = FrameReader::new(Reads(pieces), conduit_protocol::MAX_MESSAGE_BYTES);
+    for i in 0..200 {
+        let want = String::from_utf8(small(i)).unwrap();
+        assert_eq!(r.next().await.unwrap().unwrap(), msg(want.trim_end()));
+        assert!(
+            r.buffer_capacity() <= 2 * FIRST_READ_CHUNK,
+            "capacity {} after small message {i}",
+            r.buffer_capacity()
+        );
+    }
+    match r.next().await.unwrap().unwrap() {
+        Frame::Message(m) => assert_eq!(m.len(), long),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        r.chunk, READ_CHUNK,
+        "reads that filled the room grew the offer"
+    );
+}
+
+#[test]
+fn the_offer_doubles_on_full_reads_halves_on_sparse_ones_and_stays_in_bounds() {
+    assert_eq!(
+        next_chunk(FIRST_READ_CHUNK, 4096, 4096),
+        2 * FIRST_READ_CHUNK
+    );
+    assert_eq!(next_chunk(READ_CHUNK, READ_CHUNK, READ_CHUNK), READ_CHUNK);
+    assert_eq!(next_chunk(READ_CHUNK, 100, READ_CHUNK), READ_CHUNK / 2);
+    assert_eq!(next_chunk(FIRST_READ_CHUNK, 1, 4096), FIRST_READ_CHUNK);
+    // A read that brings the offer's worth into a larger spare grows it too.
+    assert_eq!(next_chunk(4096, 5000, 60_000), 8192);
+    // A read that uses a fair share of the room leaves the offer as it is.
+    assert_eq!(next_chunk(16 * 1024, 8 * 1024, 40 * 1024), 16 * 1024);
+}
+
 mod prop {
     use super::*;
     use proptest::prelude::*;
