@@ -30,6 +30,8 @@
 //! The children (`proto-jsonrpc-child`, `proto-grpc-child`, `proto-floor-child`) are found next
 //! to this executable, so build the package as a whole.
 
+#[path = "protocol_prototype/daemon.rs"]
+mod daemon;
 #[path = "protocol_prototype/floors.rs"]
 mod floors;
 #[path = "protocol_prototype/grpc.rs"]
@@ -197,6 +199,9 @@ struct Report {
     regimes: Ordered<RegimeResult>,
     /// Placement → regime → results, for every placement.
     placements: Ordered<Ordered<RegimeResult>>,
+    /// Regime → the artifact through a real daemon into its store (absent without `conduit`
+    /// beside this executable).
+    through_daemon: Ordered<Figures>,
 }
 
 fn main() -> ExitCode {
@@ -292,6 +297,13 @@ fn run(args: Args) -> anyhow::Result<()> {
             .collect(),
     );
     let started = Instant::now();
+    let conduit = daemon::conduit_beside(&exe);
+    if conduit.is_none() {
+        println!(
+            "note: no `conduit` beside this executable; the artifact through the daemon is not measured"
+        );
+    }
+    let mut through_daemon: Ordered<Figures> = Ordered::default();
     for &regime in regimes {
         let spinners = match regime {
             Regime::Idle => None,
@@ -359,6 +371,19 @@ fn run(args: Args) -> anyhow::Result<()> {
             by_placement.0[pi].1.push(regime.key(), res);
         }
         regime::pin_to(None).context("unpinning the host")?;
+        if let Some(conduit) = &conduit {
+            let f = rt
+                .block_on(daemon::artifacts(
+                    conduit,
+                    &programs.jsonrpc,
+                    dir.path(),
+                    cfg.artifact_bytes,
+                    cfg.artifacts,
+                ))
+                .context("the artifact through the daemon")?;
+            print!("{}", report::daemon_table(regime, &f));
+            through_daemon.push(regime.key(), f);
+        }
         drop(spinners);
     }
     drop(rt);
@@ -374,6 +399,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         placement: placements[0].key(),
         regimes: by_placement.0[0].1.clone(),
         placements: by_placement,
+        through_daemon,
     };
     write_json(&args.json, &report)?;
     println!(

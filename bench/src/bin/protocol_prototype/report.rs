@@ -478,3 +478,24 @@ pub(crate) fn table(regime: Regime, placement: &str, r: &RegimeResult) -> String
     }
     t
 }
+
+/// The artifact through the daemon: MiB/s and CPU per MiB (daemon, extension) on both paths.
+pub(crate) fn daemon_table(regime: Regime, f: &Figures) -> String {
+    let g = |k: &str| f.get(k).copied().unwrap_or(f64::NAN);
+    let mut out = format!(
+        "\nthe artifact through the daemon into its store ({} regime, placed by the scheduler)\n",
+        regime.key()
+    );
+    for (label, key) in [
+        ("bulk pipe", "daemon_artifact"),
+        ("base64 chunks", "daemon_artifact_json"),
+    ] {
+        out.push_str(&format!(
+            "  {label:<14} {:>8.0} MiB/s   CPU µs per MiB: daemon {:>6.0}, extension {:>6.0}\n",
+            g(&format!("{key}_mib_s")),
+            g(&format!("{key}_daemon_cpu_us_per_mib")),
+            g(&format!("{key}_child_cpu_us_per_mib")),
+        ));
+    }
+    out
+}
