@@ -55,11 +55,9 @@ impl Channel {
         })
     }
 
-    /// Register `stream` and hand back its tag.
-    pub(super) fn add(&self, stream: &SharedStream) -> u32 {
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        self.tags.insert(tag, stream.clone());
-        tag
+    /// A tag no stream of this pipe has had.
+    pub(super) fn next_tag(&self) -> u32 {
+        self.next_tag.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Whether new streams may use the pipe.

@@ -181,6 +181,7 @@ impl Artifacts {
         } else {
             None
         };
+        let tag = channel.as_ref().map(|c| c.next_tag());
         let stream = Stream {
             ext: ext.to_owned(),
             name: p.name,
@@ -192,18 +193,15 @@ impl Artifacts {
             next_seq: 0,
             turn: Arc::new(Notify::new()),
             watcher: watcher.clone(),
-            bulk: None,
+            bulk: channel.as_ref().zip(tag).map(|(c, t)| (c.weak_tags(), t)),
             spoiled: None,
             pipe_done: false,
         };
         let stream: SharedStream = Arc::new(tokio::sync::Mutex::new(stream));
         // Registered before anyone can know the tag, so no frame of it can come first.
-        let bulk_tag = channel.as_ref().map(|c| {
-            let tag = c.add(&stream);
-            let mut s = stream.try_lock().expect("a new stream is not locked");
-            s.bulk = Some((c.weak_tags(), tag));
-            tag
-        });
+        if let (Some(c), Some(tag)) = (&channel, tag) {
+            c.tags.insert(tag, stream.clone());
+        }
         self.lock().insert(id.clone(), (ext.to_owned(), stream));
         // A stream cut by a crash leaves nothing behind.
         let me = self.clone();
@@ -219,7 +217,7 @@ impl Artifacts {
             stream_id: id,
             max_chunk_bytes: conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
             window: conduit_protocol::ARTIFACT_WINDOW,
-            bulk_tag,
+            bulk_tag: tag,
         })
     }
 
