@@ -22,7 +22,9 @@
 //!
 //! Handlers get a [`Ctx`]: the request's cancellation token and a [`Host`] handle for callbacks
 //! (`state.event`, `state.events`, `state.work`, `operation.emit`, `ingress.push`) and for
-//! streaming artifacts ([`ArtifactWriter`]), which it may use while its own request is pending,
+//! streaming artifacts ([`ArtifactWriter`]: on the host's bulk pipe when it offers one,
+//! docs/protocol.md §8.1, else as pipelined base64 chunks), which it may use while its own
+//! request is pending,
 //! and the request's deadline as the host sent it ([`Ctx::deadline`], [`Ctx::remaining`], from
 //! `params._meta.remaining_ms`, docs/protocol.md §11; `_meta` is stripped before the handler
 //! reads its params).
