@@ -5,6 +5,8 @@
 //!   round trip to a real extension process and judged against a latency budget.
 //! - [`floor`]: this machine's floors (raw pipe round trip, pipelined pipe messages, pipe
 //!   throughput, bare spawn, SIGKILL to EOF), host and child side.
+//! - [`daemon`]: a release `conduit daemon run` started, connected to and stopped for a
+//!   benchmark (`bench-scale`, the transport comparison's artifact through the daemon).
 //! - [`measure`]: histograms, CPU time of both processes, median and spread.
 //! - [`machine`]: what a result file says about where it was measured.
 //! - [`ordered`]: JSON objects that keep their keys in the order they were measured.
@@ -17,6 +19,7 @@
 //! binaries'). The round trip (`roundtrip`) and the transport comparison (`protocol-prototype`)
 //! are binaries of their own.
 
+pub mod daemon;
 pub mod floor;
 pub mod gate;
 pub mod machine;

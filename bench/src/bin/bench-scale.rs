@@ -32,15 +32,15 @@
 //! executable (`conduit`, `conduit-echo`), so build them in the same profile first.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use clap::Parser;
+use conduit_bench::daemon::Daemon;
 use conduit_bench::machine::{self, Machine};
 use conduit_bench::measure::{new_histogram, quantile_us, record};
 use conduit_bench::ordered::Ordered;
-use conduit_host::client::Client;
 use conduit_host::packages::{self, InstallOptions};
 use conduit_host::state_dir::StateDir;
 use hyper::Method;
@@ -329,52 +329,17 @@ fn print_run(label: &str, n: usize, r: &RunFigures) {
     );
 }
 
-/// Kills the daemon (gracefully first) when dropped, so an error leaves nothing running.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<RunFigures> {
-    let socket = size.state.join("run").join("conduit.sock");
-    let _ = std::fs::remove_file(&socket);
     let t0 = Instant::now();
-    let child = Command::new(conduit)
-        .args(["daemon", "run"])
-        .env("CONDUIT_STATE_DIR", &size.state)
-        .env("CONDUIT_LOG", "warn")
-        .env("OTEL_SDK_DISABLED", "true")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("starting {}", conduit.display()))?;
-    let daemon = Daemon(child);
-    let pid = daemon.0.id();
     let deadline = t0 + Duration::from_secs(args.ready_timeout_s);
-    let client = loop {
-        if let Some(c) = Client::connect(&socket).await {
-            break c;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "the daemon's socket never appeared"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let daemon = Daemon::start(
+        conduit,
+        &size.state,
+        Duration::from_secs(args.ready_timeout_s),
+    )
+    .await?;
+    let pid = daemon.pid();
+    let client = daemon.client.clone();
     let ready = loop {
         let list = client.get("/v1/extensions").await?;
         let exts = list["extensions"].as_array().cloned().unwrap_or_default();

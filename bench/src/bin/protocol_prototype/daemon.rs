@@ -8,16 +8,15 @@
 //! bulk pipe (what the SDK picks when the daemon offers it) and base64 chunks.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
+use conduit_bench::daemon::Daemon;
 use conduit_bench::measure::proc_cpu;
 use conduit_bench::prototype::jsonrpc::{
     ARTIFACT, ArtifactParams, CALLBACK, CANCEL_SEEN, ECHO, SLEEP,
 };
 use conduit_bench::prototype::{CHUNK_BYTES, artifact_id};
-use conduit_host::client::Client;
 use conduit_host::packages::{self, InstallOptions};
 use conduit_host::state_dir::StateDir;
 use serde_json::json;
@@ -25,16 +24,6 @@ use serde_json::json;
 use crate::transport::Figures;
 
 const NAME: &str = "proto-jsonrpc";
-
-/// Kills the daemon when dropped (a failed run leaves no daemon behind).
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Run time of a process's live threads (the daemon's blocking-pool threads that exit meanwhile
 /// are not counted: the fsync at close runs on one).
@@ -75,31 +64,9 @@ pub(crate) async fn artifacts(
     let state = StateDir::open(&state_path).context("the state directory")?;
     packages::install(&state, &pkg, &InstallOptions::default()).context("installing")?;
 
-    let socket = state_path.join("run").join("conduit.sock");
-    let daemon = Daemon(
-        Command::new(conduit)
-            .args(["daemon", "run"])
-            .env("CONDUIT_STATE_DIR", &state_path)
-            .env("CONDUIT_LOG", "warn")
-            .env("OTEL_SDK_DISABLED", "true")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting {}", conduit.display()))?,
-    );
-    let pid = daemon.0.id();
+    let daemon = Daemon::start(conduit, &state_path, Duration::from_secs(30)).await?;
+    let (pid, client) = (daemon.pid(), daemon.client.clone());
     let deadline = Instant::now() + Duration::from_secs(30);
-    let client = loop {
-        if let Some(c) = Client::connect(&socket).await {
-            break c;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "the daemon's socket never appeared"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
     let ext_pid = loop {
         let v = client.get(&format!("/v1/extensions/{NAME}")).await?;
         if v["state"] == "ready" {
