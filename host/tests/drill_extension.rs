@@ -875,11 +875,11 @@ fn the_daemon_sigkilled_during_an_artifact_upload() {
         vec![kept_id.trim_start_matches("sha256:").to_owned()]
     );
 
-    // A big upload, killed once its partial file has grown.
+    // A big upload on the bulk pipe, killed once its partial file has grown.
     let call = d.spawn_call(
         "worker",
         "make-artifact",
-        r#"{"size":268435456,"chunk":65536}"#,
+        r#"{"size":268435456,"chunk":65536,"bulk":true}"#,
         120_000,
     );
     let tmp = d.f.state().join("tmp");
@@ -946,10 +946,11 @@ fn the_daemon_sigkilled_during_an_artifact_upload() {
     let (again, _, _) = d.call(
         "worker",
         "make-artifact",
-        r#"{"size":100000,"chunk":65536}"#,
+        r#"{"size":100000,"chunk":65536,"bulk":true}"#,
         60_000,
     );
     assert!(again["artifact_id"].is_string(), "{again:#}");
+    assert_eq!(again["bulk"], true, "the new run's bulk pipe: {again:#}");
     assert_eq!(stored().len(), 2);
     let ok = took < Duration::from_secs(10);
     report(
