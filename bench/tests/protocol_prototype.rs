@@ -3,7 +3,7 @@
 //! itself), and the JSON has the shape `docs/performance.md` and scripts read.
 //!
 //! The run is tiny (the point is that it works, not the figures): idle only, one placement,
-//! one round, a 256 KiB artifact.
+//! one round, a 256 KiB artifact (on both paths, and through a daemon).
 
 use std::process::Command;
 
@@ -100,4 +100,19 @@ fn both_transports_run_the_workload_and_the_json_has_its_shape() {
         assert!(figures["echo_p99_us"].as_f64() >= figures["echo_p50_us"].as_f64());
     }
     assert!(report["placements"]["same-cpu"]["idle"].is_object());
+    // JSON-RPC's second artifact path, base64 chunks beside the bulk pipe.
+    let json_chunks = idle["transports"]["jsonrpc-stdio"]["artifact_json_mib_s"].as_f64();
+    assert!(
+        json_chunks.is_some_and(|v| v > 0.0),
+        "{}",
+        idle["transports"]
+    );
+    // `conduit` is built beside this binary by `make build`, so the daemon path runs too.
+    let daemon = &report["through_daemon"]["idle"];
+    for key in ["daemon_artifact_mib_s", "daemon_artifact_json_mib_s"] {
+        assert!(
+            daemon[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key}: {daemon} (no figure: is `conduit` built beside the benchmark? `make build`)"
+        );
+    }
 }
