@@ -199,12 +199,12 @@ async fn end_run(ext: &Extension, mut run: Run) {
     // Every call of this run has failed now; what its exit record listed is done with.
     ext.forget_in_flight();
     let recorded = ext.recorded();
-    let killed = tree::kill_all(&recorded, Some(run.pid), Duration::from_secs(1)).await;
+    let (killed, gone) = tree::kill_all(&recorded, Some(run.pid), Duration::from_secs(1)).await;
     if killed > 0 {
         tracing::info!(extension = %ext.name(), killed, "killed the processes the extension left");
     }
     finish_stderr(run.stderr).await;
-    if !tree::still_running(&recorded).is_empty() {
+    if !gone && !tree::still_running(&recorded).is_empty() {
         tracing::warn!(extension = %ext.name(), "some of the extension's processes could not be killed within 1 s");
     } else if let Some(l) = &run.ledger {
         l.remove();
