@@ -50,10 +50,29 @@ impl Daemon {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Stop it as `systemctl stop` would (SIGTERM) and time it to its exit: every extension
+    /// stopped and the store closed. SIGKILL after 60 s, reported as an error.
+    pub fn stop(mut self) -> anyhow::Result<Duration> {
+        let t = Instant::now();
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).context("SIGTERM")?;
+        while t.elapsed() < Duration::from_secs(60) {
+            if self.child.try_wait()?.is_some() {
+                return Ok(t.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        bail!("the daemon did not exit within 60 s of SIGTERM")
+    }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // Already reaped (`stop`): its pid may belong to another process by now.
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(30);

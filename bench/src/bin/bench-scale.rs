@@ -292,11 +292,13 @@ struct RunFigures {
     echo_p99_us: f64,
     /// Median time from `POST …/restart` of one extension to it ready again with a new pid.
     restart_ms: f64,
+    /// SIGTERM to the daemon's exit, every extension stopped.
+    stop_s: f64,
 }
 
 fn print_run(label: &str, n: usize, r: &RunFigures) {
     println!(
-        "{label:>11} ({n:>4} ext): {} ready {:.2} s; RSS {:.1} MiB ready / {:.1} MiB idle; threads {} / {}; idle CPU {:.3}% (extensions {:.2}%); echo p50 {:.1} µs p99 {:.1} µs; restart {:.1} ms",
+        "{label:>11} ({n:>4} ext): {} ready {:.2} s; RSS {:.1} MiB ready / {:.1} MiB idle; threads {} / {}; idle CPU {:.3}% (extensions {:.2}%); echo p50 {:.1} µs p99 {:.1} µs; restart {:.1} ms; stop {:.2} s",
         if r.ready == n {
             "all".to_owned()
         } else {
@@ -311,7 +313,8 @@ fn print_run(label: &str, n: usize, r: &RunFigures) {
         r.extensions_idle_cpu_pct,
         r.echo_p50_us,
         r.echo_p99_us,
-        r.restart_ms
+        r.restart_ms,
+        r.stop_s
     );
     let by_thread: Vec<String> = r
         .idle_ticks_by_thread
@@ -425,8 +428,10 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
     }
     restarts.sort_by(f64::total_cmp);
     let restart_ms = restarts.get(restarts.len() / 2).copied().unwrap_or(0.0);
-    drop(daemon);
+    drop(client);
+    let stop_s = daemon.stop()?.as_secs_f64();
     Ok(RunFigures {
+        stop_s,
         extension_processes: kids.len(),
         extensions_idle_cpu_pct,
         idle_ticks_by_thread,
