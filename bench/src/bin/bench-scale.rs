@@ -25,7 +25,8 @@
 //!   /v1/extensions/echo-0001/call`, one connection per call as the CLI makes them);
 //! - the median time to restart one extension (`POST …/restart` until it is ready again with a
 //!   new pid: stop, tamper check, spawn, handshake), which shows what the daemon's size adds to
-//!   a spawn (`fork` copies its page tables).
+//!   a spawn (`fork` copies its page tables);
+//! - the stop: SIGTERM to the daemon's exit, every extension stopped.
 //!
 //! Order: the small daemon, the large one, the small one again, so the two small figures bracket
 //! the large one in time and machine drift shows. The binaries are found next to this
