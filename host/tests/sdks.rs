@@ -133,7 +133,8 @@ fn every_vendored_sdk_copy_is_identical_to_its_source() {
 // ---- under the daemon ----------------------------------------------------------------------
 
 /// A notes-like Python package on the vendored SDK: work kind `pynote` grouped by thread, a
-/// push-only source, and a method whose handler raises.
+/// push-only source, a method whose handler raises, and `export`, which streams `size` bytes
+/// as an artifact and answers what was stored and whether the bulk pipe carried it.
 fn python_package(f: &Fixture) -> PathBuf {
     let pkg = f.dir.path().join("src/py-notes");
     let sdk = pkg.join("conduit_extension");
@@ -170,6 +171,15 @@ def fail(ctx, params):
     return {}["missing"]
 
 
+@ext.method("export")
+def export(ctx, params):
+    data = bytes(range(256)) * (params["size"] // 256)
+    with ctx.host.artifact("export.bin", size=len(data)) as w:
+        for i in range(0, len(data), 4096):
+            w.write(data[i:i + 4096])
+        return dict(w.finish(), bulk=w.is_bulk)
+
+
 ext.run()
 "#,
     )
@@ -177,7 +187,7 @@ ext.run()
     std::fs::write(
         pkg.join("conduit-extension.toml"),
         "name = \"py-notes\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"-B\", \"notes.py\"]\n\n\
-         [capabilities]\nwork_kinds = [{ name = \"pynote\", trigger = true }]\ningress = [\"py-inbox\"]\nmethods = [\"fail\", \"check.sleep\"]\n",
+         [capabilities]\nwork_kinds = [{ name = \"pynote\", trigger = true }]\ningress = [\"py-inbox\"]\nmethods = [\"fail\", \"export\", \"check.sleep\"]\n",
     )
     .unwrap();
     pkg
@@ -222,6 +232,37 @@ fn handler_exception_is_not_retryable(f: &Fixture, name: &str, method: &str, par
     }
     // The extension survived its handler's failure.
     assert_eq!(f.status(name)["state"], "ready");
+}
+
+#[test]
+fn the_python_sdk_streams_an_artifact_on_the_daemons_bulk_pipe() {
+    if !have("python3") {
+        return;
+    }
+    let mut f = Fixture::new();
+    f.install(&python_package(&f));
+    f.start_daemon();
+    f.wait_state("py-notes", "ready", PATIENCE);
+    let size = 256 * 3000; // 750 KiB: several 256 KiB frames
+    let run = f.conduit(&[
+        "ext",
+        "call",
+        "py-notes",
+        "export",
+        &format!(r#"{{"size":{size}}}"#),
+        "--timeout-ms",
+        "60000",
+    ]);
+    assert_eq!(run.code(), Some(0), "{}{}", run.context(), f.context());
+    let v = run.json();
+    assert_eq!(v["bulk"], true, "{v:#}");
+    assert_eq!(v["size"], size, "{v:#}");
+    let out = f.dir.path().join("export.bin");
+    let id = v["artifact_id"].as_str().unwrap();
+    let get = f.conduit(&["artifacts", "get", id, "-o", out.to_str().unwrap()]);
+    assert_eq!(get.code(), Some(0), "{}", get.context());
+    let want: Vec<u8> = (0..size).map(|i| (i % 256) as u8).collect();
+    assert!(std::fs::read(&out).unwrap() == want, "the stored bytes differ");
 }
 
 #[test]

@@ -19,9 +19,10 @@ INITIALIZE_PARAMS = {
 
 
 class FakeHost:
-    def __init__(self, argv, cwd=None):
+    def __init__(self, argv, cwd=None, pass_fds=()):
         self.proc = subprocess.Popen([sys.executable, "-B"] + argv, cwd=cwd, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     pass_fds=pass_fds)
         self.answers = queue.Queue()  # answers and errors to our requests
         self.calls = queue.Queue()  # requests and notifications from the extension
         self.stashed = []

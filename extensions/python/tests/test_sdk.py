@@ -6,6 +6,7 @@ Run from the repository root: python3 -m unittest discover -s extensions/python/
 import base64
 import hashlib
 import os
+import struct
 import sys
 import tempfile
 import time
@@ -16,7 +17,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
 import conduit_extension as ce  # noqa: E402
-from host import FakeHost  # noqa: E402
+from host import INITIALIZE_PARAMS, FakeHost  # noqa: E402
 
 SAMPLE = os.path.join(HERE, "sample_ext.py")
 
@@ -66,6 +67,75 @@ class Units(unittest.TestCase):
             with self.assertRaises(ValueError):
                 ext.method(reserved)
         self.assertEqual(ext.capabilities(), {"methods": ["a", "check.sleep"]})
+
+
+class BulkPipe(unittest.TestCase):
+    """Artifacts on the host's bulk pipe (docs/protocol.md §8.1), over a real pipe."""
+
+    def setUp(self):
+        self.r, w = os.pipe()
+        self.h = FakeHost([SAMPLE], cwd=HERE, pass_fds=(w,))
+        self.w = w
+
+    def tearDown(self):
+        self.h.stop()
+        os.close(self.r)
+        self.assertEqual(self.h.violations, [], "non-protocol output on stdout")
+
+    def test_an_offered_pipe_carries_the_bytes_as_whole_frames(self):
+        params = dict(INITIALIZE_PARAMS, bulk={"fd": self.w})
+        self.assertIn("result", self.h.call("initialize", params))
+        os.close(self.w)  # the extension holds its own copy now
+        size = 600 * 1024 + 5
+        rid = self.h.request("artifact", {"size": size})
+        op = self.h.next_call()
+        self.assertEqual(op["method"], "artifact.open")
+        self.assertIs(op["params"].get("bulk"), True)
+        self.h.answer(op, {"stream_id": "s-9", "max_chunk_bytes": 262144, "window": 8,
+                           "bulk_tag": 7})
+        got, frames, buf = b"", [], b""
+        while len(got) < size:
+            chunk = os.read(self.r, 65536)
+            self.assertTrue(chunk, "the pipe ended early")
+            buf += chunk
+            while len(buf) >= 8:
+                tag, n = struct.unpack("<II", buf[:8])
+                if len(buf) < 8 + n:
+                    break
+                self.assertEqual(tag, 7)
+                self.assertTrue(1 <= n <= 1024 * 1024, n)
+                frames.append(n)
+                got += buf[8:8 + n]
+                buf = buf[8 + n:]
+        self.assertEqual(buf, b"")
+        self.assertTrue(all(n <= ce.BULK_FRAME_BYTES for n in frames), frames)
+        close = self.h.next_call()
+        self.assertEqual(close["method"], "artifact.close")
+        digest = hashlib.sha256(got).hexdigest()
+        self.assertEqual(close["params"], {"stream_id": "s-9", "size": size, "sha256": digest})
+        self.h.answer(close, {"artifact_id": "sha256:" + digest, "size": size})
+        self.assertEqual(self.h.wait_for(rid)["result"]["size"], size)
+        want = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        self.assertEqual(got, want)
+
+    def test_without_a_tag_the_stream_takes_chunks(self):
+        params = dict(INITIALIZE_PARAMS, bulk={"fd": self.w})
+        self.assertIn("result", self.h.call("initialize", params))
+        rid = self.h.request("artifact", {"size": 3000, "chunk": 1000})
+        op = self.h.next_call()
+        self.assertIs(op["params"].get("bulk"), True)
+        self.h.answer(op, {"stream_id": "s-1", "max_chunk_bytes": 1000, "window": 8})
+        got = b""
+        while True:
+            c = self.h.next_call()
+            if c["method"] == "artifact.close":
+                break
+            self.assertEqual(c["method"], "artifact.chunk")
+            got += base64.b64decode(c["params"]["data"])
+            self.h.answer(c, {"received": len(got)})
+        self.assertEqual(c["params"]["size"], 3000)
+        self.h.answer(c, {"artifact_id": "sha256:" + hashlib.sha256(got).hexdigest(), "size": 3000})
+        self.assertEqual(self.h.wait_for(rid)["result"]["size"], 3000)
 
 
 class Session(unittest.TestCase):
