@@ -262,7 +262,10 @@ fn the_python_sdk_streams_an_artifact_on_the_daemons_bulk_pipe() {
     let get = f.conduit(&["artifacts", "get", id, "-o", out.to_str().unwrap()]);
     assert_eq!(get.code(), Some(0), "{}", get.context());
     let want: Vec<u8> = (0..size).map(|i| (i % 256) as u8).collect();
-    assert!(std::fs::read(&out).unwrap() == want, "the stored bytes differ");
+    assert!(
+        std::fs::read(&out).unwrap() == want,
+        "the stored bytes differ"
+    );
 }
 
 #[test]
