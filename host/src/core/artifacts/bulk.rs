@@ -21,7 +21,7 @@ use conduit_protocol::bulk::Decoder;
 use conduit_rpc::Peer;
 use tokio::net::unix::pipe;
 
-use super::stream::{SharedStream, Tags};
+use super::stream::Tags;
 
 /// Bytes read from the pipe at once.
 const READ_BYTES: usize = 256 * 1024;
@@ -76,13 +76,12 @@ pub(super) async fn read(ext: String, channel: Arc<Channel>, fd: OwnedFd) {
         Ok(rx) => rx,
         Err(e) => {
             tracing::warn!(extension = %ext, error = %e, "cannot read the bulk pipe; its artifact streams will fail");
-            finish(&channel, None).await;
+            end_streams(&channel, None).await;
             return;
         }
     };
     let mut decoder = Decoder::new();
     let mut buf: Vec<u8> = Vec::new();
-    let mut broken: Option<String> = None;
     let mut pieces: Vec<(u32, std::ops::Range<usize>)> = Vec::new();
     let mut big = false;
     let end = loop {
@@ -118,9 +117,7 @@ pub(super) async fn read(ext: String, channel: Arc<Channel>, fd: OwnedFd) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => break Some(format!("the bulk pipe failed: {e}")),
         };
-        if broken.is_some() {
-            continue;
-        }
+        // After a malformed frame the decoder hands out nothing more: the rest is drained.
         pieces.clear();
         let base = buf.as_ptr() as usize;
         let fed = decoder.feed(&buf[..n], |tag, bytes| {
@@ -145,33 +142,21 @@ pub(super) async fn read(ext: String, channel: Arc<Channel>, fd: OwnedFd) {
         if let Err(e) = fed {
             let why = format!("{e}; the bulk pipe is unusable for the rest of this run");
             tracing::warn!(extension = %ext, error = %why, "malformed frame on the bulk pipe");
-            spoil_all(&channel, &why).await;
-            broken = Some(why);
+            end_streams(&channel, Some(&why)).await;
         }
     };
-    finish(&channel, end).await;
+    end_streams(&channel, end.as_deref()).await;
 }
 
-/// Mark every stream of the pipe: `why` (if any) spoils it; no more bytes will come.
-async fn finish(channel: &Channel, why: Option<String>) {
+/// No more bytes will come for the pipe's open streams (it ended, or broke with `why`, which
+/// then spoils them), and no new stream may use it.
+async fn end_streams(channel: &Channel, why: Option<&str>) {
     channel.usable.store(false, Ordering::Relaxed);
-    if let Some(why) = &why {
-        spoil_all(channel, why).await;
-    }
-    let streams: Vec<SharedStream> = channel.tags.all();
-    for stream in streams {
+    for stream in channel.tags.all() {
         let mut s = stream.lock().await;
-        s.pipe_done = true;
-        s.turn.notify_waiters();
-    }
-}
-
-async fn spoil_all(channel: &Channel, why: &str) {
-    channel.usable.store(false, Ordering::Relaxed);
-    let streams: Vec<SharedStream> = channel.tags.all();
-    for stream in streams {
-        let mut s = stream.lock().await;
-        s.spoiled.get_or_insert_with(|| why.to_owned());
+        if let Some(why) = why {
+            s.spoiled.get_or_insert_with(|| why.to_owned());
+        }
         s.pipe_done = true;
         s.turn.notify_waiters();
     }
