@@ -424,9 +424,7 @@ fn a_16_mib_artifact_arrives_intact_and_a_wrong_digest_keeps_nothing() {
         id
     );
 
-    let artifacts_before = std::fs::read_dir(f.state().join("artifacts/sha256"))
-        .unwrap()
-        .count();
+    let artifacts_before = stored_count(&f);
     let run = f.conduit(&[
         "ext",
         "call",
@@ -437,17 +435,8 @@ fn a_16_mib_artifact_arrives_intact_and_a_wrong_digest_keeps_nothing() {
     assert_eq!(run.code(), Some(0), "{}", run.context());
     let v: Value = serde_json::from_slice(&run.out.stdout).unwrap();
     assert_eq!(v["error"]["code"], -32009, "artifact_invalid: {v:#}");
-    assert_eq!(
-        std::fs::read_dir(f.state().join("artifacts/sha256"))
-            .unwrap()
-            .count(),
-        artifacts_before
-    );
-    let leftovers: Vec<_> = std::fs::read_dir(f.state().join("tmp"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
+    assert_eq!(stored_count(&f), artifacts_before);
+    let leftovers = tmp_leftovers(&f);
     assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
 }
 
@@ -529,6 +518,24 @@ fn artifacts_on_the_bulk_pipe_arrive_intact_and_a_broken_pipe_keeps_nothing() {
         "a broken pipe was granted again: {v:#}"
     );
 
+    // On a sound pipe (art2): a frame of a tag never granted is dropped and the stream it
+    // preceded is stored whole; a chunk for a stream granted the pipe is refused, keeping nothing.
+    let v = make_artifact(
+        &f,
+        "art2",
+        r#"{"size":200000,"chunk":65536,"bulk":true,"bulk_fault":"stray"}"#,
+    );
+    assert_eq!(v["bulk"], true, "{v:#}");
+    assert_eq!(v["size"], 200000, "{v:#}");
+    let v = make_artifact(
+        &f,
+        "art2",
+        r#"{"size":1000,"chunk":1000,"bulk":true,"bulk_fault":"chunk"}"#,
+    );
+    assert_eq!(v["error"]["code"], -32009, "artifact_invalid: {v:#}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("takes no `artifact.chunk`"), "{msg}");
+
     // One byte short, and the pipe closed: the close is refused at once, not after a timeout.
     let t0 = Instant::now();
     let v = make_artifact(
@@ -546,8 +553,8 @@ fn artifacts_on_the_bulk_pipe_arrive_intact_and_a_broken_pipe_keeps_nothing() {
         t0.elapsed() < Duration::from_secs(25),
         "the close waited for bytes from a closed pipe"
     );
-    // The garbage stream kept nothing; the JSON one after it was stored.
-    assert_eq!(stored_count(&f), before + 1);
+    // The garbage, chunk and short streams kept nothing; the JSON and stray ones were stored.
+    assert_eq!(stored_count(&f), before + 2);
     f.wait_until("no partial artifact files", || {
         tmp_leftovers(&f).is_empty().then_some(())
     });
