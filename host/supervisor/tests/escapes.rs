@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use conduit_supervisor::backoff::RestartPolicy;
 use conduit_supervisor::tree;
-use conduit_supervisor::{ExitCause, ExtensionSpec, State, Supervisor, no_callbacks};
+use conduit_supervisor::{ExitCause, Extension, ExtensionSpec, State, Supervisor, no_callbacks};
 use serde_json::{Value, json};
 
 mod common;
@@ -37,6 +37,22 @@ fn running(pid: u32) -> bool {
 
 const READY: Duration = PATIENCE;
 
+/// The pids of the processes the fixture started outside its group or session.
+async fn escapees(ext: &Extension) -> Vec<u32> {
+    ext.call("escapees", &json!({}), Some(Duration::from_secs(5)))
+        .await
+        .unwrap()
+}
+
+/// Wait until the status lists every one of `escapees` among the extension's descendants.
+async fn listed(ext: &Extension, escapees: &[u32]) {
+    until("the status lists every escapee", || {
+        let d = ext.status().descendants;
+        escapees.iter().all(|p| d.contains(p))
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grandchildren_that_leave_the_group_or_session_are_stopped_with_the_extension() {
     let dir = tempfile::tempdir().unwrap();
@@ -46,10 +62,7 @@ async fn grandchildren_that_leave_the_group_or_session_are_stopped_with_the_exte
         .await;
     ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
     let pid = ext.status().pid.unwrap();
-    let escapees: Vec<u32> = ext
-        .call("escapees", &json!({}), Some(Duration::from_secs(5)))
-        .await
-        .unwrap();
+    let escapees = escapees(&ext).await;
     assert_eq!(escapees.len(), 4);
     for p in &escapees {
         let s = tree::stat(*p).unwrap();
@@ -63,11 +76,7 @@ async fn grandchildren_that_leave_the_group_or_session_are_stopped_with_the_exte
     }
     // Each is seen in the extension's tree (the double-forked one too: the extension is a
     // subreaper, so it was re-parented to it) and recorded.
-    until("the status lists every escapee", || {
-        let d = ext.status().descendants;
-        escapees.iter().all(|p| d.contains(p))
-    })
-    .await;
+    listed(&ext, &escapees).await;
     let ledger = tree::Ledger::new(dir.path().join("runaway.pids")).read();
     for p in &escapees {
         assert!(
@@ -111,16 +120,9 @@ async fn a_resting_extension_that_starts_processes_is_read_again_and_they_stop_w
     ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
     // Idle, alone and far from its limits: it rests, watched by its CPU clock only.
     until("the idle extension rests", || sup.resting() == 1).await;
-    let escapees: Vec<u32> = ext
-        .call("escapees", &json!({}), Some(Duration::from_secs(5)))
-        .await
-        .unwrap();
+    let escapees = escapees(&ext).await;
     // Its clock moved: it is read again, its new processes seen and recorded.
-    until("the status lists every escapee", || {
-        let d = ext.status().descendants;
-        escapees.iter().all(|p| d.contains(p))
-    })
-    .await;
+    listed(&ext, &escapees).await;
     let ledger = tree::Ledger::new(dir.path().join("sleeper.pids")).read();
     for p in &escapees {
         assert!(
@@ -155,15 +157,8 @@ async fn a_crash_kills_what_the_extension_left_and_the_ledger_sweep_finds_the_re
     let ext = sup.start(spec(&dir, "crashy", "escape.py", "escape")).await;
     ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
     let pid = ext.status().pid.unwrap();
-    let escapees: Vec<u32> = ext
-        .call("escapees", &json!({}), Some(Duration::from_secs(5)))
-        .await
-        .unwrap();
-    until("the status lists every escapee", || {
-        let d = ext.status().descendants;
-        escapees.iter().all(|p| d.contains(p))
-    })
-    .await;
+    let escapees = escapees(&ext).await;
+    listed(&ext, &escapees).await;
     // A crash of the extension: its orphans come to this process, and are killed.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
