@@ -226,6 +226,20 @@ impl CpuBudget {
 mod tests {
     use super::*;
 
+    /// Limits for the sampling and resting decisions below, and a tree far from them.
+    const LIMITS: Limits = Limits {
+        memory: 100 << 20,
+        cpu: 1.0,
+        tasks: 10,
+        open_files: 64,
+    };
+    const CALM: TreeUse = TreeUse {
+        rss_bytes: 10 << 20,
+        cpu_ticks: 5,
+        tasks: 1,
+        processes: 1,
+    };
+
     #[test]
     fn a_trees_use_is_the_sum_of_its_processes_and_each_counts_at_least_one_task() {
         let one = ProcUse {
@@ -254,18 +268,8 @@ mod tests {
 
     #[test]
     fn an_idle_tree_far_from_its_limits_is_sampled_ever_less_often_and_a_busy_one_at_once() {
-        let limits = Limits {
-            memory: 100 << 20,
-            cpu: 1.0,
-            tasks: 10,
-            open_files: 64,
-        };
-        let calm = TreeUse {
-            rss_bytes: 10 << 20,
-            cpu_ticks: 5,
-            tasks: 1,
-            processes: 1,
-        };
+        let limits = LIMITS;
+        let calm = CALM;
         let mut every = SAMPLE_INTERVAL;
         let mut seen = Vec::new();
         for _ in 0..6 {
@@ -301,18 +305,8 @@ mod tests {
 
     #[test]
     fn only_a_lone_idle_unthrottled_tree_far_from_its_limits_may_rest() {
-        let limits = Limits {
-            memory: 100 << 20,
-            cpu: 1.0,
-            tasks: 10,
-            open_files: 64,
-        };
-        let lone = TreeUse {
-            rss_bytes: 10 << 20,
-            cpu_ticks: 5,
-            tasks: 1,
-            processes: 1,
-        };
+        let limits = LIMITS;
+        let lone = CALM;
         assert!(may_rest(true, false, 0.0, &lone, &limits));
         // CPU used since the last sample, or over the last second.
         assert!(!may_rest(false, false, 0.0, &lone, &limits));
