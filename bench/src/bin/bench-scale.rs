@@ -11,7 +11,11 @@
 //! release `conduit daemon run` on it. Printed per size:
 //!
 //! - the install time of the 10th, 100th and 1,000th package (and the median of the ten
-//!   installs ending there, which is the steadier figure);
+//!   installs ending there, which is the steadier figure), beside its floor: right after each
+//!   install, this process writes the package's binary into a new file on the same file system
+//!   and fsyncs it (kept to the end, as the installs are). The floor grows with the count on a
+//!   machine whose fresh page-cache pages cost more than reused ones; what the install adds to
+//!   it is the store's own cost;
 //! - the time from spawning the daemon to every extension `ready` (polled every 20 ms through
 //!   `GET /v1/extensions`);
 //! - the daemon's RSS and thread count (`/proc/<pid>/status`), once all are ready and again
@@ -126,7 +130,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
 
     let small = Size::prepare(root.path(), "small", args.small, &echo)?;
     let large = Size::prepare(root.path(), "large", args.extensions, &echo)?;
-    print_installs(&large.installs);
+    print_installs(&large);
     let floor_small = ready_floor(&echo, args.small)?;
     let floor_large = ready_floor(&echo, args.extensions)?;
     println!(
@@ -177,7 +181,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         "machine": machine,
         "sizes": [args.small, args.extensions],
         "installs_ms": { "small": small.installs, "large": large.installs },
+        "floors_ms": { "small": small.floors, "large": large.floors },
         "install_ms_at": install_points(&large.installs),
+        "floor_ms_at": install_points(&large.floors),
         "runs": runs.iter().map(|(l, r)| (l.clone(), serde_json::to_value(r).unwrap_or(Value::Null))).collect::<serde_json::Map<_, _>>(),
         "echo_p50_ratio": large_p50 / small_p50,
     });
@@ -196,6 +202,9 @@ struct Size {
     state: PathBuf,
     /// Milliseconds per install, in order.
     installs: Vec<f64>,
+    /// Milliseconds per floor write (the package's binary into a new file, fsynced), one right
+    /// after each install.
+    floors: Vec<f64>,
 }
 
 impl Size {
@@ -206,6 +215,10 @@ impl Size {
         let state = StateDir::open(&state_path).context("the state directory")?;
         let opts = InstallOptions::default();
         let mut installs = Vec::with_capacity(n);
+        let mut floors = Vec::with_capacity(n);
+        let bytes = std::fs::read(echo).with_context(|| format!("reading {}", echo.display()))?;
+        let floor_dir = root.join(format!("{label}-floor"));
+        std::fs::create_dir_all(&floor_dir)?;
         let t_all = Instant::now();
         for i in 1..=n {
             let name = package_name(i);
@@ -223,6 +236,7 @@ impl Size {
             let t = Instant::now();
             packages::install(&state, &dir, &opts).with_context(|| format!("installing {name}"))?;
             installs.push(t.elapsed().as_secs_f64() * 1e3);
+            floors.push(floor_write(&floor_dir.join(&name), &bytes)?);
             if i % 100 == 0 {
                 eprintln!(
                     "  {label}: {i}/{n} installed ({:.1} s)",
@@ -234,8 +248,23 @@ impl Size {
             n,
             state: state_path,
             installs,
+            floors,
         })
     }
+}
+
+/// Milliseconds to write `bytes` into the new file `path` in 64 KiB writes (as the store copies)
+/// and fsync it: what the file system alone charges for one package's bytes at this point.
+fn floor_write(path: &Path, bytes: &[u8]) -> anyhow::Result<f64> {
+    use std::io::Write;
+    let t = Instant::now();
+    let mut f = std::fs::File::create_new(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    for chunk in bytes.chunks(64 * 1024) {
+        f.write_all(chunk)?;
+    }
+    f.sync_data()?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
 }
 
 fn package_name(i: usize) -> String {
@@ -260,15 +289,23 @@ fn install_points(installs: &[f64]) -> Ordered<Ordered<f64>> {
     out
 }
 
-fn print_installs(installs: &[f64]) {
-    let total: f64 = installs.iter().sum();
+fn print_installs(size: &Size) {
+    let total: f64 = size.installs.iter().sum();
     print!("install (ms):");
-    for (at, o) in install_points(installs).0 {
+    for ((at, o), (_, f)) in install_points(&size.installs)
+        .0
+        .into_iter()
+        .zip(install_points(&size.floors).0)
+    {
         let ms = o.0[0].1;
         let med = o.0[1].1;
-        print!("  #{at}: {ms:.2} (median of ten ending there {med:.2})");
+        let floor = f.0[1].1;
+        print!(
+            "  #{at}: {ms:.2} (median of ten ending there {med:.2}; floor {floor:.2}, install minus floor {:.2})",
+            med - floor
+        );
     }
-    println!("  all {}: {:.1} s", installs.len(), total / 1e3);
+    println!("  all {}: {:.1} s", size.installs.len(), total / 1e3);
 }
 
 #[derive(Debug, serde::Serialize)]

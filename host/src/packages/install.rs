@@ -26,7 +26,7 @@ use super::registry::{
     FileRecord, PackageError, PackageRecord, REGISTRY_FILE, Registry, StoreLock, sweep_stale,
     sync_dir,
 };
-use super::tree::{Budget, Scan, StageError, UnsafeEntry, copy_folder, scan};
+use super::tree::{Budget, Scan, StageError, UnsafeEntry, copy_folder, scan, sync_tree};
 use crate::manifest::{MANIFEST_FILE, Manifest, ManifestError};
 use crate::state_dir::StateDir;
 
@@ -310,6 +310,11 @@ pub fn install(
         });
     }
     check_command(&origin, &manifest, &files)?;
+    sync_tree(&root).map_err(|e| InstallError::Write {
+        origin: origin.clone(),
+        path: root.clone(),
+        source: e,
+    })?;
     let previous = registry.packages.get(&manifest.name);
     let changes = match (&change, previous) {
         (InstallChange::Reinstalled, Some(old)) => {

@@ -171,6 +171,32 @@ pub(crate) fn write_new_file(
     Ok(())
 }
 
+/// Makes a staged tree durable before it is renamed into place: every file's bytes, then every
+/// folder's entries, deepest first. Without it, a power cut soon after an install could leave the
+/// recorded package with empty or short files (the file system writes their bytes later than the
+/// rename), which its next start would refuse as modified.
+pub(crate) fn sync_tree(root: &Path) -> io::Result<()> {
+    let mut dirs = vec![root.to_owned()];
+    let mut i = 0;
+    while let Some(dir) = dirs.get(i).cloned() {
+        i += 1;
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            let ty = entry.file_type()?;
+            if ty.is_dir() {
+                dirs.push(entry.path());
+            } else if ty.is_file() {
+                File::open(entry.path())?.sync_data()?;
+            }
+        }
+    }
+    // Deepest first: a folder's entry for a child folder is durable once the child is.
+    for dir in dirs.iter().rev() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 /// Joins path components with `/`, the separator of record keys on every platform.
 pub(crate) fn key(parts: &[String]) -> String {
     parts.join("/")
