@@ -6,6 +6,8 @@ export declare const MAX_MESSAGE_BYTES: number;
 export declare const MAX_CONCURRENT_REQUESTS: number;
 export declare const MAX_ARTIFACT_CHUNK_BYTES: number;
 export declare const DEFAULT_ARTIFACT_CHUNK_BYTES: number;
+/** Bytes of content in one frame on the host's bulk pipe (docs/protocol.md §8.1): 262144. */
+export declare const BULK_FRAME_BYTES: number;
 
 /** The error codes of docs/protocol.md §12. */
 export declare const ErrorCode: {
@@ -156,13 +158,17 @@ export declare class Host {
   storeArtifact(name: string, data: Uint8Array | string, opts?: { mediaType?: string; timeoutMs?: number }): Promise<ArtifactStored>;
 }
 
-/** An open artifact stream: write, then finish (or abort). */
+/** An open artifact stream: write, then finish (or abort). Its bytes go as base64 chunks, or as
+ *  frames on the host's bulk pipe when the host offered it and granted this stream a tag. */
 export declare class ArtifactWriter {
   readonly name: string;
   readonly streamId: string;
+  /** Bytes per chunk, or per frame on the bulk pipe (BULK_FRAME_BYTES). */
   readonly chunkBytes: number;
   readonly window: number;
   readonly size: number;
+  /** Whether the bytes go on the host's bulk pipe (docs/protocol.md §8.1) rather than as chunks. */
+  readonly isBulk: boolean;
   write(data: Uint8Array | string): Promise<void>;
   finish(): Promise<ArtifactStored>;
   abort(): void;

@@ -18,7 +18,8 @@
 // - the refusal order of §3.4, the 64-request limit (overloaded with data.limit), the
 //   handshake (§4), dispatch of the in-transaction calls by the name in their params,
 //   check.sleep, $/cancel (ctx.signal), shutdown and stdin EOF (§5);
-// - callbacks to the host (ctx.host) and artifact streams with the window of §8;
+// - callbacks to the host (ctx.host) and artifact streams with the window of §8, or as frames
+//   on the host's bulk pipe when it offers one (§8.1);
 // - deadlines: params._meta.remaining_ms is removed from the params and read into
 //   ctx.deadline / ctx.remaining();
 // - stdout is protected: process.stdout.write (and so console.log) is pointed at stderr; the
@@ -28,6 +29,8 @@
 // internal_error (-32603), which conduit treats as not retryable.
 
 import { createHash } from "node:crypto";
+import { closeSync, constants as fsConstants, fstatSync, openSync } from "node:fs";
+import { Socket } from "node:net";
 import { performance } from "node:perf_hooks";
 
 export const PROTOCOL_VERSIONS = [1];
@@ -35,6 +38,9 @@ export const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 export const MAX_CONCURRENT_REQUESTS = 64;
 export const MAX_ARTIFACT_CHUNK_BYTES = 256 * 1024;
 export const DEFAULT_ARTIFACT_CHUNK_BYTES = 64 * 1024;
+/** Bytes of content this SDK puts in one frame on the bulk pipe (docs/protocol.md §8.1). */
+export const BULK_FRAME_BYTES = 256 * 1024;
+const BULK_HEADER_BYTES = 8;
 const ID_SCAN_BYTES = 4096;
 const DEFAULT_SHUTDOWN_GRACE_MS = 5000;
 const INT64_MIN = -(2n ** 63n);
@@ -310,6 +316,7 @@ export class Host {
     const p = { name };
     if (mediaType !== undefined) p.media_type = mediaType;
     if (size !== undefined) p.size = size;
+    if (this._server.bulk) p.bulk = true;
     const opened = await this.call("artifact.open", p, { timeoutMs });
     return new ArtifactWriter(this, name, opened, chunkBytes, timeoutMs);
   }
@@ -325,7 +332,11 @@ export class Host {
   }
 }
 
-/** An open artifact stream: chunks in seq order, at most `window` unanswered (§8). */
+/**
+ * An open artifact stream: chunks in seq order, at most `window` unanswered (§8). When the host
+ * offered the bulk pipe and granted it (`bulk_tag`, §8.1), the bytes go there instead, as
+ * frames of up to 256 KiB with no acks.
+ */
 export class ArtifactWriter {
   constructor(host, name, opened, chunkBytes, timeoutMs) {
     const ok = opened && typeof opened.stream_id === "string" && Number.isInteger(opened.max_chunk_bytes) &&
@@ -347,6 +358,14 @@ export class ArtifactWriter {
     this._failure = null;
     this._state = "open";
     this._queue = Promise.resolve(); // serializes writes, so chunks go out in seq order
+    const tag = opened.bulk_tag;
+    this._bulk = host._server.bulk;
+    this._tag = this._bulk && Number.isInteger(tag) && tag >= 0 && tag < 2 ** 32 ? tag : null;
+    if (this._tag !== null) this.chunkBytes = BULK_FRAME_BYTES;
+  }
+  /** Whether the bytes go on the host's bulk pipe rather than as chunks. */
+  get isBulk() {
+    return this._tag !== null;
   }
   async _room(below) {
     while (this._inFlight.size > below && !this._failure) await Promise.race(this._inFlight);
@@ -356,6 +375,13 @@ export class ArtifactWriter {
     }
   }
   async _send(chunk) {
+    if (this._tag !== null) {
+      try {
+        return await this._bulk.frame(this._tag, chunk);
+      } catch (e) {
+        throw RpcError.internal(`artifact \`${this.name}\`: cannot write to the bulk pipe: ${e.message}`);
+      }
+    }
     await this._room(this.window - 1);
     const seq = this._seq++;
     const p = this._host
@@ -366,22 +392,32 @@ export class ArtifactWriter {
       .finally(() => this._inFlight.delete(p));
     this._inFlight.add(p);
   }
-  /** Append bytes (a Buffer, Uint8Array or string); resolves once they are sent or buffered. */
+  /**
+   * Append bytes (a Buffer, Uint8Array or string); resolves once they are sent or buffered. The
+   * caller's bytes are sent from where they are, and copied only to be kept for a later chunk,
+   * so the caller may reuse its buffer once this resolves.
+   */
   write(data) {
     const run = async () => {
       if (this._state !== "open") throw RpcError.internal(`artifact \`${this.name}\`: the stream is ${this._state}`);
-      const b = typeof data === "string" ? Buffer.from(data) : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+      let b = typeof data === "string" ? Buffer.from(data) : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
       this._sha.update(b);
       this.size += b.length;
-      this._buf.push(b);
-      this._bufLen += b.length;
       try {
-        while (this._bufLen >= this.chunkBytes) {
-          const all = Buffer.concat(this._buf);
-          await this._send(all.subarray(0, this.chunkBytes));
-          const rest = all.subarray(this.chunkBytes);
-          this._buf = rest.length ? [rest] : [];
-          this._bufLen = rest.length;
+        if (this._bufLen && this._bufLen + b.length >= this.chunkBytes) {
+          const take = this.chunkBytes - this._bufLen;
+          await this._send(Buffer.concat([...this._buf, b.subarray(0, take)]));
+          this._buf = [];
+          this._bufLen = 0;
+          b = b.subarray(take);
+        }
+        while (!this._bufLen && b.length >= this.chunkBytes) {
+          await this._send(b.subarray(0, this.chunkBytes));
+          b = b.subarray(this.chunkBytes);
+        }
+        if (b.length) {
+          this._buf.push(Buffer.from(b));
+          this._bufLen += b.length;
         }
       } catch (e) {
         this.abort();
@@ -415,6 +451,69 @@ export class ArtifactWriter {
     if (this._state === "done" || this._state === "aborted") return;
     this._state = "aborted";
     this._host._server.call("artifact.abort", { stream_id: this.streamId }, 5000).catch(() => {});
+  }
+}
+
+// ---- the bulk pipe ------------------------------------------------------------------------------
+
+/**
+ * The extension's end of the host's bulk pipe (docs/protocol.md §8.1), shared by every artifact
+ * stream of the process.
+ *
+ * It is written through a net.Socket on the descriptor: libuv makes the descriptor non-blocking,
+ * writes each queued buffer whole and in order (partial writes and EAGAIN are its business) and
+ * waits on the event loop while the pipe is full, which is the flow control. fs.writeSync would
+ * stop the event loop, and so every other request, while the host is behind; fs.write on a
+ * blocking descriptor would hold a thread of the pool that fs and crypto share.
+ *
+ * A frame's header and content are queued in one synchronous step, so no other stream's frame
+ * can come between them: the socket's queue is the lock. A frame resolves once its bytes are in
+ * the pipe, so a caller's buffer is never read after its write resolved.
+ */
+class BulkPipe {
+  /**
+   * The pipe the host offered in `initialize` (`{"fd": 3}`), or null without a usable one:
+   * artifacts then go as chunks. The offered descriptor is replaced by one that programs the
+   * extension runs do not inherit: Node has no dup, so the pipe is opened again through /dev/fd
+   * (Node opens every file close-on-exec) and the offered descriptor is closed.
+   */
+  static take(offer) {
+    const fd = offer !== null && typeof offer === "object" ? offer.fd : undefined;
+    if (!Number.isInteger(fd) || fd < 3) return null;
+    let copy;
+    try {
+      if (!fstatSync(fd).isFIFO()) throw new Error("it is not a pipe");
+      // O_NONBLOCK: without it, opening a pipe to write waits for a reader; with it, a pipe
+      // nobody reads fails here (ENXIO). The socket makes the descriptor non-blocking anyway.
+      copy = openSync(`/dev/fd/${fd}`, fsConstants.O_WRONLY | fsConstants.O_NONBLOCK);
+      closeSync(fd);
+      return new BulkPipe(copy);
+    } catch (e) {
+      if (copy !== undefined) closeSync(copy);
+      console.error(`conduit-extension: cannot use the host's bulk pipe (descriptor ${fd}): ${e.message}; artifacts go as JSON chunks`);
+      return null;
+    }
+  }
+  constructor(fd) {
+    this._sock = new Socket({ fd, readable: false, writable: true, allowHalfOpen: true });
+    this._sock.unref(); // the session's stdin keeps the process alive, not this pipe
+    this._failure = null;
+    this._sock.on("error", (e) => {
+      if (!this._failure) this._failure = e;
+    });
+  }
+  /** Write one frame of `data` (1 to 1,048,576 bytes) for stream `tag`. */
+  frame(tag, data) {
+    return new Promise((resolve, reject) => {
+      if (this._failure) return reject(this._failure);
+      const header = Buffer.allocUnsafe(BULK_HEADER_BYTES);
+      header.writeUInt32LE(tag, 0);
+      header.writeUInt32LE(data.length, 4);
+      this._sock.cork(); // header and content in one write
+      this._sock.write(header);
+      this._sock.write(data, (e) => (e ? reject(this._failure || e) : resolve()));
+      this._sock.uncork();
+    });
   }
 }
 
@@ -513,6 +612,8 @@ class Server {
     this.unfinished = 0;
     this.initialized = false;
     this.initParams = {};
+    /** The host's bulk pipe, when it offered one (docs/protocol.md §8.1). */
+    this.bulk = null;
     this.shuttingDown = false;
     this.shutdownAbort = new AbortController();
     this.shutdownGraceMs = DEFAULT_SHUTDOWN_GRACE_MS;
@@ -787,6 +888,7 @@ class Server {
     const g = params.deadlines && params.deadlines.shutdown_grace_ms;
     if (Number.isInteger(g) && g > 0) this.shutdownGraceMs = g;
     Object.assign(this.initParams, params);
+    this.bulk = BulkPipe.take(params.bulk);
     const result = { protocol_version: Math.max(...common), extension: { name: this.ext.name, version: this.ext.version }, capabilities: this.ext.capabilities() };
     this.send(`{"jsonrpc":"2.0","id":${id.text},"result":${JSON.stringify(result)}}`);
     this.initialized = true;

@@ -1,6 +1,7 @@
 //! The Python and Node SDKs through the real `conduit`: their examples pass `conduit ext check`,
-//! run a notes-like workload under the daemon, report a handler's exception as a non-retryable
-//! error, and carry an up-to-date copy of their SDK. `conduit ext new` skeletons of every
+//! run a notes-like workload under the daemon, stream an artifact on the daemon's bulk pipe,
+//! report a handler's exception as a non-retryable error, and carry an up-to-date copy of their
+//! SDK. `conduit ext new` skeletons of every
 //! language pass `ext check` as generated.
 //!
 //! A test whose interpreter (`python3`, `node`) is missing says so on stderr and passes without
@@ -234,20 +235,58 @@ fn handler_exception_is_not_retryable(f: &Fixture, name: &str, method: &str, par
     assert_eq!(f.status(name)["state"], "ready");
 }
 
-#[test]
-fn the_python_sdk_streams_an_artifact_on_the_daemons_bulk_pipe() {
-    if !have("python3") {
-        return;
+/// A Node package on the SDK of this checkout: `export` streams `size` bytes as an artifact
+/// and answers what was stored and whether the bulk pipe carried it.
+fn node_package(f: &Fixture) -> PathBuf {
+    let pkg = f.dir.path().join("src/node-export");
+    let sdk = pkg.join("node_modules/conduit-extension");
+    std::fs::create_dir_all(&sdk).unwrap();
+    for file in ["index.js", "index.d.ts", "package.json"] {
+        std::fs::copy(
+            workspace_root().join("extensions/node").join(file),
+            sdk.join(file),
+        )
+        .unwrap();
     }
-    let mut f = Fixture::new();
-    f.install(&python_package(&f));
-    f.start_daemon();
-    f.wait_state("py-notes", "ready", PATIENCE);
-    let size = 256 * 3000; // 750 KiB: several 256 KiB frames
+    std::fs::write(
+        pkg.join("export.mjs"),
+        r#"import { Extension } from "conduit-extension";
+
+const ext = new Extension("node-export", "0.1.0");
+ext.method("export", async (ctx, params) => {
+  const data = Buffer.alloc(params.size);
+  for (let i = 0; i < data.length; i++) data[i] = i % 256;
+  const w = await ctx.host.artifact("export.bin", { size: data.length });
+  try {
+    for (let i = 0; i < data.length; i += 4096) await w.write(data.subarray(i, i + 4096));
+    return { ...(await w.finish()), bulk: w.isBulk };
+  } catch (e) {
+    w.abort();
+    throw e;
+  }
+});
+ext.run();
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        pkg.join("conduit-extension.toml"),
+        "name = \"node-export\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"node\", \"export.mjs\"]\n\n\
+         [capabilities]\nmethods = [\"export\", \"check.sleep\"]\n",
+    )
+    .unwrap();
+    pkg
+}
+
+/// `export` of extension `name` stores 750 KiB (several 256 KiB frames) on the bulk pipe: it
+/// answers that the pipe carried them, and the stored artifact holds exactly those bytes.
+#[track_caller]
+fn exports_on_the_bulk_pipe(f: &Fixture, name: &str) {
+    let size = 256 * 3000;
     let run = f.conduit(&[
         "ext",
         "call",
-        "py-notes",
+        name,
         "export",
         &format!(r#"{{"size":{size}}}"#),
         "--timeout-ms",
@@ -266,6 +305,30 @@ fn the_python_sdk_streams_an_artifact_on_the_daemons_bulk_pipe() {
         std::fs::read(&out).unwrap() == want,
         "the stored bytes differ"
     );
+}
+
+#[test]
+fn the_python_sdk_streams_an_artifact_on_the_daemons_bulk_pipe() {
+    if !have("python3") {
+        return;
+    }
+    let mut f = Fixture::new();
+    f.install(&python_package(&f));
+    f.start_daemon();
+    f.wait_state("py-notes", "ready", PATIENCE);
+    exports_on_the_bulk_pipe(&f, "py-notes");
+}
+
+#[test]
+fn the_node_sdk_streams_an_artifact_on_the_daemons_bulk_pipe() {
+    if !have("node") {
+        return;
+    }
+    let mut f = Fixture::new();
+    f.install(&node_package(&f));
+    f.start_daemon();
+    f.wait_state("node-export", "ready", PATIENCE);
+    exports_on_the_bulk_pipe(&f, "node-export");
 }
 
 #[test]

@@ -18,8 +18,10 @@ export function rawId(line) {
 }
 
 export class FakeHost {
-  constructor(argv, cwd) {
-    this.proc = spawn(process.execPath, argv, { cwd, stdio: ["pipe", "pipe", "pipe"] });
+  /** `fd3`: a descriptor of this process the extension gets as its descriptor 3. */
+  constructor(argv, cwd, { fd3 } = {}) {
+    const stdio = fd3 === undefined ? ["pipe", "pipe", "pipe"] : ["pipe", "pipe", "pipe", fd3];
+    this.proc = spawn(process.execPath, argv, { cwd, stdio });
     this.answers = [];
     this.calls = [];
     this.waiters = [];

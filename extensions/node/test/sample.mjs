@@ -1,5 +1,5 @@
 // An extension on the SDK for the SDK's own tests: one handler per feature under test.
-import { writeFileSync } from "node:fs";
+import { readdirSync, readFileSync, readlinkSync, writeFileSync } from "node:fs";
 import { Extension, RpcError } from "../index.js";
 
 const ext = new Extension("sample", "0.2.0");
@@ -48,11 +48,42 @@ ext.method("artifact", async (ctx, p) => {
   const w = await ctx.host.artifact("out.bin", { mediaType: "application/octet-stream", chunkBytes: p.chunk });
   try {
     for (let i = 0; i < data.length; i += 1000) await w.write(data.subarray(i, i + 1000));
-    return await w.finish();
+    return { ...(await w.finish()), bulk: w.isBulk };
   } catch (e) {
     w.abort();
     throw e;
   }
+});
+// Two streams written at once, in writes of 100,000 bytes: stream `b` holds the bytes of `a`
+// plus one.
+ext.method("two-artifacts", async (ctx, p) => {
+  const [a, b] = await Promise.all(["a.bin", "b.bin"].map((name) => ctx.host.artifact(name)));
+  const send = async (w, add) => {
+    const piece = Buffer.alloc(100000);
+    for (let done = 0; done < p.size; done += piece.length) {
+      const n = Math.min(piece.length, p.size - done);
+      for (let i = 0; i < n; i++) piece[i] = (done + i + add) % 256;
+      await w.write(piece.subarray(0, n)); // the same buffer again: the SDK must not keep it
+    }
+    return { ...(await w.finish()), bulk: w.isBulk };
+  };
+  return Promise.all([send(a, 0), send(b, 1)]);
+});
+// This process's descriptors on the file at `path`, each with its flags from /proc (octal).
+ext.method("descriptors-of", async (ctx, p) => {
+  const out = [];
+  for (const fd of readdirSync("/proc/self/fd")) {
+    let target;
+    try {
+      target = readlinkSync(`/proc/self/fd/${fd}`);
+    } catch {
+      continue; // the descriptor of the listing itself
+    }
+    if (target !== p.path) continue;
+    const flags = /^flags:\s*([0-7]+)$/m.exec(readFileSync(`/proc/self/fdinfo/${fd}`, "utf8"))[1];
+    out.push({ fd: Number(fd), flags });
+  }
+  return out;
 });
 ext.method("wait-cancel", async (ctx, p) => {
   const cancelled = await ctx.sleep(30000);

@@ -3,13 +3,15 @@
 // Run: node --test extensions/node/test/
 import { test, describe, beforeEach, afterEach } from "node:test";
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { closeSync, constants, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
+import { Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { Extension, isRetryable, readId, scanMembers, MAX_MESSAGE_BYTES } from "../index.js";
-import { FakeHost } from "./host.mjs";
+import { Extension, isRetryable, readId, scanMembers, BULK_FRAME_BYTES, MAX_MESSAGE_BYTES } from "../index.js";
+import { FakeHost, INITIALIZE_PARAMS } from "./host.mjs";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const SAMPLE = join(HERE, "sample.mjs");
@@ -273,7 +275,9 @@ describe("session", () => {
     const sha = createHash("sha256").update(got).digest("hex");
     assert.deepEqual(c.params, { stream_id: "s-1", size, sha256: sha });
     h.answer(c, { artifact_id: "sha256:" + sha, size });
-    assert.equal((await h.waitFor(rid)).result.size, size);
+    const r = (await h.waitFor(rid)).result;
+    assert.equal(r.size, size);
+    assert.equal(r.bulk, false);
   });
 
   test("cancellation, a running id, and the 64-request limit", async () => {
@@ -343,5 +347,185 @@ describe("session", () => {
     err(a, -32004, "big");
     assert.deepEqual(a.error.data, { limit: MAX_MESSAGE_BYTES, size: line.length });
     assert.deepEqual((await h.call("echo", { after: 1 })).result, { after: 1 });
+  });
+});
+
+// ---- the bulk pipe -----------------------------------------------------------------------------
+
+const MAX_BULK_FRAME_BYTES = 1024 * 1024;
+const sha256 = (b) => createHash("sha256").update(b).digest("hex");
+
+/** The host's end of a bulk pipe (docs/protocol.md §8.1): reads the frames, checking each header. */
+class FrameReader {
+  constructor(fd) {
+    this.frames = []; // {tag, len} in the order read
+    this.content = new Map(); // tag -> the frames' bytes
+    this.bytes = 0;
+    this.problems = [];
+    this.rest = Buffer.alloc(0); // a frame not read whole yet
+    this.sock = new Socket({ fd, readable: true, writable: false });
+    this.sock.on("data", (d) => this.feed(d));
+  }
+  feed(d) {
+    let buf = Buffer.concat([this.rest, d]);
+    while (buf.length >= 8) {
+      const tag = buf.readUInt32LE(0);
+      const len = buf.readUInt32LE(4);
+      if (len < 1 || len > MAX_BULK_FRAME_BYTES) {
+        this.problems.push(`a frame of tag ${tag} with len ${len}`);
+        this.sock.destroy();
+        return;
+      }
+      if (buf.length < 8 + len) break;
+      this.frames.push({ tag, len });
+      if (!this.content.has(tag)) this.content.set(tag, []);
+      this.content.get(tag).push(buf.subarray(8, 8 + len));
+      this.bytes += len;
+      buf = buf.subarray(8 + len);
+    }
+    this.rest = Buffer.from(buf);
+  }
+  of(tag) {
+    return Buffer.concat(this.content.get(tag) || []);
+  }
+}
+
+/** What the sample's `artifact` writes: `size` bytes, byte i being (i + add) % 256. */
+function pattern(size, add = 0) {
+  const b = Buffer.alloc(size);
+  for (let i = 0; i < size; i++) b[i] = (i + add) % 256;
+  return b;
+}
+
+describe("bulk pipe", () => {
+  let h;
+  let dir;
+  let reader;
+  // A real pipe: a FIFO, read here and passed to the extension as its descriptor 3. The
+  // extension holds its own copy once spawned, so this process keeps only the read end.
+  beforeEach(() => {
+    dir = mkdtempSync(join(tmpdir(), "conduit-bulk-"));
+    const fifo = join(dir, "bulk");
+    execFileSync("mkfifo", [fifo]);
+    const r = openSync(fifo, constants.O_RDONLY | constants.O_NONBLOCK);
+    const w = openSync(fifo, constants.O_WRONLY);
+    h = new FakeHost([SAMPLE], HERE, { fd3: w });
+    closeSync(w);
+    reader = new FrameReader(r);
+  });
+  afterEach(async () => {
+    await h.stop();
+    reader.sock.destroy();
+    rmSync(dir, { recursive: true, force: true });
+    assert.deepEqual(h.violations, [], "non-protocol output on stdout");
+    assert.deepEqual(reader.problems, [], "malformed frames on the bulk pipe");
+    assert.equal(reader.rest.length, 0, "a frame not written whole");
+  });
+  const offer = async () => {
+    const a = await h.call("initialize", { ...INITIALIZE_PARAMS, bulk: { fd: 3 } });
+    assert.ok(a.result, JSON.stringify(a));
+  };
+  const bytesRead = (n) => h.until(`${n} bytes on the bulk pipe`, () => (reader.bytes >= n ? true : undefined));
+
+  test("an offered pipe carries the bytes as whole frames of 256 KiB, then close has size and sha256", async () => {
+    await offer();
+    const size = 600 * 1024 + 5;
+    const rid = h.request("artifact", { size });
+    const op = await h.nextCall();
+    assert.equal(op.method, "artifact.open");
+    assert.equal(op.params.bulk, true);
+    h.answer(op, { stream_id: "s-9", max_chunk_bytes: 262144, window: 8, bulk_tag: 7 });
+    await bytesRead(size);
+    const close = await h.nextCall();
+    assert.equal(close.method, "artifact.close", "no artifact.chunk on a stream granted a tag");
+    const got = reader.of(7);
+    assert.equal(reader.bytes, size);
+    assert.ok(got.equals(pattern(size)), "the frames' content differs from what was written");
+    // Writes of 1,000 bytes are gathered: every frame but the last is 256 KiB.
+    assert.deepEqual(reader.frames, [BULK_FRAME_BYTES, BULK_FRAME_BYTES, size - 2 * BULK_FRAME_BYTES].map((len) => ({ tag: 7, len })));
+    assert.deepEqual(close.params, { stream_id: "s-9", size, sha256: sha256(got) });
+    h.answer(close, { artifact_id: "sha256:" + sha256(got), size });
+    assert.deepEqual((await h.waitFor(rid)).result, { artifact_id: "sha256:" + sha256(got), size, bulk: true });
+  });
+
+  test("frames of two streams written at once never interleave", async () => {
+    await offer();
+    const size = 1024 * 1024 + 3;
+    const rid = h.request("two-artifacts", { size });
+    const tags = new Map([["a.bin", 1], ["b.bin", 2]]);
+    const ids = new Map();
+    for (let i = 0; i < 2; i++) {
+      const op = await h.nextCall();
+      assert.equal(op.method, "artifact.open");
+      assert.equal(op.params.bulk, true);
+      ids.set(`s-${op.params.name}`, tags.get(op.params.name));
+      h.answer(op, { stream_id: `s-${op.params.name}`, max_chunk_bytes: 262144, window: 8, bulk_tag: tags.get(op.params.name) });
+    }
+    await bytesRead(2 * size);
+    for (const [tag, add] of [[1, 0], [2, 1]]) {
+      assert.ok(reader.of(tag).equals(pattern(size, add)), `the content of tag ${tag} differs from what was written`);
+    }
+    const switches = reader.frames.filter((f, i) => i > 0 && f.tag !== reader.frames[i - 1].tag).length;
+    assert.ok(switches > 0, `the two streams' frames did not alternate: ${JSON.stringify(reader.frames)}`);
+    for (let i = 0; i < 2; i++) {
+      const close = await h.nextCall();
+      assert.equal(close.method, "artifact.close");
+      const want = sha256(reader.of(ids.get(close.params.stream_id)));
+      assert.deepEqual(close.params, { stream_id: close.params.stream_id, size, sha256: want });
+      h.answer(close, { artifact_id: "sha256:" + want, size });
+    }
+    const r = (await h.waitFor(rid)).result;
+    assert.deepEqual(r.map((x) => [x.size, x.bulk]), [[size, true], [size, true]]);
+  });
+
+  test("without a tag the stream takes chunks, and the pipe stays empty", async () => {
+    await offer();
+    const rid = h.request("artifact", { size: 3000, chunk: 1000 });
+    const op = await h.nextCall();
+    assert.equal(op.params.bulk, true);
+    h.answer(op, { stream_id: "s-1", max_chunk_bytes: 1000, window: 8 });
+    const parts = [];
+    let c;
+    for (;;) {
+      c = await h.nextCall();
+      if (c.method === "artifact.close") break;
+      assert.equal(c.method, "artifact.chunk");
+      assert.equal(c.params.seq, parts.length);
+      parts.push(Buffer.from(c.params.data, "base64"));
+      h.answer(c, { received: Buffer.concat(parts).length });
+    }
+    const got = Buffer.concat(parts);
+    assert.ok(got.equals(pattern(3000)));
+    assert.deepEqual(c.params, { stream_id: "s-1", size: 3000, sha256: sha256(got) });
+    h.answer(c, { artifact_id: "sha256:" + sha256(got), size: 3000 });
+    assert.deepEqual((await h.waitFor(rid)).result, { artifact_id: "sha256:" + sha256(got), size: 3000, bulk: false });
+    assert.equal(reader.bytes, 0);
+  });
+
+  test("the offered descriptor is replaced by a copy the extension's programs do not inherit", async () => {
+    await offer();
+    const after = (await h.call("descriptors-of", { path: join(dir, "bulk") })).result;
+    assert.equal(after.length, 1, JSON.stringify(after));
+    assert.notEqual(after[0].fd, 3, "descriptor 3 is still open");
+    assert.ok(parseInt(after[0].flags, 8) & 0o2000000, `the copy is not close-on-exec: ${JSON.stringify(after)}`);
+  });
+
+  test("an offered descriptor that is not a pipe is not used", async () => {
+    await h.stop();
+    const file = openSync(join(dir, "not-a-pipe"), "w");
+    h = new FakeHost([SAMPLE], HERE, { fd3: file });
+    closeSync(file);
+    await offer();
+    const rid = h.request("artifact", { size: 10 });
+    const op = await h.nextCall();
+    assert.equal(op.params.bulk, undefined);
+    h.answer(op, { stream_id: "s-2", max_chunk_bytes: 262144, window: 8, bulk_tag: 3 });
+    const chunk = await h.nextCall();
+    assert.equal(chunk.method, "artifact.chunk", "a tag the extension did not ask for is not used");
+    h.answer(chunk, { received: 10 });
+    const close = await h.nextCall();
+    h.answer(close, { artifact_id: "sha256:" + close.params.sha256, size: 10 });
+    assert.equal((await h.waitFor(rid)).result.bulk, false);
+    assert.match(h.stderr, /cannot use the host's bulk pipe \(descriptor 3\): it is not a pipe/);
   });
 });
