@@ -258,8 +258,8 @@ impl Size {
 fn floor_write(path: &Path, bytes: &[u8]) -> anyhow::Result<f64> {
     use std::io::Write;
     let t = Instant::now();
-    let mut f = std::fs::File::create_new(path)
-        .with_context(|| format!("creating {}", path.display()))?;
+    let mut f =
+        std::fs::File::create_new(path).with_context(|| format!("creating {}", path.display()))?;
     for chunk in bytes.chunks(64 * 1024) {
         f.write_all(chunk)?;
     }
