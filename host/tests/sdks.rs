@@ -98,18 +98,30 @@ fn the_node_echo_example_is_at_most_30_lines() {
 
 // ---- the vendored copies are the SDKs ------------------------------------------------------
 
+/// The files of each SDK that a package carries (what `make vendor-sdks` copies).
+const PYTHON_SDK_FILES: [&str; 2] = ["__init__.py", "py.typed"];
+const NODE_SDK_FILES: [&str; 3] = ["index.js", "index.d.ts", "package.json"];
+
+/// Copies `files` of the SDK at `sdk` (relative to the workspace) into the folder `into`.
+fn vendor_sdk(sdk: &str, files: &[&str], into: &Path) {
+    std::fs::create_dir_all(into).unwrap();
+    for file in files {
+        std::fs::copy(workspace_root().join(sdk).join(file), into.join(file)).unwrap();
+    }
+}
+
 #[test]
 fn every_vendored_sdk_copy_is_identical_to_its_source() {
     let root = workspace_root();
     let mut copies: Vec<(PathBuf, PathBuf)> = Vec::new();
-    for f in ["__init__.py", "py.typed"] {
+    for f in PYTHON_SDK_FILES {
         copies.push((
             root.join("extensions/python/conduit_extension").join(f),
             root.join("examples/python-echo/conduit_extension").join(f),
         ));
     }
     for ex in ["node-echo", "node-notes"] {
-        for f in ["index.js", "index.d.ts", "package.json"] {
+        for f in NODE_SDK_FILES {
             copies.push((
                 root.join("extensions/node").join(f),
                 root.join("examples")
@@ -138,17 +150,11 @@ fn every_vendored_sdk_copy_is_identical_to_its_source() {
 /// as an artifact and answers what was stored and whether the bulk pipe carried it.
 fn python_package(f: &Fixture) -> PathBuf {
     let pkg = f.dir.path().join("src/py-notes");
-    let sdk = pkg.join("conduit_extension");
-    std::fs::create_dir_all(&sdk).unwrap();
-    for file in ["__init__.py", "py.typed"] {
-        std::fs::copy(
-            workspace_root()
-                .join("extensions/python/conduit_extension")
-                .join(file),
-            sdk.join(file),
-        )
-        .unwrap();
-    }
+    vendor_sdk(
+        "extensions/python/conduit_extension",
+        &PYTHON_SDK_FILES,
+        &pkg.join("conduit_extension"),
+    );
     std::fs::write(
         pkg.join("notes.py"),
         r#"from conduit_extension import Extension
@@ -239,15 +245,11 @@ fn handler_exception_is_not_retryable(f: &Fixture, name: &str, method: &str, par
 /// and answers what was stored and whether the bulk pipe carried it.
 fn node_package(f: &Fixture) -> PathBuf {
     let pkg = f.dir.path().join("src/node-export");
-    let sdk = pkg.join("node_modules/conduit-extension");
-    std::fs::create_dir_all(&sdk).unwrap();
-    for file in ["index.js", "index.d.ts", "package.json"] {
-        std::fs::copy(
-            workspace_root().join("extensions/node").join(file),
-            sdk.join(file),
-        )
-        .unwrap();
-    }
+    vendor_sdk(
+        "extensions/node",
+        &NODE_SDK_FILES,
+        &pkg.join("node_modules/conduit-extension"),
+    );
     std::fs::write(
         pkg.join("export.mjs"),
         r#"import { Extension } from "conduit-extension";
@@ -278,10 +280,18 @@ ext.run();
     pkg
 }
 
-/// `export` of extension `name` stores 750 KiB (several 256 KiB frames) on the bulk pipe: it
-/// answers that the pipe carried them, and the stored artifact holds exactly those bytes.
+/// With `tool` present: the package `build` makes, installed and ready under a daemon, exports
+/// 750 KiB (several 256 KiB frames) on the bulk pipe: it answers that the pipe carried them, and
+/// the stored artifact holds exactly those bytes.
 #[track_caller]
-fn exports_on_the_bulk_pipe(f: &Fixture, name: &str) {
+fn exports_on_the_bulk_pipe(tool: &str, build: fn(&Fixture) -> PathBuf, name: &str) {
+    if !have(tool) {
+        return;
+    }
+    let mut f = Fixture::new();
+    f.install(&build(&f));
+    f.start_daemon();
+    f.wait_state(name, "ready", PATIENCE);
     let size = 256 * 3000;
     let run = f.conduit(&[
         "ext",
@@ -309,26 +319,12 @@ fn exports_on_the_bulk_pipe(f: &Fixture, name: &str) {
 
 #[test]
 fn the_python_sdk_streams_an_artifact_on_the_daemons_bulk_pipe() {
-    if !have("python3") {
-        return;
-    }
-    let mut f = Fixture::new();
-    f.install(&python_package(&f));
-    f.start_daemon();
-    f.wait_state("py-notes", "ready", PATIENCE);
-    exports_on_the_bulk_pipe(&f, "py-notes");
+    exports_on_the_bulk_pipe("python3", python_package, "py-notes");
 }
 
 #[test]
 fn the_node_sdk_streams_an_artifact_on_the_daemons_bulk_pipe() {
-    if !have("node") {
-        return;
-    }
-    let mut f = Fixture::new();
-    f.install(&node_package(&f));
-    f.start_daemon();
-    f.wait_state("node-export", "ready", PATIENCE);
-    exports_on_the_bulk_pipe(&f, "node-export");
+    exports_on_the_bulk_pipe("node", node_package, "node-export");
 }
 
 #[test]
