@@ -204,7 +204,7 @@ async fn end_run(ext: &Extension, mut run: Run) {
         tracing::info!(extension = %ext.name(), killed, "killed the processes the extension left");
     }
     finish_stderr(run.stderr).await;
-    if !gone && !tree::still_running(&recorded).is_empty() {
+    if !gone && !tree::still_running_shared(&recorded).await.is_empty() {
         tracing::warn!(extension = %ext.name(), "some of the extension's processes could not be killed within 1 s");
     } else if let Some(l) = &run.ledger {
         l.remove();

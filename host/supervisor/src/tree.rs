@@ -22,6 +22,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill, killpg};
@@ -231,7 +233,14 @@ pub fn still_running(recorded: &BTreeSet<ProcId>) -> Vec<ProcStat> {
     if recorded.is_empty() {
         return Vec::new();
     }
-    let all = all_processes();
+    still_running_in(&all_processes(), recorded)
+}
+
+/// [`still_running`] among `all`, one read of every process.
+fn still_running_in(all: &[ProcStat], recorded: &BTreeSet<ProcId>) -> Vec<ProcStat> {
+    if recorded.is_empty() {
+        return Vec::new();
+    }
     let pids: BTreeSet<u32> = recorded.iter().map(|r| r.pid).collect();
     let mut by_parent: HashMap<u32, Vec<usize>> = HashMap::new();
     for (i, p) in all.iter().enumerate() {
@@ -263,11 +272,80 @@ pub fn still_running(recorded: &BTreeSet<ProcId>) -> Vec<ProcStat> {
         }
     }
     let me = std::process::id();
-    all.into_iter()
+    all.iter()
         .zip(hit)
         .filter(|(p, h)| *h && !p.is_zombie() && p.id.pid != me)
-        .map(|(p, _)| p)
+        .map(|(p, _)| *p)
         .collect()
+}
+
+/// One read of every process, shared by the stops that ask for one at the same time.
+///
+/// A stop needs a read that began after it asked (after its SIGKILLs), never an older one;
+/// stops that ask while a read is under way share the next. So when 1,000 extensions stop at
+/// once (the daemon's shutdown) `/proc` is read a few times per round instead of once per
+/// extension, each read costing a stat of every process on the machine.
+pub struct Scans {
+    /// Requests so far; each takes the next number.
+    asked: AtomicU64,
+    /// The latest read, and the highest request number taken before it began.
+    last: tokio::sync::Mutex<Option<(u64, Arc<Vec<ProcStat>>)>>,
+    /// Reads made, for the tests.
+    reads: AtomicU64,
+}
+
+impl Scans {
+    pub const fn new() -> Self {
+        Scans {
+            asked: AtomicU64::new(0),
+            last: tokio::sync::Mutex::const_new(None),
+            reads: AtomicU64::new(0),
+        }
+    }
+
+    /// Every process, read after this call began. The lock is held only across the read of
+    /// `/proc` (a few ms at 1,000 extensions, on a blocking thread), never across anything an
+    /// extension can delay.
+    pub async fn fresh(&self) -> Arc<Vec<ProcStat>> {
+        let ticket = self.asked.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut last = self.last.lock().await;
+        if let Some((covers, all)) = &*last
+            && *covers >= ticket
+        {
+            return all.clone();
+        }
+        // Every request numbered up to here was made before this read begins.
+        let covers = self.asked.load(Ordering::SeqCst);
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let all = tokio::task::spawn_blocking(all_processes)
+            .await
+            .unwrap_or_else(|_| all_processes());
+        let all = Arc::new(all);
+        *last = Some((covers, all.clone()));
+        all
+    }
+
+    /// How many reads of `/proc` were made.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for Scans {
+    fn default() -> Self {
+        Scans::new()
+    }
+}
+
+/// The reads every stop of this process shares.
+static SCANS: Scans = Scans::new();
+
+/// [`still_running`] from a read shared with the stops asking at the same time ([`Scans`]).
+pub async fn still_running_shared(recorded: &BTreeSet<ProcId>) -> Vec<ProcStat> {
+    if recorded.is_empty() {
+        return Vec::new();
+    }
+    still_running_in(&SCANS.fresh().await, recorded)
 }
 
 /// SIGKILL everything [`still_running`] finds, again and again until nothing runs or `within`
@@ -287,7 +365,7 @@ pub async fn kill_all(
         if let Some(g) = pgid {
             let _ = signal_group(g, Signal::SIGKILL);
         }
-        let left = still_running(recorded);
+        let left = still_running_shared(recorded).await;
         let group_left = pgid.is_some_and(|g| !cfg!(target_os = "linux") && group_alive(g));
         let gone = left.is_empty() && !group_left;
         if gone || Instant::now() >= deadline {
@@ -458,6 +536,45 @@ pub fn sweep_ledgers(dir: &Path) -> Vec<(String, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stops_asking_at_once_share_one_read_and_a_later_ask_reads_again() {
+        let scans = Arc::new(Scans::new());
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .unwrap();
+        let pid = sleeper.id();
+        // Held here, so that all 64 ask while the first of them waits to read.
+        let held = scans.last.lock().await;
+        let asks: Vec<_> = (0..64)
+            .map(|_| {
+                let scans = scans.clone();
+                tokio::spawn(async move { scans.fresh().await })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while scans.asked.load(Ordering::SeqCst) < 64 {
+            assert!(Instant::now() < deadline, "the asks never came");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(held);
+        for a in asks {
+            let all = a.await.unwrap();
+            assert!(all.iter().any(|p| p.id.pid == pid), "each sees the sleeper");
+        }
+        assert_eq!(scans.reads(), 1, "64 asks at once share one read");
+        // A process gone before the next ask is gone from its read: a new one was made.
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
+        let all = scans.fresh().await;
+        assert_eq!(scans.reads(), 2);
+        assert!(
+            !all.iter().any(|p| p.id.pid == pid),
+            "a later ask reads again"
+        );
+    }
 
     #[test]
     fn stat_lines_with_odd_command_names_parse() {
