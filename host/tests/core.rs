@@ -562,6 +562,45 @@ fn artifacts_on_the_bulk_pipe_arrive_intact_and_a_broken_pipe_keeps_nothing() {
 }
 
 #[test]
+fn a_bulk_close_missing_bytes_on_an_open_pipe_is_refused_after_thirty_seconds_of_silence() {
+    // The bound is the feature (docs/protocol.md §8.1, step 4): not sooner, and not forever.
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("art", "ok"));
+    f.start_daemon();
+    f.wait_state("art", "ready", PATIENCE);
+    let t0 = Instant::now();
+    let v = make_artifact(
+        &f,
+        "art",
+        r#"{"size":300000,"chunk":65536,"bulk":true,"bulk_fault":"stall"}"#,
+    );
+    let waited = t0.elapsed();
+    assert_eq!(v["error"]["code"], -32009, "artifact_invalid: {v:#}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("no byte came on the bulk pipe for 30s")
+            && msg.contains("299999 of the 300000 bytes"),
+        "{msg}"
+    );
+    assert!(
+        waited >= Duration::from_secs(30),
+        "refused after {waited:?}, before 30 s of silence"
+    );
+    assert!(
+        waited < Duration::from_secs(30) + PATIENCE,
+        "refused only after {waited:?}"
+    );
+    // Nothing was kept, and the pipe still serves: the next stream takes it.
+    assert_eq!(stored_count(&f), 0);
+    let v = make_artifact(&f, "art", r#"{"size":1000,"chunk":1000,"bulk":true}"#);
+    assert_eq!(v["bulk"], true, "{v:#}");
+    assert_eq!(stored_count(&f), 1);
+    f.wait_until("no partial artifact files", || {
+        tmp_leftovers(&f).is_empty().then_some(())
+    });
+}
+
+#[test]
 fn the_rust_sdk_sends_an_export_on_the_bulk_pipe_into_the_store() {
     let mut f = Fixture::new();
     for p in stage_examples(&f) {
