@@ -634,11 +634,34 @@ fn the_echo_example_passes() {
 }
 
 #[test]
-fn the_notes_example_passes() {
+fn the_notes_example_passes_and_its_export_takes_the_bulk_pipe() {
     let tmp = tempfile::tempdir().unwrap();
-    if let Some(pkg) = stage_rust_example("notes", tmp.path()) {
-        passes(&pkg);
-    }
+    let Some(pkg) = stage_rust_example("notes", tmp.path()) else {
+        return;
+    };
+    passes(&pkg);
+    // `export` (called by declared-methods-answer) streams the checker's three synthetic events
+    // through the SDK: the checker offers the bulk pipe as the daemon does, and verifies what
+    // came on it with the daemon's receiver.
+    let run = check(&pkg, true);
+    run.expect_code(0);
+    let report = run.json();
+    let rule = report["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "declared-methods-answer")
+        .unwrap();
+    let notes: Vec<&str> = rule["notes"]
+        .as_array()
+        .map(|n| n.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        notes.iter().any(|n| n.starts_with("artifact `")
+            && n.contains(" bytes on the bulk pipe, size and sha256 verified")),
+        "{notes:?}{}",
+        run.context()
+    );
 }
 
 #[test]

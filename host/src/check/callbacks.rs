@@ -3,25 +3,28 @@
 //! A package may call back while the checker's requests are pending (a trigger that reads an
 //! event, an ingress source that pushes). The checker answers the way the daemon would for an
 //! empty state plus the synthetic events it sent ([`synthetic_events`]): reads find those
-//! events, writes are acknowledged without being kept, artifacts are verified (size and
-//! sha256) and then dropped. It counts what it was asked, for the report.
+//! events, writes are acknowledged without being kept. Artifacts go through the daemon's own
+//! receiver (`core::artifacts`: the same limits, checks, errors and bulk pipe) into the
+//! check's scratch folder, and each is deleted once verified. It counts what it was asked, and
+//! says what became of each artifact, for the report.
 //!
-//! Invariant: nothing here blocks or grows without bound — at most [`MAX_STREAMS`] artifact
-//! streams are open at once, and their content is hashed as it arrives, never kept.
+//! Invariant: nothing here blocks or grows without bound — the receiver holds at most
+//! `MAX_OPEN_STREAMS` streams per instance, a verified artifact is deleted at once, and the
+//! report keeps at most [`MAX_ARTIFACT_NOTES`] lines of artifacts.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use base64::Engine;
 use conduit_protocol::calls::{
-    ArtifactAbort, ArtifactChunk, ArtifactClose, ArtifactOpen, ArtifactOpened, ArtifactStored,
-    ChunkAck, EmitParams, EmitResult, Empty, Event, EventRef, EventsPage, EventsQuery, PushParams,
-    PushResult, WorkRef,
+    ArtifactAbort, ArtifactChunk, ArtifactClose, ArtifactOpen, ArtifactStored, EmitParams,
+    EmitResult, Empty, Event, EventRef, EventsPage, EventsQuery, PushParams, PushResult, WorkRef,
 };
 use conduit_protocol::methods::ext;
 use conduit_protocol::{Capabilities, ErrorCode, RpcError};
 use conduit_rpc::{BoxFuture, Handler, HandlerResult, Request, to_raw};
-use sha2::{Digest, Sha256};
+
+use crate::core::artifacts::Artifacts;
 
 /// A callback's params, by the protocol's one parser (objects only, docs/protocol.md §3.1), as
 /// the daemon reads them.
@@ -32,8 +35,8 @@ fn params<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, RpcError> 
     )
 }
 
-/// Artifact streams a package may keep open at once during a check.
-pub(crate) const MAX_STREAMS: usize = 16;
+/// Lines the report keeps on the artifacts a package made (the rest are counted).
+pub(crate) const MAX_ARTIFACT_NOTES: usize = 8;
 
 /// The events the checker sends in its in-transaction calls; `state.event` finds them.
 pub(crate) fn synthetic_events(source: &str, now_ms: i64) -> Vec<Event> {
@@ -52,25 +55,22 @@ pub(crate) fn synthetic_events(source: &str, now_ms: i64) -> Vec<Event> {
         .collect()
 }
 
-#[derive(Debug, Default)]
-struct Stream {
-    name: String,
-    next_seq: u64,
-    received: u64,
-    hash: Sha256,
-}
-
 /// What the checker's stand-in host has seen and handed out: the handshake's capabilities,
-/// accepted deliveries, open artifact streams, ids, and the callbacks made.
+/// accepted deliveries, ids, the callbacks made, and what became of each artifact.
 #[derive(Debug, Default)]
 struct Recorded {
     /// Capabilities from the handshake, once known: emissions and ingress sources the package
     /// may name in callbacks.
     caps: Option<Capabilities>,
     deliveries: HashMap<(String, String), i64>,
-    streams: HashMap<String, Stream>,
     next_id: i64,
     calls: BTreeMap<String, usize>,
+    /// Stream id → (name, whether it was granted the bulk pipe), while open.
+    streams: HashMap<String, (String, bool)>,
+    /// One line per artifact closed or refused, the first [`MAX_ARTIFACT_NOTES`] of them.
+    artifacts: Vec<String>,
+    /// Artifacts past those lines.
+    more_artifacts: usize,
 }
 
 /// The callback handler; clones share state.
@@ -78,17 +78,134 @@ struct Recorded {
 pub(crate) struct CheckHost {
     events: Arc<Vec<Event>>,
     state: Arc<Mutex<Recorded>>,
+    /// The daemon's artifact receiver, storing under the check's scratch folder.
+    artifacts: Arc<Artifacts>,
+    /// The instance whose requests this clone serves: each has its own streams and bulk pipe.
+    instance: &'static str,
 }
 
 impl CheckHost {
-    pub(crate) fn new(events: Vec<Event>) -> Self {
+    /// A stand-in host whose reads find `events` and whose artifacts go under `scratch`.
+    pub(crate) fn new(events: Vec<Event>, scratch: &Path) -> Self {
         CheckHost {
             events: Arc::new(events),
             state: Arc::new(Mutex::new(Recorded {
                 next_id: 1000,
                 ..Recorded::default()
             })),
+            artifacts: Arc::new(Artifacts::new(
+                scratch.join("artifacts"),
+                scratch.join("artifacts-tmp"),
+            )),
+            instance: "main",
         }
+    }
+
+    /// The handler for the instance `label` (sharing everything but its artifact streams).
+    pub(crate) fn for_instance(&self, label: &'static str) -> CheckHost {
+        CheckHost {
+            instance: label,
+            ..self.clone()
+        }
+    }
+
+    /// Where the instance's bulk pipe goes: the daemon's reader, into this host's receiver.
+    pub(crate) fn bulk_sink(&self) -> conduit_supervisor::BulkSink {
+        self.artifacts.bulk_sink(self.instance)
+    }
+
+    /// What became of the artifacts the package made, one line each (then a count of the rest).
+    pub(crate) fn artifact_notes(&self) -> Vec<String> {
+        let st = self.state.lock().unwrap();
+        let mut out = st.artifacts.clone();
+        if st.more_artifacts > 0 {
+            out.push(format!("and {} more artifacts", st.more_artifacts));
+        }
+        out
+    }
+
+    fn note_artifact(&self, line: String) {
+        let mut st = self.state.lock().unwrap();
+        if st.artifacts.len() < MAX_ARTIFACT_NOTES {
+            st.artifacts.push(line);
+        } else {
+            st.more_artifacts += 1;
+        }
+    }
+
+    /// `artifact.*`, by the daemon's receiver; a verified artifact is deleted at once.
+    async fn artifact(&self, req: &Request) -> HandlerResult {
+        let name = self.instance;
+        match req.method.as_str() {
+            ext::ARTIFACT_OPEN => {
+                let p: ArtifactOpen = params(req)?;
+                let label = p.name.clone();
+                let opened = self.artifacts.open(name, p, &req.peer)?;
+                self.state
+                    .lock()
+                    .unwrap()
+                    .streams
+                    .insert(opened.stream_id.clone(), (label, opened.bulk_tag.is_some()));
+                to_raw(&opened)
+            }
+            ext::ARTIFACT_CHUNK => {
+                let p: ArtifactChunk = params(req)?;
+                let id = p.stream_id.clone();
+                let res = self.artifacts.chunk(name, p).await;
+                if let Err(e) = &res {
+                    self.refused(&id, e);
+                }
+                to_raw(&res?)
+            }
+            ext::ARTIFACT_CLOSE => {
+                let p: ArtifactClose = params(req)?;
+                let id = p.stream_id.clone();
+                let done = match self.artifacts.close(name, p).await {
+                    Ok(done) => done,
+                    Err(e) => {
+                        self.refused(&id, &e);
+                        return Err(e);
+                    }
+                };
+                let _ = std::fs::remove_file(self.artifacts.content_path(&done.sha256));
+                let bulk = self.forget(&id).is_some_and(|(_, bulk)| bulk);
+                let way = if bulk {
+                    "on the bulk pipe"
+                } else {
+                    "as chunks"
+                };
+                self.note_artifact(format!(
+                    "artifact `{}`: {} bytes {way}, size and sha256 verified",
+                    done.name, done.size
+                ));
+                to_raw(&ArtifactStored {
+                    artifact_id: format!("sha256:{}", done.sha256),
+                    size: done.size,
+                })
+            }
+            ext::ARTIFACT_ABORT => {
+                let p: ArtifactAbort = params(req)?;
+                self.artifacts.abort(name, &p.stream_id).await?;
+                self.forget(&p.stream_id);
+                to_raw(&Empty {})
+            }
+            other => Err(RpcError::method_not_found(other)),
+        }
+    }
+
+    fn forget(&self, stream_id: &str) -> Option<(String, bool)> {
+        self.state.lock().unwrap().streams.remove(stream_id)
+    }
+
+    /// An `artifact_invalid` ends the stream (docs/protocol.md §8); the report says why.
+    fn refused(&self, stream_id: &str, e: &RpcError) {
+        if !e.is(ErrorCode::ArtifactInvalid) {
+            return;
+        }
+        let Some((label, _)) = self.forget(stream_id) else {
+            return;
+        };
+        self.note_artifact(format!("artifact `{label}` refused: {}", e.message));
     }
 
     /// Tell the handler what the package declared (after the handshake).
@@ -169,117 +286,9 @@ impl CheckHost {
                     duplicate: false,
                 })
             }
-            ext::ARTIFACT_OPEN => {
-                let p: ArtifactOpen = params(req)?;
-                if st.streams.len() >= MAX_STREAMS {
-                    return Err(RpcError::new(
-                        ErrorCode::ArtifactInvalid,
-                        format!("{MAX_STREAMS} artifact streams are already open; close one first"),
-                    ));
-                }
-                st.next_id += 1;
-                let stream_id = format!("check-{}", st.next_id);
-                st.streams.insert(
-                    stream_id.clone(),
-                    Stream {
-                        name: p.name,
-                        ..Stream::default()
-                    },
-                );
-                to_raw(&ArtifactOpened {
-                    stream_id,
-                    max_chunk_bytes: conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
-                    window: conduit_protocol::ARTIFACT_WINDOW,
-                    bulk_tag: None,
-                })
-            }
-            ext::ARTIFACT_CHUNK => {
-                let p: ArtifactChunk = params(req)?;
-                let res = chunk(&mut st, &p);
-                if res.is_err() {
-                    st.streams.remove(&p.stream_id);
-                }
-                res
-            }
-            ext::ARTIFACT_CLOSE => {
-                let p: ArtifactClose = params(req)?;
-                let s = st
-                    .streams
-                    .remove(&p.stream_id)
-                    .ok_or_else(|| unknown_stream(&p.stream_id))?;
-                let digest = hex::encode(s.hash.finalize());
-                if s.received != p.size || digest != p.sha256 {
-                    return Err(RpcError::new(
-                        ErrorCode::ArtifactInvalid,
-                        format!(
-                            "artifact `{}`: received {} bytes with sha256 {digest}, close claimed {} bytes with sha256 {}",
-                            s.name, s.received, p.size, p.sha256
-                        ),
-                    ));
-                }
-                to_raw(&ArtifactStored {
-                    artifact_id: format!("sha256:{digest}"),
-                    size: s.received,
-                })
-            }
-            ext::ARTIFACT_ABORT => {
-                let p: ArtifactAbort = params(req)?;
-                st.streams
-                    .remove(&p.stream_id)
-                    .ok_or_else(|| unknown_stream(&p.stream_id))?;
-                to_raw(&Empty {})
-            }
             other => Err(RpcError::method_not_found(other)),
         }
     }
-}
-
-fn chunk(st: &mut Recorded, p: &ArtifactChunk) -> HandlerResult {
-    let s = st
-        .streams
-        .get_mut(&p.stream_id)
-        .ok_or_else(|| unknown_stream(&p.stream_id))?;
-    if p.seq != s.next_seq {
-        return Err(RpcError::new(
-            ErrorCode::ArtifactInvalid,
-            format!(
-                "chunk {} arrived where chunk {} was expected",
-                p.seq, s.next_seq
-            ),
-        ));
-    }
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(&p.data)
-        .map_err(|e| {
-            RpcError::new(
-                ErrorCode::ArtifactInvalid,
-                format!("chunk {} is not base64: {e}", p.seq),
-            )
-        })?;
-    if data.len() > conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES {
-        return Err(RpcError::new(
-            ErrorCode::ArtifactInvalid,
-            format!(
-                "chunk {} is {} bytes, over the {}-byte chunk limit",
-                p.seq,
-                data.len(),
-                conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES
-            ),
-        ));
-    }
-    s.hash.update(&data);
-    s.received += data.len() as u64;
-    s.next_seq += 1;
-    to_raw(&ChunkAck {
-        received: s.received,
-    })
-}
-
-fn unknown_stream(id: &str) -> RpcError {
-    RpcError::new(
-        ErrorCode::ArtifactInvalid,
-        format!("no open artifact stream `{id}`"),
-    )
 }
 
 fn declared(
@@ -305,6 +314,24 @@ fn declared(
 
 impl Handler for CheckHost {
     fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
+        let artifact = [
+            ext::ARTIFACT_OPEN,
+            ext::ARTIFACT_CHUNK,
+            ext::ARTIFACT_CLOSE,
+            ext::ARTIFACT_ABORT,
+        ];
+        if artifact.contains(&req.method.as_str()) {
+            let me = self.clone();
+            return Box::pin(async move {
+                *me.state
+                    .lock()
+                    .unwrap()
+                    .calls
+                    .entry(req.method.clone())
+                    .or_default() += 1;
+                me.artifact(&req).await
+            });
+        }
         let res = self.serve(&req);
         Box::pin(async move { res })
     }
@@ -314,115 +341,201 @@ impl Handler for CheckHost {
 mod tests {
     use super::*;
     use serde_json::json;
+    use sha2::{Digest, Sha256};
 
-    fn call(
-        host: &CheckHost,
-        method: &str,
-        params: serde_json::Value,
-    ) -> Result<serde_json::Value, RpcError> {
-        // A request needs a peer; a session over an in-memory pipe provides one.
-        let (a, _b) = tokio::io::duplex(1024);
-        let (r, w) = tokio::io::split(a);
-        let session = conduit_rpc::Session::new(r, w, conduit_rpc::NoRequests, Default::default());
-        let req = Request {
-            id: conduit_protocol::RequestId::num(1),
-            method: method.into(),
-            params: Some(serde_json::value::to_raw_value(&params).unwrap()),
-            cancel: Default::default(),
-            peer: session.peer(),
-        };
-        host.serve(&req)
-            .map(|raw| serde_json::from_str(raw.get()).unwrap())
+    /// A host and a session to call it from: a request needs a peer, and an artifact stream
+    /// lives as long as its session.
+    struct Rig {
+        host: CheckHost,
+        session: conduit_rpc::Session,
+        _other_end: tokio::io::DuplexStream,
+        _scratch: tempfile::TempDir,
+    }
+
+    impl Rig {
+        fn new(events: Vec<Event>) -> Rig {
+            let scratch = tempfile::tempdir().unwrap();
+            let (a, b) = tokio::io::duplex(1024);
+            let (r, w) = tokio::io::split(a);
+            let session =
+                conduit_rpc::Session::new(r, w, conduit_rpc::NoRequests, Default::default());
+            Rig {
+                host: CheckHost::new(events, scratch.path()),
+                session,
+                _other_end: b,
+                _scratch: scratch,
+            }
+        }
+
+        async fn call(
+            &self,
+            method: &str,
+            params: serde_json::Value,
+        ) -> Result<serde_json::Value, RpcError> {
+            let req = Request {
+                id: conduit_protocol::RequestId::num(1),
+                method: method.into(),
+                params: Some(serde_json::value::to_raw_value(&params).unwrap()),
+                cancel: Default::default(),
+                peer: self.session.peer(),
+            };
+            self.host
+                .request(req)
+                .await
+                .map(|raw| serde_json::from_str(raw.get()).unwrap())
+        }
     }
 
     #[tokio::test]
     async fn reads_find_the_synthetic_events() {
-        let host = CheckHost::new(synthetic_events("mail", 10_000));
-        let e = call(&host, ext::STATE_EVENT, json!({"event_id": 102})).unwrap();
+        let rig = Rig::new(synthetic_events("mail", 10_000));
+        let e = rig
+            .call(ext::STATE_EVENT, json!({"event_id": 102}))
+            .await
+            .unwrap();
         assert_eq!(e["delivery_id"], "conduit-check-102");
-        let err = call(&host, ext::STATE_EVENT, json!({"event_id": 7})).unwrap_err();
+        let err = rig
+            .call(ext::STATE_EVENT, json!({"event_id": 7}))
+            .await
+            .unwrap_err();
         assert!(err.is(ErrorCode::NotFound));
-        let page = call(
-            &host,
-            ext::STATE_EVENTS,
-            json!({"after_id": 101, "limit": 1}),
-        )
-        .unwrap();
+        let page = rig
+            .call(ext::STATE_EVENTS, json!({"after_id": 101, "limit": 1}))
+            .await
+            .unwrap();
         assert_eq!(page["events"].as_array().unwrap().len(), 1);
         assert_eq!(page["events"][0]["id"], 102);
-        let err = call(&host, ext::STATE_EVENTS, json!({"limit": 0})).unwrap_err();
+        let err = rig
+            .call(ext::STATE_EVENTS, json!({"limit": 0}))
+            .await
+            .unwrap_err();
         assert!(err.is(ErrorCode::InvalidParams));
-        assert_eq!(host.calls()[ext::STATE_EVENT], 2);
+        assert_eq!(rig.host.calls()[ext::STATE_EVENT], 2);
     }
 
     #[tokio::test]
     async fn writes_need_declared_names_and_pushes_deduplicate() {
-        let host = CheckHost::new(vec![]);
-        host.set_capabilities(&Capabilities {
+        let rig = Rig::new(vec![]);
+        rig.host.set_capabilities(&Capabilities {
             ingress: vec!["mail".into()],
             ..Capabilities::default()
         });
         let push = json!({"source": "mail", "delivery_id": "d-1", "kind": "k", "payload": {}});
-        let first = call(&host, ext::INGRESS_PUSH, push.clone()).unwrap();
-        let again = call(&host, ext::INGRESS_PUSH, push).unwrap();
+        let first = rig.call(ext::INGRESS_PUSH, push.clone()).await.unwrap();
+        let again = rig.call(ext::INGRESS_PUSH, push).await.unwrap();
         assert_eq!(first["event_id"], again["event_id"]);
         assert_eq!(
             (first["duplicate"].as_bool(), again["duplicate"].as_bool()),
             (Some(false), Some(true))
         );
-        let err = call(
-            &host,
-            ext::OPERATION_EMIT,
-            json!({"emission": "x", "payload": {}}),
-        )
-        .unwrap_err();
+        let err = rig
+            .call(ext::OPERATION_EMIT, json!({"emission": "x", "payload": {}}))
+            .await
+            .unwrap_err();
         assert!(err.is(ErrorCode::InvalidParams), "{err}");
     }
 
     #[tokio::test]
-    async fn artifacts_are_verified() {
-        let host = CheckHost::new(vec![]);
-        let open = call(&host, ext::ARTIFACT_OPEN, json!({"name": "run.log"})).unwrap();
+    async fn artifacts_are_verified_by_the_daemons_receiver_and_none_is_kept() {
+        let rig = Rig::new(vec![]);
+        let open = rig
+            .call(ext::ARTIFACT_OPEN, json!({"name": "run.log"}))
+            .await
+            .unwrap();
         let sid = open["stream_id"].as_str().unwrap().to_owned();
-        call(
-            &host,
+        assert_eq!(
+            open.get("bulk_tag"),
+            None,
+            "no pipe was given to this instance"
+        );
+        rig.call(
             ext::ARTIFACT_CHUNK,
             json!({"stream_id": sid, "seq": 0, "data": "bGluZSBvbmUK"}),
         )
+        .await
         .unwrap();
-        let err = call(
-            &host,
-            ext::ARTIFACT_CHUNK,
-            json!({"stream_id": sid, "seq": 5, "data": ""}),
-        )
-        .unwrap_err();
-        assert!(err.is(ErrorCode::ArtifactInvalid));
+        let err = rig
+            .call(
+                ext::ARTIFACT_CHUNK,
+                // A repeated chunk: refused at once (a gap inside the window waits for the
+                // chunks before it, as the daemon does).
+                json!({"stream_id": sid, "seq": 0, "data": ""}),
+            )
+            .await
+            .unwrap_err();
+        assert!(err.is(ErrorCode::ArtifactInvalid), "{err}");
         // The failed chunk ended the stream.
-        let err = call(
-            &host,
-            ext::ARTIFACT_CLOSE,
-            json!({"stream_id": sid, "size": 9, "sha256": "x"}),
-        )
-        .unwrap_err();
+        let err = rig
+            .call(
+                ext::ARTIFACT_CLOSE,
+                json!({"stream_id": sid, "size": 9, "sha256": "x"}),
+            )
+            .await
+            .unwrap_err();
         assert!(err.message.contains("no open artifact stream"), "{err}");
 
-        let sid = call(&host, ext::ARTIFACT_OPEN, json!({"name": "a"})).unwrap()["stream_id"]
+        let sid = rig
+            .call(ext::ARTIFACT_OPEN, json!({"name": "a"}))
+            .await
+            .unwrap()["stream_id"]
             .as_str()
             .unwrap()
             .to_owned();
-        call(
-            &host,
+        rig.call(
             ext::ARTIFACT_CHUNK,
             json!({"stream_id": sid, "seq": 0, "data": "bGluZSBvbmUK"}),
         )
+        .await
         .unwrap();
         let digest = hex::encode(Sha256::digest(b"line one\n"));
-        let stored = call(
-            &host,
-            ext::ARTIFACT_CLOSE,
-            json!({"stream_id": sid, "size": 9, "sha256": digest}),
-        )
-        .unwrap();
+        let stored = rig
+            .call(
+                ext::ARTIFACT_CLOSE,
+                json!({"stream_id": sid, "size": 9, "sha256": digest}),
+            )
+            .await
+            .unwrap();
         assert_eq!(stored["artifact_id"], format!("sha256:{digest}"));
+        assert!(
+            !rig.host.artifacts.content_path(&digest).exists(),
+            "a verified artifact is deleted"
+        );
+        let notes = rig.host.artifact_notes();
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(
+            notes[0].starts_with("artifact `run.log` refused: "),
+            "{notes:?}"
+        );
+        assert_eq!(
+            notes[1],
+            "artifact `a`: 9 bytes as chunks, size and sha256 verified"
+        );
+        assert_eq!(rig.host.calls()[ext::ARTIFACT_CHUNK], 3);
+    }
+
+    #[tokio::test]
+    async fn the_streams_one_instance_may_hold_open_are_the_daemons_limit() {
+        let rig = Rig::new(vec![]);
+        let limit = crate::core::artifacts::MAX_OPEN_STREAMS;
+        for i in 0..limit {
+            rig.call(ext::ARTIFACT_OPEN, json!({"name": format!("s{i}")}))
+                .await
+                .unwrap();
+        }
+        let err = rig
+            .call(ext::ARTIFACT_OPEN, json!({"name": "one-more"}))
+            .await
+            .unwrap_err();
+        assert!(err.is(ErrorCode::ArtifactInvalid), "{err}");
+        // Another instance's streams are its own.
+        let other = rig.host.for_instance("overload");
+        let req = Request {
+            id: conduit_protocol::RequestId::num(2),
+            method: ext::ARTIFACT_OPEN.into(),
+            params: Some(serde_json::value::to_raw_value(&json!({"name": "x"})).unwrap()),
+            cancel: Default::default(),
+            peer: rig.session.peer(),
+        };
+        other.request(req).await.unwrap();
     }
 }

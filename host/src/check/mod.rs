@@ -55,7 +55,6 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
         .first()
         .cloned()
         .unwrap_or_else(|| "check".to_owned());
-    let host = CheckHost::new(callbacks::synthetic_events(&source, now_ms));
     // Scratch folders for the package's data and temporary files, gone with the check.
     let scratch = tempfile::Builder::new()
         .prefix("conduit-check-")
@@ -65,6 +64,10 @@ pub async fn check_package(dir: &Path, opts: &CheckOptions) -> Result<Report, Ma
             source: e,
             hint: "the check needs a scratch folder in the temporary directory",
         })?;
+    let host = CheckHost::new(
+        callbacks::synthetic_events(&source, now_ms),
+        &scratch.path().join("host"),
+    );
     let folders = crate::packages::launch::Folders {
         package: dir.canonicalize().unwrap_or_else(|_| dir.to_owned()),
         data: scratch.path().join("data"),
@@ -221,7 +224,9 @@ fn start(
         ..SessionConfig::default()
     };
     let _ = dir;
-    let spawned = Instance::spawn(&ctx.launch, label, ctx.host.clone(), config);
+    let host = ctx.host.for_instance(label);
+    let bulk = Some(host.bulk_sink());
+    let spawned = Instance::spawn(&ctx.launch, label, host, bulk, config);
     spawned.map(|(inst, sandbox)| {
         ctx.sandbox.lock().unwrap().get_or_insert(sandbox);
         inst

@@ -136,7 +136,9 @@ pub(crate) async fn read_only_restart(ctx: &Ctx<'_>, dir: &Path) -> (RuleResult,
         name: format!("{} (read-only)", ctx.manifest.name),
         ..SessionConfig::default()
     };
-    let result = match Instance::spawn(&launch, "read-only", ctx.host.clone(), config) {
+    let host = ctx.host.for_instance("read-only");
+    let bulk = Some(host.bulk_sink());
+    let result = match Instance::spawn(&launch, "read-only", host, bulk, config) {
         Err(e) => (
             RuleResult::fail(
                 READ_ONLY_FOLDER,

@@ -285,6 +285,7 @@ fn still_running_in(all: &[ProcStat], recorded: &BTreeSet<ProcId>) -> Vec<ProcSt
 /// stops that ask while a read is under way share the next. So when 1,000 extensions stop at
 /// once (the daemon's shutdown) `/proc` is read a few times per round instead of once per
 /// extension, each read costing a stat of every process on the machine.
+#[derive(Debug)]
 pub struct Scans {
     /// Requests so far; each takes the next number.
     asked: AtomicU64,

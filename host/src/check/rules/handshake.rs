@@ -48,11 +48,22 @@ fn as_set(v: &[u32]) -> BTreeSet<u32> {
     v.iter().copied().collect()
 }
 
+/// What the daemon sends in `initialize`: this conduit's versions, and the bulk pipe when the
+/// instance was given one (docs/protocol.md §8.1).
+fn offer(inst: &Instance) -> InitializeParams {
+    let params = InitializeParams::current(HOST_VERSION);
+    if inst.bulk {
+        params.with_bulk()
+    } else {
+        params
+    }
+}
+
 /// `handshake`: answers `initialize` within the timeout with a well-formed result whose
 /// `protocol_version` is one the host offered.
 pub(crate) async fn handshake(ctx: &Ctx<'_>, inst: &mut Instance) -> Handshake {
     let offered = PROTOCOL_VERSIONS.to_vec();
-    let params = InitializeParams::current(HOST_VERSION);
+    let params = offer(inst);
     let t0 = Instant::now();
     let res = inst
         .peer()
@@ -185,7 +196,7 @@ pub(crate) async fn version(ctx: &Ctx<'_>, inst: &mut Instance, chosen: Option<u
     let offered = vec![UNSPOKEN_VERSION];
     let params = InitializeParams {
         protocol_versions: offered.clone(),
-        ..InitializeParams::current(HOST_VERSION)
+        ..offer(inst)
     };
     let manifest = &ctx.manifest.protocol;
     let fix_manifest =
@@ -376,7 +387,8 @@ mod tests {
         let ctx = Ctx {
             manifest: &manifest,
             opts: &opts,
-            host: CheckHost::new(vec![]),
+            // No artifact is made here, so its folder is never created.
+            host: CheckHost::new(vec![], std::path::Path::new("unused")),
             now_ms: 0,
             source: "check".into(),
             launch: crate::check::ctx::test_launch(),

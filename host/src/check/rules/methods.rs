@@ -389,6 +389,7 @@ pub(crate) async fn declared_methods(
         t.notes
             .push(format!("the package called back: {}", list.join(", ")));
     }
+    t.notes.extend(ctx.host.artifact_notes());
     if t.answered.is_empty() && t.problems.is_empty() {
         return RuleResult::skip(
             DECLARED_METHODS,
