@@ -49,8 +49,8 @@ pub(crate) struct Args {
 
 pub(crate) fn run(_args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
     let state = state.open().map_err(|e| classified(e.error))?;
-    // A multi-thread runtime whose workers live as long as the daemon: children are spawned
-    // from them, and their parent-death signal is tied to the spawning thread.
+    // Two workers; extensions are forked on the supervisor's own thread, which lives as long
+    // as the daemon (their parent-death signal is tied to the thread that forked them).
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

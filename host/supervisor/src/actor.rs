@@ -221,7 +221,7 @@ async fn run_once(
     });
     let spawned = Instant::now();
     // The bulk pipe: our end does not leak into the child (close-on-exec); its end becomes
-    // descriptor 3 there and is closed here once the child has it.
+    // descriptor 3 there and is closed on the forker thread once the child has it.
     let bulk = match &spec.bulk {
         None => None,
         Some(_) => match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
@@ -232,12 +232,12 @@ async fn run_once(
             }
         },
     };
-    let spawn = process::spawn_with_bulk(
-        &spec.command,
-        &spec.confine,
-        bulk.as_ref().map(|(_, w)| std::os::fd::AsFd::as_fd(w)),
-    );
-    let bulk = bulk.map(|(r, _w)| r);
+    let (bulk, bulk_write) = match bulk {
+        Some((r, w)) => (Some(r), Some(w)),
+        None => (None, None),
+    };
+    let spawn =
+        process::spawn_on_forker(spec.command.clone(), spec.confine.clone(), bulk_write).await;
     let mut child = match spawn {
         Ok((c, applied)) => {
             if let Some(limits) = spec.confine.limits {

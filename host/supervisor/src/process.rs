@@ -13,8 +13,12 @@
 //! orphans a subreaper adopts — and never a leader, whose exit status tokio collects.
 //!
 //! The parent-death signal fires when the *thread* that forked the child exits, not the
-//! process. Children must therefore be spawned from long-lived threads — the runtime's workers
-//! — and never from `spawn_blocking`, whose threads exit when idle.
+//! process. Children must therefore be spawned from long-lived threads, never from
+//! `spawn_blocking`, whose threads exit when idle. The supervisor forks every extension on one
+//! thread of its own ([`spawn_on_forker`]), which lives as long as the process: a fork and
+//! exec take a few milliseconds in a daemon of a thousand extensions (its page tables and
+//! descriptors are copied, then dropped at exec), and on a runtime worker they stopped every
+//! other task on that worker — other extensions' calls, handshakes — for that long.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -380,6 +384,72 @@ pub fn spawn_with_bulk(
     Ok((child, Applied { sandbox }))
 }
 
+/// The longest [`spawn_on_forker`] waits for its turn and its fork and exec.
+pub const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+type ForkJob = Box<dyn FnOnce() + Send>;
+
+/// The forker thread's queue; the thread starts with the first spawn and never exits (the
+/// children's parent-death signal is tied to it).
+fn forker() -> io::Result<&'static std::sync::mpsc::Sender<ForkJob>> {
+    static FORKER: std::sync::OnceLock<std::sync::mpsc::Sender<ForkJob>> =
+        std::sync::OnceLock::new();
+    if let Some(f) = FORKER.get() {
+        return Ok(f);
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<ForkJob>();
+    let started = std::thread::Builder::new()
+        .name("conduit-forker".into())
+        .spawn(move || {
+            // The queue's sender is static, so this loop ends only with the process.
+            while let Ok(job) = rx.recv() {
+                job();
+            }
+        });
+    match started {
+        // Another spawn may have started one meanwhile; this one's then ends at once.
+        Ok(_) => Ok(FORKER.get_or_init(|| tx)),
+        Err(e) => FORKER.get().ok_or(e),
+    }
+}
+
+/// [`spawn_with_bulk`] on the forker thread (see the module docs), so that the fork and exec
+/// never hold up a runtime worker. `bulk` is the pipe's write end, closed here once the child
+/// has its copy. Must be called inside a tokio runtime, whose driver then watches the child.
+pub async fn spawn_on_forker(
+    cmd: ChildCommand,
+    confine: Confinement,
+    bulk: Option<std::os::fd::OwnedFd>,
+) -> io::Result<(Child, Applied)> {
+    let runtime = tokio::runtime::Handle::current();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job: ForkJob = Box::new(move || {
+        let _entered = runtime.enter();
+        let res = spawn_with_bulk(&cmd, &confine, bulk.as_ref().map(std::os::fd::AsFd::as_fd));
+        drop(bulk);
+        if let Err(Ok((child, _))) = tx.send(res) {
+            // Nobody waits any more (the caller gave up): the child is killed and reaped by
+            // tokio as it drops, and is no leader of ours.
+            if let Some(pid) = child.id() {
+                release_leader(pid);
+            }
+            drop(child);
+        }
+    });
+    forker()?
+        .send(job)
+        .map_err(|_| io::Error::other("the thread that starts extensions is gone"))?;
+    match tokio::time::timeout(SPAWN_TIMEOUT, rx).await {
+        Ok(Ok(res)) => res,
+        Ok(Err(_)) => Err(io::Error::other(
+            "the thread that starts extensions dropped the request",
+        )),
+        Err(_) => Err(io::Error::other(format!(
+            "starting the process took longer than {SPAWN_TIMEOUT:?}"
+        ))),
+    }
+}
+
 /// Ask the kernel for a pipe buffer of `bytes` (Linux; elsewhere a no-op answering `Ok(0)`);
 /// the size granted. Refused past the user's pipe pages or `pipe-max-size`, and when shrinking
 /// below what the pipe holds.
@@ -548,5 +618,68 @@ mod tests {
             .map(|(k, _)| k.to_string_lossy().into_owned())
             .collect();
         assert_eq!(keys, ["PATH", "HOME", "CONDUIT_EXTENSION"]);
+    }
+
+    fn sleeper() -> ChildCommand {
+        ChildCommand {
+            program: "sleep".into(),
+            args: vec!["1000".into()],
+            cwd: std::env::temp_dir(),
+            env: Vec::new(),
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_child_of_the_forker_outlives_the_runtime_and_thread_that_asked_for_it() {
+        // The parent-death signal is tied to the forking thread: were the child forked on the
+        // asking thread, it would be SIGKILLed when that thread exits below.
+        let asked = std::thread::spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let (child, _) = spawn_on_forker(sleeper(), Confinement::none(), None)
+                    .await
+                    .unwrap();
+                let pid = child.id().unwrap();
+                assert!(is_leader(pid), "registered before anyone could reap it");
+                std::mem::forget(child); // no kill on drop: this test ends it itself
+                pid
+            })
+        });
+        let pid = asked.join().unwrap();
+        let alive = || crate::tree::stat(pid).is_some_and(|s| !s.is_zombie());
+        // The signal would come with the thread's exit; a second is far more than it takes.
+        let until = std::time::Instant::now() + Duration::from_secs(1);
+        while std::time::Instant::now() < until {
+            assert!(alive(), "the child died with the thread that asked for it");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(Pid::from_raw(pid as i32), None);
+        release_leader(pid);
+    }
+
+    #[tokio::test]
+    async fn the_forker_reports_a_program_that_cannot_start() {
+        let cmd = ChildCommand {
+            program: "/nonexistent/conduit-test-program".into(),
+            ..sleeper()
+        };
+        let err = spawn_on_forker(cmd, Confinement::none(), None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
+        // And it goes on serving.
+        let (mut child, _) = spawn_on_forker(sleeper(), Confinement::none(), None)
+            .await
+            .unwrap();
+        let pid = child.id().unwrap();
+        child.start_kill().unwrap();
+        let st = child.wait().await.unwrap();
+        assert!(!st.success());
+        release_leader(pid);
     }
 }
