@@ -10,6 +10,15 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // The daemon's spawner is this binary run again (`conduit_supervisor::spawner`): nothing
+    // else of the CLI runs in it.
+    #[cfg(target_os = "linux")]
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == conduit_supervisor::spawner::SPAWNER_ARG)
+    {
+        return conduit_supervisor::spawner::serve();
+    }
     // Usage errors exit 2 (clap's convention, which `cli` keeps for its own usage errors);
     // `--help` and `--version` exit 0.
     let args = cli::Cli::parse();

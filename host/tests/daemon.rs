@@ -384,3 +384,117 @@ fn the_management_socket_refuses_other_users() {
     let run = f.conduit(&["ext", "list", "--json"]);
     assert_eq!(run.code(), Some(0), "{}", run.context());
 }
+
+/// A field of `/proc/<pid>/status`.
+fn proc_status(pid: i32, key: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// The daemon's spawner (`conduit __conduit-spawner`, a child of the daemon), if one runs.
+fn spawner_of(daemon: i32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let ours = proc_status(pid, "PPid") == daemon.to_string()
+            && cmdline
+                .split(|b| *b == 0)
+                .any(|a| a == b"__conduit-spawner");
+        ours.then_some(pid)
+    })
+}
+
+/// What every extension starts with, however it was forked: the daemon as its parent, a
+/// process group of its own, no signal blocked and none ignored but what the Rust runtime of
+/// the echo example ignores itself (SIGPIPE, bit 13), and no descriptor of the daemon's.
+#[track_caller]
+fn assert_clean_start(f: &Fixture, pid: i32) {
+    let context = || format!("pid {pid}{}", f.context());
+    assert_eq!(
+        proc_status(pid, "PPid"),
+        f.daemon_pid().to_string(),
+        "{}",
+        context()
+    );
+    assert_eq!(proc_status(pid, "NSpgid"), pid.to_string(), "{}", context());
+    assert_eq!(
+        proc_status(pid, "SigBlk"),
+        "0000000000000000",
+        "{}",
+        context()
+    );
+    assert_eq!(
+        proc_status(pid, "SigIgn"),
+        "0000000000001000",
+        "{}",
+        context()
+    );
+    // Nothing the daemon holds open: its lock, its store, the logs.
+    let state = f.state().canonicalize().unwrap();
+    let held: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter(|target| target.starts_with(&state))
+        .collect();
+    assert!(held.is_empty(), "{held:?}{}", context());
+}
+
+#[test]
+fn extensions_are_forked_by_the_spawner_as_the_daemons_children_and_start_clean_either_way() {
+    use nix::sys::signal::Signal;
+    for spawner in [true, false] {
+        let mut f = Fixture::new();
+        let Some(echo) = support::stage_rust_example("echo", &f.dir.path().join("staged")) else {
+            return;
+        };
+        f.install(&echo);
+        let off = [("CONDUIT_SPAWNER", std::ffi::OsStr::new("off"))];
+        let env: &[(&str, &std::ffi::OsStr)] = if spawner { &[] } else { &off };
+        // As from a shell's background job: what the daemon ignores, its extensions must not.
+        f.start_daemon_ignoring(env, &[Signal::SIGINT, Signal::SIGQUIT]);
+        let pid = f.wait_state("echo", "ready", PATIENCE)["pid"]
+            .as_i64()
+            .unwrap() as i32;
+        let helper = spawner_of(f.daemon_pid());
+        assert_eq!(
+            helper.is_some(),
+            spawner,
+            "spawner {helper:?}{}",
+            f.context()
+        );
+        assert_clean_start(&f, pid);
+
+        // A crash, and the start after it: the same.
+        kill(pid, Signal::SIGKILL);
+        let s = f.wait_for("echo", PATIENCE, |s| {
+            s["restarts"] == 1 && s["state"] == "ready"
+        });
+        let pid = s["pid"].as_i64().unwrap() as i32;
+        assert_clean_start(&f, pid);
+        assert_eq!(s["recent_exits"][0]["cause"], "signalled", "{s:#}");
+
+        if let Some(helper) = helper {
+            // The spawner gone: the next start is forked by the daemon, and nothing fails.
+            kill(helper, Signal::SIGKILL);
+            f.wait_until("the spawner to be gone", || {
+                spawner_of(f.daemon_pid()).is_none().then_some(())
+            });
+            kill(pid, Signal::SIGKILL);
+            let s = f.wait_for("echo", PATIENCE, |s| {
+                s["restarts"] == 2 && s["state"] == "ready"
+            });
+            assert_clean_start(&f, s["pid"].as_i64().unwrap() as i32);
+            let log = std::fs::read_to_string(f.daemon_log()).unwrap();
+            assert!(
+                log.contains("the spawner did not answer"),
+                "{}",
+                f.context()
+            );
+        }
+        assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
+    }
+}

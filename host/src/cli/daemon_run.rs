@@ -58,11 +58,38 @@ pub(crate) fn run(_args: Args, state: &StateArgs) -> Result<ExitCode, CliError> 
         .build()
         .context("cannot start the async runtime")
         .map_err(CliError::failure)?;
-    let res = rt.block_on(conduit_host::daemon::run(state, CancellationToken::new()));
+    let res = rt.block_on(async {
+        start_spawner().await;
+        conduit_host::daemon::run(state, CancellationToken::new()).await
+    });
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
     match res {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => Err(classified(e)),
+    }
+}
+
+/// Start the process that forks the extensions (`conduit_supervisor::spawner`) while this one
+/// is small; without it (turned off, or it cannot start) the daemon forks them itself.
+async fn start_spawner() {
+    #[cfg(target_os = "linux")]
+    {
+        use conduit_supervisor::spawner;
+        let started = match std::env::current_exe() {
+            Ok(exe) => spawner::start(&exe).await,
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(Some(pid)) => tracing::debug!(pid, "the spawner runs"),
+            Ok(None) => tracing::info!(
+                "{}=off: the daemon forks every extension itself",
+                spawner::SPAWNER_ENV
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cannot start the spawner; the daemon forks every extension itself"
+            ),
+        }
     }
 }
 

@@ -21,7 +21,7 @@ use crate::enforce::{Enforcer, mechanism};
 use crate::extension::{Cmd, Extension};
 use crate::limits;
 use crate::log::LogFile;
-use crate::process::{self, ExitInfo};
+use crate::process::ExitInfo;
 use crate::rest::{REST_LOOK_EVERY, Resting};
 use crate::run::{
     Outcome, Run, closed_stdout, finish_failed, host_killed, over_limit, session_peer, stop_run,
@@ -237,7 +237,7 @@ async fn run_once(
         None => (None, None),
     };
     let spawn =
-        process::spawn_on_forker(spec.command.clone(), spec.confine.clone(), bulk_write).await;
+        crate::start::spawn_on_forker(spec.command.clone(), spec.confine.clone(), bulk_write).await;
     let mut child = match spawn {
         Ok((c, applied)) => {
             if let Some(limits) = spec.confine.limits {

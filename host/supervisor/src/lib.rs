@@ -30,15 +30,20 @@
 mod actor;
 pub mod backoff;
 pub mod cgroup;
+pub mod child;
 mod enforce;
 mod extension;
+mod forker;
 pub mod limits;
 pub mod log;
 pub mod process;
 pub mod rest;
 mod run;
 pub mod sandbox;
+#[cfg(target_os = "linux")]
+pub mod spawner;
 mod spec;
+pub mod start;
 mod stats;
 mod status;
 mod supervisor;

@@ -14,11 +14,10 @@
 //!
 //! The parent-death signal fires when the *thread* that forked the child exits, not the
 //! process. Children must therefore be spawned from long-lived threads, never from
-//! `spawn_blocking`, whose threads exit when idle. The supervisor forks every extension on one
-//! thread of its own ([`spawn_on_forker`]), which lives as long as the process: a fork and
-//! exec take a few milliseconds in a daemon of a thousand extensions (its page tables and
-//! descriptors are copied, then dropped at exec), and on a runtime worker they stopped every
-//! other task on that worker — other extensions' calls, handshakes — for that long.
+//! `spawn_blocking`, whose threads exit when idle: the supervisor starts every extension on one
+//! thread of its own (`forker.rs`, through [`crate::start::spawn_on_forker`]), and by way of the
+//! spawner where there is one (`spawner.rs`), which makes the same steps as this file's
+//! `pre_exec` in a small process.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -151,7 +150,7 @@ pub fn child_env(
 /// The children [`spawn`] started that tokio has not reaped yet.
 static LEADERS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
 
-fn leaders() -> std::sync::MutexGuard<'static, BTreeSet<u32>> {
+pub(crate) fn leaders() -> std::sync::MutexGuard<'static, BTreeSet<u32>> {
     LEADERS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -304,21 +303,7 @@ pub fn spawn_with_bulk(
         .process_group(0)
         .kill_on_drop(true);
     let parent = nix::unistd::getpid();
-    let (prepared, sandbox) = match &confine.sandbox {
-        None => (None, SandboxStatus::Off),
-        Some(rules) => match crate::sandbox::landlock_abi() {
-            Err(reason) => (None, SandboxStatus::Unavailable { reason }),
-            Ok(_) => {
-                let p = crate::sandbox::prepare(rules).map_err(io::Error::other)?;
-                let status = SandboxStatus::Landlock {
-                    abi: p.abi,
-                    read: rules.read.as_slice().into(),
-                    write: rules.write.as_slice().into(),
-                };
-                (Some(p), status)
-            }
-        },
-    };
+    let (prepared, sandbox) = prepare_sandbox(confine)?;
     #[cfg(target_os = "linux")]
     let ruleset_fd = prepared
         .as_ref()
@@ -365,6 +350,7 @@ pub fn spawn_with_bulk(
             if let Some(fd) = ruleset_fd {
                 crate::sandbox::restrict_self(fd)?;
             }
+            reset_signals();
             mark_inherited_fds_cloexec();
             if let Some(fd) = bulk_fd {
                 give_bulk_fd(fd)?;
@@ -384,70 +370,27 @@ pub fn spawn_with_bulk(
     Ok((child, Applied { sandbox }))
 }
 
-/// The longest [`spawn_on_forker`] waits for its turn and its fork and exec.
-pub const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
-
-type ForkJob = Box<dyn FnOnce() + Send>;
-
-/// The forker thread's queue; the thread starts with the first spawn and never exits (the
-/// children's parent-death signal is tied to it).
-fn forker() -> io::Result<&'static std::sync::mpsc::Sender<ForkJob>> {
-    static FORKER: std::sync::OnceLock<std::sync::mpsc::Sender<ForkJob>> =
-        std::sync::OnceLock::new();
-    if let Some(f) = FORKER.get() {
-        return Ok(f);
-    }
-    let (tx, rx) = std::sync::mpsc::channel::<ForkJob>();
-    let started = std::thread::Builder::new()
-        .name("conduit-forker".into())
-        .spawn(move || {
-            // The queue's sender is static, so this loop ends only with the process.
-            while let Ok(job) = rx.recv() {
-                job();
+/// The Landlock ruleset `confine` asks for, built in this process for the child to restrict
+/// itself with, and what the child's status will say of its sandbox. A sandbox asked for where
+/// Landlock is missing is reported, not an error; one that cannot be built where it exists is.
+pub(crate) fn prepare_sandbox(
+    confine: &Confinement,
+) -> io::Result<(Option<crate::sandbox::Prepared>, SandboxStatus)> {
+    Ok(match &confine.sandbox {
+        None => (None, SandboxStatus::Off),
+        Some(rules) => match crate::sandbox::landlock_abi() {
+            Err(reason) => (None, SandboxStatus::Unavailable { reason }),
+            Ok(_) => {
+                let p = crate::sandbox::prepare(rules).map_err(io::Error::other)?;
+                let status = SandboxStatus::Landlock {
+                    abi: p.abi,
+                    read: rules.read.as_slice().into(),
+                    write: rules.write.as_slice().into(),
+                };
+                (Some(p), status)
             }
-        });
-    match started {
-        // Another spawn may have started one meanwhile; this one's then ends at once.
-        Ok(_) => Ok(FORKER.get_or_init(|| tx)),
-        Err(e) => FORKER.get().ok_or(e),
-    }
-}
-
-/// [`spawn_with_bulk`] on the forker thread (see the module docs), so that the fork and exec
-/// never hold up a runtime worker. `bulk` is the pipe's write end, closed here once the child
-/// has its copy. Must be called inside a tokio runtime, whose driver then watches the child.
-pub async fn spawn_on_forker(
-    cmd: ChildCommand,
-    confine: Confinement,
-    bulk: Option<std::os::fd::OwnedFd>,
-) -> io::Result<(Child, Applied)> {
-    let runtime = tokio::runtime::Handle::current();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let job: ForkJob = Box::new(move || {
-        let _entered = runtime.enter();
-        let res = spawn_with_bulk(&cmd, &confine, bulk.as_ref().map(std::os::fd::AsFd::as_fd));
-        drop(bulk);
-        if let Err(Ok((child, _))) = tx.send(res) {
-            // Nobody waits any more (the caller gave up): the child is killed and reaped by
-            // tokio as it drops, and is no leader of ours.
-            if let Some(pid) = child.id() {
-                release_leader(pid);
-            }
-            drop(child);
-        }
-    });
-    forker()?
-        .send(job)
-        .map_err(|_| io::Error::other("the thread that starts extensions is gone"))?;
-    match tokio::time::timeout(SPAWN_TIMEOUT, rx).await {
-        Ok(Ok(res)) => res,
-        Ok(Err(_)) => Err(io::Error::other(
-            "the thread that starts extensions dropped the request",
-        )),
-        Err(_) => Err(io::Error::other(format!(
-            "starting the process took longer than {SPAWN_TIMEOUT:?}"
-        ))),
-    }
+        },
+    })
 }
 
 /// Ask the kernel for a pipe buffer of `bytes` (Linux; elsewhere a no-op answering `Ok(0)`);
@@ -503,6 +446,32 @@ fn give_bulk_fd(fd: i32) -> io::Result<()> {
         Err(io::Error::last_os_error())
     } else {
         Ok(())
+    }
+}
+
+/// In the child, before exec: every signal at its default action and none blocked, whatever
+/// this process ignored or blocked (a daemon started from a shell in the background inherits
+/// SIGINT ignored; this binary's runtime ignores SIGPIPE). Async-signal-safe (`sigaction`,
+/// `sigprocmask`).
+pub(crate) fn reset_signals() {
+    // SAFETY: plain system calls on stack values; SIGKILL and SIGSTOP are refused harmlessly.
+    // The kernel's own call, not the C library's `sigaction`, which refuses the two real-time
+    // signals it reserves (an ignored one was seen inherited here); a zeroed kernel
+    // `struct sigaction` is SIG_DFL, no flags, no mask on every layout.
+    unsafe {
+        let default = [0u64; 4];
+        for sig in 1..65 {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                default.as_ptr(),
+                std::ptr::null_mut::<u64>(),
+                8usize,
+            );
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
 }
 
@@ -618,68 +587,5 @@ mod tests {
             .map(|(k, _)| k.to_string_lossy().into_owned())
             .collect();
         assert_eq!(keys, ["PATH", "HOME", "CONDUIT_EXTENSION"]);
-    }
-
-    fn sleeper() -> ChildCommand {
-        ChildCommand {
-            program: "sleep".into(),
-            args: vec!["1000".into()],
-            cwd: std::env::temp_dir(),
-            env: Vec::new(),
-        }
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn a_child_of_the_forker_outlives_the_runtime_and_thread_that_asked_for_it() {
-        // The parent-death signal is tied to the forking thread: were the child forked on the
-        // asking thread, it would be SIGKILLed when that thread exits below.
-        let asked = std::thread::spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let (child, _) = spawn_on_forker(sleeper(), Confinement::none(), None)
-                    .await
-                    .unwrap();
-                let pid = child.id().unwrap();
-                assert!(is_leader(pid), "registered before anyone could reap it");
-                std::mem::forget(child); // no kill on drop: this test ends it itself
-                pid
-            })
-        });
-        let pid = asked.join().unwrap();
-        let alive = || crate::tree::stat(pid).is_some_and(|s| !s.is_zombie());
-        // The signal would come with the thread's exit; a second is far more than it takes.
-        let until = std::time::Instant::now() + Duration::from_secs(1);
-        while std::time::Instant::now() < until {
-            assert!(alive(), "the child died with the thread that asked for it");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-        let _ = nix::sys::wait::waitpid(Pid::from_raw(pid as i32), None);
-        release_leader(pid);
-    }
-
-    #[tokio::test]
-    async fn the_forker_reports_a_program_that_cannot_start() {
-        let cmd = ChildCommand {
-            program: "/nonexistent/conduit-test-program".into(),
-            ..sleeper()
-        };
-        let err = spawn_on_forker(cmd, Confinement::none(), None)
-            .await
-            .unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
-        // And it goes on serving.
-        let (mut child, _) = spawn_on_forker(sleeper(), Confinement::none(), None)
-            .await
-            .unwrap();
-        let pid = child.id().unwrap();
-        child.start_kill().unwrap();
-        let st = child.wait().await.unwrap();
-        assert!(!st.success());
-        release_leader(pid);
     }
 }

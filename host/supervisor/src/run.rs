@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use conduit_protocol::calls::Empty;
 use conduit_protocol::methods;
 use conduit_rpc::{Peer, Session};
-use tokio::process::Child;
 use tokio::task::JoinHandle;
 
 use crate::enforce::signal_tree;
@@ -20,7 +19,7 @@ use crate::tree::{self, Ledger};
 
 /// One run of the child: what the actor owns while it is alive.
 pub(crate) struct Run {
-    pub(crate) child: Child,
+    pub(crate) child: crate::child::ExtChild,
     pub(crate) pid: u32,
     /// Taken by the graceful stop, which closes it.
     pub(crate) session: Option<Session>,

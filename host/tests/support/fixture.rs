@@ -181,6 +181,16 @@ impl Fixture {
     /// socket accepts a connection (a socket file left by a killed daemon does not count). The
     /// daemon's log is appended to, so one fixture's log holds every daemon run it started.
     pub fn start_daemon_with(&mut self, env: &[(&str, &std::ffi::OsStr)]) {
+        self.start_daemon_ignoring(env, &[]);
+    }
+
+    /// [`Fixture::start_daemon_with`], the daemon starting with `ignored` signals set to be
+    /// ignored, as a shell gives a background job SIGINT and SIGQUIT.
+    pub fn start_daemon_ignoring(
+        &mut self,
+        env: &[(&str, &std::ffi::OsStr)],
+        ignored: &[nix::sys::signal::Signal],
+    ) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -189,6 +199,20 @@ impl Fixture {
         let mut cmd = self.command(&["daemon", "run"]);
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        let ignored = ignored.to_vec();
+        if !ignored.is_empty() {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only sigaction calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    for sig in &ignored {
+                        nix::sys::signal::signal(*sig, nix::sys::signal::SigHandler::SigIgn)
+                            .map_err(std::io::Error::from)?;
+                    }
+                    Ok(())
+                });
+            }
         }
         let child = cmd
             .stdin(Stdio::null())
