@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::PATIENCE;
 use support::fixture::{
-    Fixture, bytes_read, group_members, kill, stage_examples, wait_gone, wait_read_past, walk,
+    Fixture, bytes_read, group_members, kill, proc_status, spawner_of, stage_examples, wait_gone,
+    wait_read_past, walk,
 };
 
 fn http_health_started_at(f: &Fixture) -> i64 {
@@ -383,28 +384,6 @@ fn the_management_socket_refuses_other_users() {
     // The owner is served.
     let run = f.conduit(&["ext", "list", "--json"]);
     assert_eq!(run.code(), Some(0), "{}", run.context());
-}
-
-/// A field of `/proc/<pid>/status`.
-fn proc_status(pid: i32, key: &str) -> String {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .map(|v| v.trim().to_owned())
-        .unwrap_or_default()
-}
-
-/// The daemon's spawner (`conduit __conduit-spawner`, a child of the daemon), if one runs.
-fn spawner_of(daemon: i32) -> Option<i32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-        let ours = proc_status(pid, "PPid") == daemon.to_string()
-            && cmdline
-                .split(|b| *b == 0)
-                .any(|a| a == b"__conduit-spawner");
-        ours.then_some(pid)
-    })
 }
 
 /// What every extension starts with, however it was forked: the daemon as its parent, a

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use support::drill::report;
-use support::fixture::{Fixture, kill, wait_gone};
+use support::fixture::{Fixture, kill, spawner_of, wait_gone};
 
 /// How long any condition that should come quickly is waited for before the drill fails.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -780,6 +780,7 @@ fn the_daemon_sigkilled_with_extensions_running() {
     d.wait_log("victim", "holding call");
     let mut f = d.f;
 
+    let spawner = spawner_of(f.daemon_pid());
     let t = Instant::now();
     kill(f.daemon_pid(), Signal::SIGKILL);
     let _ = f.daemon.take().unwrap().wait();
@@ -796,6 +797,13 @@ fn the_daemon_sigkilled_with_extensions_running() {
         );
     }
     let took_gone = t.elapsed();
+    // And so does the spawner (Linux), which started them.
+    if let Some(pid) = spawner {
+        assert!(
+            wait_gone(pid as u32, PATIENCE).is_empty(),
+            "the spawner outlived the killed daemon"
+        );
+    }
 
     f.start_daemon();
     let new: Vec<u32> = names

@@ -33,6 +33,10 @@ disk is full, and accepts them again by itself once space is freed.
 CONDUIT_UNRESPONSIVE_AFTER (1 to 100, default 5): consecutive failed in-transaction calls and
 probes, with no answer between, after which an extension is unresponsive and restarted.
 
+CONDUIT_SPAWNER=off: the daemon forks every extension itself instead of through its spawner
+(a second `conduit` process, `conduit __conduit-spawner`, that starts the extensions as the
+daemon's children without copying the daemon's memory; Linux).
+
 Exit codes:
   0  stopped by SIGTERM/SIGINT after stopping every extension
   1  could not run for a reason that may pass (a full disk or another I/O error while starting,

@@ -10,7 +10,8 @@
 //!
 //! Every child the process forks must go through [`spawn`]: it registers the pid as a
 //! *leader* before anyone can reap it, and [`reap_orphans`] reaps every other child — the
-//! orphans a subreaper adopts — and never a leader, whose exit status tokio collects.
+//! orphans a subreaper adopts — and never a leader, whose exit status the supervisor collects
+//! (tokio for a child forked here, `child.rs` for one the spawner forked).
 //!
 //! The parent-death signal fires when the *thread* that forked the child exits, not the
 //! process. Children must therefore be spawned from long-lived threads, never from

@@ -370,6 +370,28 @@ pub fn group_members(pgid: u32) -> Vec<u32> {
     pids
 }
 
+/// A field of `/proc/<pid>/status`.
+pub fn proc_status(pid: i32, key: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// The daemon's spawner (`conduit __conduit-spawner`, a child of the daemon), if one runs.
+pub fn spawner_of(daemon: i32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let ours = proc_status(pid, "PPid") == daemon.to_string()
+            && cmdline
+                .split(|b| *b == 0)
+                .any(|a| a == b"__conduit-spawner");
+        ours.then_some(pid)
+    })
+}
+
 pub fn wait_gone(pgid: u32, within: Duration) -> Vec<u32> {
     let start = Instant::now();
     loop {
