@@ -142,13 +142,13 @@ impl Core {
             // Only the named one's capabilities matter: look it up alone.
             Some(ext) => {
                 let caps = self.capabilities(ext);
-                pick_owner(Some(ext), [(ext, caps.as_ref())], kind, name)
+                pick_owner(Some(ext), [(ext, caps.as_deref())], kind, name)
             }
             None => {
                 let exts = self.extensions();
                 pick_owner(
                     None,
-                    exts.iter().map(|(e, c)| (e.name(), Some(c))),
+                    exts.iter().map(|(e, c)| (e.name(), Some(&**c))),
                     kind,
                     name,
                 )

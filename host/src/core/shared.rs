@@ -149,19 +149,19 @@ impl Core {
         }
     }
 
-    /// The capabilities an extension declared in its last handshake (kept while it restarts).
-    pub fn capabilities(&self, ext: &str) -> Option<Capabilities> {
-        self.supervisor
-            .get(ext)
-            .and_then(|e| e.brief().capabilities)
+    /// The capabilities an extension declared in its last handshake (kept while it restarts),
+    /// shared rather than copied.
+    pub fn capabilities(&self, ext: &str) -> Option<Arc<Capabilities>> {
+        self.supervisor.get(ext).and_then(|e| e.capabilities())
     }
 
-    /// Every supervised extension with the capabilities of its last handshake.
-    pub fn extensions(&self) -> Vec<(Extension, Capabilities)> {
+    /// Every supervised extension with the capabilities of its last handshake. The host loop
+    /// asks every pass: nothing of a status is copied but a pointer.
+    pub fn extensions(&self) -> Vec<(Extension, Arc<Capabilities>)> {
         self.supervisor
             .list()
             .into_iter()
-            .filter_map(|e| e.brief().capabilities.map(|c| (e, c)))
+            .filter_map(|e| e.capabilities().map(|c| (e, c)))
             .collect()
     }
 

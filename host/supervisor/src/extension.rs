@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conduit_protocol::ErrorCode;
+use conduit_protocol::{Capabilities, ErrorCode};
 use conduit_rpc::{CallError, Peer, SessionCounters};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -83,6 +83,8 @@ struct Inner {
     /// What [`Extension::brief`] copies out; changed only through [`Extension::update`] (which
     /// tells the state's waiters), except the use, which changes every sample.
     status: Mutex<Status>,
+    /// The status's capabilities, shared: copied once per handshake rather than per ask.
+    capabilities: Mutex<Option<Arc<Capabilities>>>,
     /// Every process seen in the current child's tree (see [`crate::tree`]).
     recorded: Mutex<BTreeSet<ProcId>>,
     /// Calls awaiting an answer: id → (method, since when).
@@ -98,6 +100,16 @@ struct Inner {
     cmds: mpsc::UnboundedSender<Cmd>,
     /// Sends every state change, for waiters (tests, the CLI's "wait until ready").
     changes: watch::Sender<State>,
+}
+
+/// What [`Extension::run_brief`] reads: the current run's state, pid, restarts and whether its
+/// handshake was accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunBrief {
+    pub state: State,
+    pub pid: Option<u32>,
+    pub restarts: u32,
+    pub handshaken: bool,
 }
 
 /// A handle on one supervised extension. Cheap to clone.
@@ -118,9 +130,11 @@ impl Extension {
     /// A handle on a new extension named `name`, shown as `status`, whose actor takes `cmds`.
     pub(crate) fn new(name: String, status: Status, cmds: mpsc::UnboundedSender<Cmd>) -> Self {
         let state = status.state;
+        let capabilities = Mutex::new(status.capabilities.clone().map(Arc::new));
         Extension {
             inner: Arc::new(Inner {
                 name,
+                capabilities,
                 status: Mutex::new(status),
                 recorded: Mutex::new(BTreeSet::new()),
                 in_flight: Mutex::new(HashMap::new()),
@@ -148,6 +162,37 @@ impl Extension {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The facts of the current run that a caller asking on every pass needs (the host loop),
+    /// read without copying the status.
+    pub fn run_brief(&self) -> RunBrief {
+        let s = self.inner.status.lock().unwrap_or_else(|p| p.into_inner());
+        RunBrief {
+            state: s.state,
+            pid: s.pid,
+            restarts: s.restarts,
+            handshaken: s.protocol_version.is_some(),
+        }
+    }
+
+    /// The capabilities of the last accepted handshake (kept while it restarts), shared.
+    pub fn capabilities(&self) -> Option<Arc<Capabilities>> {
+        self.inner
+            .capabilities
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Record the capabilities of an accepted handshake, in the status and shared.
+    pub(crate) fn set_capabilities(&self, caps: &Capabilities) {
+        *self
+            .inner
+            .capabilities
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(caps.clone()));
+        self.update(|s| s.capabilities = Some(caps.clone()));
     }
 
     /// A snapshot of the status.

@@ -50,7 +50,7 @@ mod supervisor;
 pub mod tree;
 pub mod usage;
 
-pub use crate::extension::{ExtCallError, Extension};
+pub use crate::extension::{ExtCallError, Extension, RunBrief};
 pub use crate::spec::{BulkSink, CallbackHandlers, ExtensionSpec, no_callbacks};
 pub use crate::stats::{LatencyHistogram, MethodStats, Traffic};
 pub use crate::status::{

@@ -75,6 +75,17 @@ async fn a_healthy_extension_becomes_ready_answers_and_stops_cleanly() {
     );
     assert!(st.pid.is_some());
     assert_eq!(st.calls["echo"].count, 1);
+    // What the host loop reads every pass agrees with the status, without copying it.
+    let run = ext.run_brief();
+    assert_eq!(
+        (run.state, run.pid, run.restarts, run.handshaken),
+        (st.state, st.pid, st.restarts, true)
+    );
+    let caps = ext
+        .capabilities()
+        .expect("shared once the handshake is accepted");
+    assert_eq!(Some(&*caps), st.capabilities.as_ref());
+    assert!(caps.methods.iter().any(|m| m == "echo"), "{caps:?}");
     // Its stderr is copied as it comes, and reaches the tail once it is in the log file.
     common::until("the start line to reach the stderr tail", || {
         ext.status()

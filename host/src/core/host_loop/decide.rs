@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use conduit_protocol::Capabilities;
 use conduit_protocol::calls::{Record, TriggerGroup, TriggerResult};
-use conduit_supervisor::{State, Status};
+use conduit_supervisor::State;
 
 /// When a timer's `recurrence.next` fails, it fires again this much later.
 pub const RECURRENCE_FALLBACK_MS: i64 = 60_000;
@@ -49,11 +49,11 @@ pub(super) struct StartFacts {
 }
 
 impl StartFacts {
-    pub(super) fn of(s: &Status) -> Self {
+    pub(super) fn of(s: &conduit_supervisor::RunBrief) -> Self {
         StartFacts {
             state: s.state,
             restarts: s.restarts,
-            handshaken: s.protocol_version.is_some(),
+            handshaken: s.handshaken,
         }
     }
 

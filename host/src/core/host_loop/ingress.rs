@@ -27,10 +27,10 @@ pub const INGRESS_LIMIT: u32 = 100;
 pub(crate) fn start_polls<'a>(
     core: &Arc<Core>,
     rt: &tokio::runtime::Handle,
-    exts: impl IntoIterator<Item = (&'a String, &'a (Extension, Capabilities))>,
+    exts: impl IntoIterator<Item = (&'a String, &'a (Extension, Arc<Capabilities>))>,
 ) {
     for (name, (ext, caps)) in exts {
-        let status = ext.brief();
+        let status = ext.run_brief();
         if status.state != conduit_supervisor::State::Ready {
             continue;
         }

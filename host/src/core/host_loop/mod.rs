@@ -64,7 +64,7 @@ use decide::{Commit, Outcome, StartFacts};
 
 /// The live extensions of a pass and their capabilities, by name (ordered: the pass visits
 /// them, and settles a work kind two of them declare, in name order).
-type Exts = BTreeMap<String, (Extension, conduit_protocol::Capabilities)>;
+type Exts = BTreeMap<String, (Extension, Arc<conduit_protocol::Capabilities>)>;
 
 /// How many unrouted events one routing step reads (and one trigger call carries).
 pub const ROUTE_BATCH: u32 = 200;
@@ -236,7 +236,7 @@ impl HostLoop {
         // stays where it is until its handshake is done or fails (`decide::settling`).
         let names = decide::settling(
             all.iter()
-                .map(|(name, (e, _))| (name.as_str(), StartFacts::of(&e.brief()))),
+                .map(|(name, (e, _))| (name.as_str(), StartFacts::of(&e.run_brief()))),
         );
         let (settling, exts): (Exts, Exts) =
             all.into_iter().partition(|(name, _)| names.contains(name));
@@ -263,11 +263,11 @@ impl HostLoop {
         let runs: Vec<RunFacts<'_>> = exts
             .iter()
             .map(|(name, (ext, _))| {
-                let status = ext.brief();
+                let run = ext.run_brief();
                 RunFacts {
                     name,
-                    pid: status.pid,
-                    ready: status.state == conduit_supervisor::State::Ready,
+                    pid: run.pid,
+                    ready: run.state == conduit_supervisor::State::Ready,
                 }
             })
             .collect();
@@ -405,8 +405,8 @@ impl HostLoop {
         settling: &Exts,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
-        let waiting = decide::waiting_kinds(settling.values().map(|(_, c)| c));
-        let kinds = decide::owners(exts.values().map(|(e, c)| (e, c)));
+        let waiting = decide::waiting_kinds(settling.values().map(|(_, c)| &**c));
+        let kinds = decide::owners(exts.values().map(|(e, c)| (e, &**c)));
         let callable = |e: &Extension| self.callable(e.name());
         // Events wait (unrouted) behind a starting or degraded owner; later events of other
         // kinds are read past them, page by page, so they never block anyone else.
