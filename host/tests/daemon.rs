@@ -477,3 +477,20 @@ fn extensions_are_forked_by_the_spawner_as_the_daemons_children_and_start_clean_
         assert_eq!(f.stop_daemon(), Some(0), "{}", f.context());
     }
 }
+
+#[test]
+fn the_spawner_run_by_hand_says_what_it_is_and_exits_1() {
+    // Without the daemon's socket as descriptor 3 (a command's descriptors past stderr are
+    // closed here), it explains itself instead of aborting or waiting.
+    let out = Command::new(env!("CARGO_BIN_EXE_conduit"))
+        .arg("__conduit-spawner")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("descriptor 3 is not usable") && err.contains("not by hand"),
+        "{err}"
+    );
+}

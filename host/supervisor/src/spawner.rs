@@ -155,12 +155,17 @@ pub async fn start(exe: &Path) -> io::Result<Option<u32>> {
     .await?;
     let pid = child.id().unwrap_or(0);
     if let Some(stderr) = child.stderr.take() {
+        // Each line to the daemon's log as it comes (the first 64 KiB), the rest read and
+        // dropped, so the spawner never blocks or fails on a full stderr. Ends with the spawner.
         tokio::spawn(async move {
-            use tokio::io::AsyncReadExt;
-            let mut text = Vec::new();
-            let _ = stderr.take(64 * 1024).read_to_end(&mut text).await;
-            if !text.is_empty() {
-                tracing::warn!(spawner = pid, stderr = %String::from_utf8_lossy(&text), "the spawner wrote to stderr");
+            use tokio::io::AsyncBufReadExt;
+            let mut lines = tokio::io::BufReader::new(stderr).split(b'\n');
+            let mut logged = 0usize;
+            while let Ok(Some(line)) = lines.next_segment().await {
+                if logged < 64 * 1024 {
+                    logged += line.len();
+                    tracing::warn!(spawner = pid, "{}", String::from_utf8_lossy(&line));
+                }
             }
         });
     }
@@ -315,16 +320,18 @@ fn exchange(sock: BorrowedFd<'_>, body: &[u8], fds: &[RawFd]) -> io::Result<Repl
 /// The spawner's main: serve requests on descriptor 3 until the daemon closes it. Runs in a
 /// process of its own with one thread, so its children may do anything before exec.
 pub fn serve() -> std::process::ExitCode {
-    // SAFETY: descriptor 3 is the socket the daemon gave this process, and nothing else owns
-    // it.
-    let sock = unsafe { OwnedFd::from_raw_fd(SOCKET_FD) };
-    if let Err(e) = nix::fcntl::fcntl(
-        &sock,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    ) {
-        eprintln!("conduit spawner: descriptor 3 is not usable: {e}");
+    // Checked before it is owned: run by hand without a descriptor 3, this says so and exits.
+    // SAFETY: fcntl on a descriptor number; a closed one fails with EBADF.
+    if unsafe { libc::fcntl(SOCKET_FD, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        eprintln!(
+            "conduit spawner: descriptor 3 is not usable ({}); this command is started by `conduit daemon run`, not by hand",
+            io::Error::last_os_error()
+        );
         return std::process::ExitCode::FAILURE;
     }
+    // SAFETY: descriptor 3 is open (above): the socket the daemon gave this process, which
+    // nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(SOCKET_FD) };
     let mut buf = vec![0u8; MAX_REQUEST];
     loop {
         let (n, fds) = match receive(sock.as_fd(), &mut buf) {
