@@ -192,8 +192,6 @@ pub(crate) struct Instance {
     /// Which instance this is (`main`, `version`, `overload`), for reports.
     pub(crate) label: &'static str,
     pub(crate) session: Option<Session>,
-    /// Whether the package was given the bulk pipe (descriptor 3), so its `initialize` offers it.
-    pub(crate) bulk: bool,
     pub(crate) stdout: Arc<StdoutLog>,
     pub(crate) stderr: Arc<Mutex<StderrBuf>>,
     child: Child,
@@ -221,22 +219,19 @@ pub(crate) fn describe_exit(status: &ExitStatus) -> String {
 
 impl Instance {
     /// Start the package as the daemon would ([`ChildCommand::for_package`]: the same scrubbed
-    /// environment, data and temporary folders, limits and sandbox, and, with `bulk`, the bulk
-    /// pipe as descriptor 3 whose read end goes to `bulk`) and a session over its pipes.
-    /// Returns the sandbox it runs in too.
+    /// environment, data and temporary folders, limits and sandbox, and the bulk pipe as
+    /// descriptor 3, whose read end goes to `bulk`) and a session over its pipes. Returns the
+    /// sandbox it runs in too.
     pub(crate) fn spawn(
         launch: &PackageLaunch,
         label: &'static str,
         handler: impl Handler,
-        bulk: Option<BulkSink>,
+        bulk: BulkSink,
         config: SessionConfig,
     ) -> std::io::Result<(Instance, SandboxStatus)> {
         let (command, confine) = ChildCommand::for_package(launch);
         // As the daemon makes it: close-on-exec here, descriptor 3 in the child.
-        let pipe = match &bulk {
-            Some(_) => Some(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?),
-            None => None,
-        };
+        let (bulk_read, bulk_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         // The daemon's own spawn: its own process group (killing the group at the end stops
         // whatever the package started), a parent-death signal, rlimits and Landlock before
         // exec. The parent-death signal fires when the thread that forked exits; that is a
@@ -244,9 +239,9 @@ impl Instance {
         let (mut child, applied) = process::spawn_with_bulk(
             &command,
             &confine,
-            pipe.as_ref().map(|(_, w)| std::os::fd::AsFd::as_fd(w)),
+            Some(std::os::fd::AsFd::as_fd(&bulk_write)),
         )?;
-        let bulk_read = pipe.map(|(r, _w)| r);
+        drop(bulk_write);
         let pid = child.id().expect("a just-spawned child has a pid");
         let pgid = Pid::from_raw(pid as i32);
 
@@ -266,17 +261,10 @@ impl Instance {
         ];
 
         let session = Session::new(session_read, session_write, handler, config);
-        let offered = match (bulk_read, bulk) {
-            (Some(read), Some(sink)) => {
-                sink(&session.peer(), read);
-                true
-            }
-            _ => false,
-        };
+        bulk(&session.peer(), bulk_read);
         let inst = Instance {
             label,
             session: Some(session),
-            bulk: offered,
             stdout: log,
             stderr,
             child,

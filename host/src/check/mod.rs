@@ -225,7 +225,7 @@ fn start(
     };
     let _ = dir;
     let host = ctx.host.for_instance(label);
-    let bulk = Some(host.bulk_sink());
+    let bulk = host.bulk_sink();
     let spawned = Instance::spawn(&ctx.launch, label, host, bulk, config);
     spawned.map(|(inst, sandbox)| {
         ctx.sandbox.lock().unwrap().get_or_insert(sandbox);

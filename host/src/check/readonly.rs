@@ -137,7 +137,7 @@ pub(crate) async fn read_only_restart(ctx: &Ctx<'_>, dir: &Path) -> (RuleResult,
         ..SessionConfig::default()
     };
     let host = ctx.host.for_instance("read-only");
-    let bulk = Some(host.bulk_sink());
+    let bulk = host.bulk_sink();
     let result = match Instance::spawn(&launch, "read-only", host, bulk, config) {
         Err(e) => (
             RuleResult::fail(

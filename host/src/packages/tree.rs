@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::registry::FileRecord;
+use super::registry::{FileRecord, sync_dir};
 
 /// The mode of every installed file with an execute bit; others get [`FILE_MODE`]. Setuid,
 /// setgid and sticky bits are never installed.
@@ -192,7 +192,7 @@ pub(crate) fn sync_tree(root: &Path) -> io::Result<()> {
     }
     // Deepest first: a folder's entry for a child folder is durable once the child is.
     for dir in dirs.iter().rev() {
-        File::open(dir)?.sync_all()?;
+        sync_dir(dir)?;
     }
     Ok(())
 }

@@ -232,10 +232,7 @@ async fn run_once(
             }
         },
     };
-    let (bulk, bulk_write) = match bulk {
-        Some((r, w)) => (Some(r), Some(w)),
-        None => (None, None),
-    };
+    let (bulk, bulk_write) = bulk.unzip();
     let spawn =
         crate::start::spawn_on_forker(spec.command.clone(), spec.confine.clone(), bulk_write).await;
     let mut child = match spawn {
@@ -394,14 +391,13 @@ async fn run_once(
     tracing::info!(extension = %spec.name, pid, version = %result.extension.version, "extension ready");
     // The peer first: whoever sees `ready` can call at once.
     ext.set_peer(Some(peer));
-    // Before the state: whoever sees `ready` finds them.
-    ext.set_capabilities(&result.capabilities);
     ext.update(|s| {
         s.state = State::Ready;
         s.ready_since_ms = Some(now_ms());
         s.spawn_to_ready_ms = Some(ready_at.duration_since(spawned).as_millis() as u64);
         s.handshake_ms = Some(ready_at.duration_since(asked).as_millis() as u64);
         s.protocol_version = Some(result.protocol_version);
+        s.capabilities = Some(std::sync::Arc::new(result.capabilities.clone()));
         s.last_error = None;
     });
 

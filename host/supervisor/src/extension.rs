@@ -83,8 +83,6 @@ struct Inner {
     /// What [`Extension::brief`] copies out; changed only through [`Extension::update`] (which
     /// tells the state's waiters), except the use, which changes every sample.
     status: Mutex<Status>,
-    /// The status's capabilities, shared: copied once per handshake rather than per ask.
-    capabilities: Mutex<Option<Arc<Capabilities>>>,
     /// Every process seen in the current child's tree (see [`crate::tree`]).
     recorded: Mutex<BTreeSet<ProcId>>,
     /// Calls awaiting an answer: id → (method, since when).
@@ -130,11 +128,9 @@ impl Extension {
     /// A handle on a new extension named `name`, shown as `status`, whose actor takes `cmds`.
     pub(crate) fn new(name: String, status: Status, cmds: mpsc::UnboundedSender<Cmd>) -> Self {
         let state = status.state;
-        let capabilities = Mutex::new(status.capabilities.clone().map(Arc::new));
         Extension {
             inner: Arc::new(Inner {
                 name,
-                capabilities,
                 status: Mutex::new(status),
                 recorded: Mutex::new(BTreeSet::new()),
                 in_flight: Mutex::new(HashMap::new()),
@@ -179,20 +175,11 @@ impl Extension {
     /// The capabilities of the last accepted handshake (kept while it restarts), shared.
     pub fn capabilities(&self) -> Option<Arc<Capabilities>> {
         self.inner
-            .capabilities
+            .status
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Record the capabilities of an accepted handshake, in the status and shared.
-    pub(crate) fn set_capabilities(&self, caps: &Capabilities) {
-        *self
-            .inner
             .capabilities
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(caps.clone()));
-        self.update(|s| s.capabilities = Some(caps.clone()));
+            .clone()
     }
 
     /// A snapshot of the status.

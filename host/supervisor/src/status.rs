@@ -82,7 +82,9 @@ pub struct Status {
     #[serde(default)]
     pub handshake_ms: Option<u64>,
     pub protocol_version: Option<u32>,
-    pub capabilities: Option<Capabilities>,
+    /// Shared: a status is copied often (every pass of the host loop asks), its capabilities
+    /// are set once per accepted handshake.
+    pub capabilities: Option<std::sync::Arc<Capabilities>>,
     pub stderr_tail: Vec<String>,
     pub calls: BTreeMap<String, MethodStats>,
     /// The live descendants of the current child (pids), as last seen, whatever process group
@@ -219,7 +221,7 @@ impl Status {
             spawn_to_ready_ms: None,
             handshake_ms: None,
             protocol_version: None,
-            capabilities,
+            capabilities: capabilities.map(std::sync::Arc::new),
             stderr_tail: Vec::new(),
             calls: BTreeMap::new(),
             descendants: Vec::new(),

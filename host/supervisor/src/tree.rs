@@ -238,9 +238,6 @@ pub fn still_running(recorded: &BTreeSet<ProcId>) -> Vec<ProcStat> {
 
 /// [`still_running`] among `all`, one read of every process.
 fn still_running_in(all: &[ProcStat], recorded: &BTreeSet<ProcId>) -> Vec<ProcStat> {
-    if recorded.is_empty() {
-        return Vec::new();
-    }
     let pids: BTreeSet<u32> = recorded.iter().map(|r| r.pid).collect();
     let mut by_parent: HashMap<u32, Vec<usize>> = HashMap::new();
     for (i, p) in all.iter().enumerate() {

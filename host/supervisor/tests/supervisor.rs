@@ -84,7 +84,11 @@ async fn a_healthy_extension_becomes_ready_answers_and_stops_cleanly() {
     let caps = ext
         .capabilities()
         .expect("shared once the handshake is accepted");
-    assert_eq!(Some(&*caps), st.capabilities.as_ref());
+    assert_eq!(Some(&*caps), st.capabilities.as_deref());
+    assert!(
+        std::sync::Arc::ptr_eq(&caps, st.capabilities.as_ref().unwrap()),
+        "one copy, shared"
+    );
     assert!(caps.methods.iter().any(|m| m == "echo"), "{caps:?}");
     // Its stderr is copied as it comes, and reaches the tail once it is in the log file.
     common::until("the start line to reach the stderr tail", || {

@@ -48,22 +48,17 @@ fn as_set(v: &[u32]) -> BTreeSet<u32> {
     v.iter().copied().collect()
 }
 
-/// What the daemon sends in `initialize`: this conduit's versions, and the bulk pipe when the
-/// instance was given one (docs/protocol.md §8.1).
-fn offer(inst: &Instance) -> InitializeParams {
-    let params = InitializeParams::current(HOST_VERSION);
-    if inst.bulk {
-        params.with_bulk()
-    } else {
-        params
-    }
+/// What the daemon sends in `initialize`: this conduit's versions, and the bulk pipe every
+/// instance is given (docs/protocol.md §8.1).
+fn offer() -> InitializeParams {
+    InitializeParams::current(HOST_VERSION).with_bulk()
 }
 
 /// `handshake`: answers `initialize` within the timeout with a well-formed result whose
 /// `protocol_version` is one the host offered.
 pub(crate) async fn handshake(ctx: &Ctx<'_>, inst: &mut Instance) -> Handshake {
     let offered = PROTOCOL_VERSIONS.to_vec();
-    let params = offer(inst);
+    let params = offer();
     let t0 = Instant::now();
     let res = inst
         .peer()
@@ -196,7 +191,7 @@ pub(crate) async fn version(ctx: &Ctx<'_>, inst: &mut Instance, chosen: Option<u
     let offered = vec![UNSPOKEN_VERSION];
     let params = InitializeParams {
         protocol_versions: offered.clone(),
-        ..offer(inst)
+        ..offer()
     };
     let manifest = &ctx.manifest.protocol;
     let fix_manifest =
