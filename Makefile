@@ -112,7 +112,7 @@ bench-extension:
 
 # The gRPC side is behind conduit-bench's `grpc` feature, so `make build` never compiles tonic.
 protocol-prototype:
-	$(CARGO) build --release -p conduit-bench --features grpc -p conduit-host --bin conduit
+	$(CARGO) build --release -p conduit-bench --features grpc -p conduit-host --bins
 	$(TARGET_DIR)/release/protocol-prototype --json $(TARGET_DIR)/protocol-prototype/results.json
 
 # One daemon with 10 and with 1,000 release echo extensions: install, ready, RSS, threads, idle
