@@ -252,15 +252,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if self.eof {
                 return self.codec.decode_eof(&mut self.buf).transpose();
             }
-            match self.codec.decode(&mut self.buf) {
-                Ok(Some(frame)) => {
-                    if matches!(frame, Frame::Oversized { .. }) {
-                        self.release_spare();
-                    }
-                    return Some(Ok(frame));
-                }
-                Ok(None) => {}
-                Err(e) => return Some(Err(e)),
+            if let Some(frame) = self.next_buffered() {
+                return Some(frame);
             }
             let room = self.make_room();
             match self.inner.read_buf(&mut self.buf).await {
@@ -269,6 +262,25 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Some(Err(e)),
             }
+        }
+    }
+
+    /// The next frame if the bytes already read hold it whole; never reads. `None` when
+    /// [`FrameReader::next`] would have to read (or report the end of the stream) first: a
+    /// reader that gathers what it writes flushes it then, before it may wait.
+    pub fn next_buffered(&mut self) -> Option<io::Result<Frame>> {
+        if self.eof {
+            return None;
+        }
+        match self.codec.decode(&mut self.buf) {
+            Ok(Some(frame)) => {
+                if matches!(frame, Frame::Oversized { .. }) {
+                    self.release_spare();
+                }
+                Some(Ok(frame))
+            }
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
         }
     }
 

@@ -443,3 +443,197 @@ async fn a_peer_that_reuses_an_id_as_soon_as_it_has_the_answer_is_never_refused(
     drop(to_ext);
     ext.close(Duration::from_secs(1)).await;
 }
+
+/// One write: the thread that made it, and its bytes.
+type Write = (std::thread::ThreadId, Vec<u8>);
+
+/// A write half that keeps each write apart, with the thread that made it, to count them.
+#[derive(Clone, Default)]
+struct Writes(Arc<Mutex<Vec<Write>>>);
+
+impl Writes {
+    fn all(&self) -> Vec<Vec<u8>> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, b)| b.clone())
+            .collect()
+    }
+
+    /// The thread that wrote the frame containing `needle`.
+    fn writer_of(&self, needle: &str) -> Option<std::thread::ThreadId> {
+        let writes = self.0.lock().unwrap();
+        writes
+            .iter()
+            .find(|(_, b)| String::from_utf8_lossy(b).contains(needle))
+            .map(|(t, _)| *t)
+    }
+}
+
+impl AsyncWrite for Writes {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let me = std::thread::current().id();
+        self.0.lock().unwrap().push((me, buf.to_vec()));
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Requests read together whose handlers answer at once are answered together: the reader
+/// gathers their answers (and its own refusals) and writes them in one write before it waits
+/// to read again — one system call and one wake-up of the peer for the burst, not one each.
+/// A request read alone is still answered before the reader waits, and a handler that cannot
+/// answer at once is answered when it can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_to_requests_read_together_go_out_in_one_write() {
+    let (mut to_ext, from_host) = tokio::io::duplex(1 << 20);
+    let writes = Writes::default();
+    let ext = Session::new(
+        from_host,
+        writes.clone(),
+        TestHandler::default(),
+        SessionConfig::named("gather"),
+    );
+    let answered = |n: usize| {
+        let writes = writes.clone();
+        move || {
+            writes
+                .all()
+                .concat()
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count()
+                == n
+        }
+    };
+    // One request alone: answered without any other to wait for.
+    to_ext
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"echo\",\"params\":[0]}\n")
+        .await
+        .unwrap();
+    eventually("the lone request's answer", answered(1)).await;
+    // A burst in one write: 63 echoes (answered at once), one unknown method and one garbage
+    // line (refused by the reader), and a sleep (answered later, by its own task).
+    let mut burst = String::new();
+    for i in 1..=63 {
+        burst +=
+            &format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"echo\",\"params\":[{i}]}}\n");
+    }
+    burst += "{\"jsonrpc\":\"2.0\",\"id\":64,\"method\":\"nope\"}\n";
+    burst += "not json\n";
+    burst += "{\"jsonrpc\":\"2.0\",\"id\":65,\"method\":\"sleep\",\"params\":{\"ms\":1}}\n";
+    to_ext.write_all(burst.as_bytes()).await.unwrap();
+    eventually("every answer of the burst", answered(1 + 63 + 2 + 1)).await;
+
+    let all = writes.all();
+    let messages = lines(&all.concat());
+    let by_id: HashMap<String, &Value> =
+        messages.iter().map(|m| (m["id"].to_string(), m)).collect();
+    for i in 0..=63 {
+        assert_eq!(by_id[&i.to_string()]["result"], json!([i]), "echo {i}");
+    }
+    assert_eq!(by_id["64"]["error"]["code"], -32601, "unknown method");
+    assert_eq!(by_id["null"]["error"]["code"], -32700, "garbage line");
+    assert_eq!(by_id["65"]["result"]["slept_ms"], 1, "the sleeper");
+    // The lone answer, the burst's (one write, or a few if the burst came in pieces), the
+    // sleeper's: far fewer writes than the 66 answers they carried.
+    assert!(
+        all.len() <= 6,
+        "{} writes for {} answers: {:?}",
+        all.len(),
+        messages.len(),
+        all.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    drop(to_ext);
+    ext.close(Duration::from_secs(1)).await;
+}
+
+/// Calls made while others await their answers are left to the writer task, which writes all
+/// that were made meanwhile at once: a caller keeping 64 in flight costs one write per burst,
+/// not one per call. The first call, alone, is written by its caller at once.
+#[tokio::test(flavor = "current_thread")]
+async fn calls_made_while_others_wait_go_out_together() {
+    let writes = Writes::default();
+    let (_keep, read) = silent();
+    let host = Session::new(
+        read,
+        writes.clone(),
+        TestHandler::default(),
+        SessionConfig::named("burst"),
+    );
+    let peer = host.peer();
+    let params = RawValue::from_string("[1]".into()).unwrap();
+    // Never answered: each gives up at its deadline, far past the test's own checks.
+    let calls: Vec<_> = (0..64)
+        .map(|_| peer.call_raw("echo", &params, Some(Duration::from_secs(60))))
+        .collect();
+    let mut all = Box::pin(futures::future::join_all(calls));
+    // Poll them all once (each call is made), then let the writer task run.
+    assert!(futures::poll!(all.as_mut()).is_pending());
+    let frames = |w: &Writes| w.all().concat().iter().filter(|b| **b == b'\n').count();
+    eventually("all 64 calls to be written", || frames(&writes) == 64).await;
+    let n = writes.all().len();
+    assert!(n <= 3, "{n} writes for 64 calls made together");
+    assert_eq!(frames(&writes), 64);
+    drop(all);
+    host.close(Duration::from_secs(1)).await;
+}
+
+/// A call from a thread that blocks on a multi-thread runtime's handle (as the host loop's
+/// in-transaction calls do) is written by that thread even while other calls wait: waking the
+/// writer task from there would wake a parked worker, a thread wake-up more for a call that
+/// holds the database's writer.
+#[test]
+fn a_call_from_a_thread_blocking_on_the_runtime_writes_itself() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let writes = Writes::default();
+    let (_keep, read) = silent();
+    let host = rt.block_on(async {
+        Session::new(
+            read,
+            writes.clone(),
+            TestHandler::default(),
+            SessionConfig::named("blocking"),
+        )
+    });
+    let peer = host.peer();
+    // One call waits in a task of the runtime, so the next one is not alone.
+    let waiting = rt.spawn({
+        let peer = peer.clone();
+        async move {
+            let p = RawValue::from_string("\"first\"".into()).unwrap();
+            peer.call_raw("echo", &p, Some(Duration::from_secs(60)))
+                .await
+        }
+    });
+    while writes.writer_of("first").is_none() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let p = RawValue::from_string("\"second\"".into()).unwrap();
+    let handle = rt.handle().clone();
+    // Given up at its deadline (the peer never answers); only who wrote it is looked at.
+    let _ = handle.block_on(peer.call_raw("echo", &p, Some(Duration::from_millis(200))));
+    assert_eq!(
+        writes.writer_of("second"),
+        Some(std::thread::current().id()),
+        "the blocking thread wrote its own call"
+    );
+    waiting.abort();
+    rt.block_on(host.close(Duration::from_secs(1)));
+}

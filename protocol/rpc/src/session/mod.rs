@@ -15,7 +15,10 @@
 //! - A sender that finds nothing queued and nothing being written writes its frame itself, in
 //!   one non-blocking attempt (no wake-up of another task); otherwise, or for the rest of a
 //!   frame the pipe did not take at once, the writer task writes it, batching what is queued.
-//!   Either way only the holder of the write half writes, and frames go out whole.
+//!   Either way only the holder of the write half writes, and frames go out whole. Frames made
+//!   in bursts share a write: the reader writes the answers it made for the requests it read
+//!   together at once, before it waits to read again; a call made while others await their
+//!   answers is left to the writer task when waking it costs no thread wake-up.
 //!   The queue is bounded in bytes: a peer that stops reading makes senders wait (within their
 //!   deadlines), never makes this side buffer without bound. What waits is bounded too: the
 //!   bytes held for the peer — queued, being written, and built by callers still waiting for

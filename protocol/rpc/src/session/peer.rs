@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::{CallError, CloseReason};
 use super::shared::{Failure, Shared};
-use super::writer::SendError;
+use super::writer::{SendError, WrittenBy};
 
 /// The other side of a session: make calls, send notifications. Cheap to clone.
 #[derive(Clone)]
@@ -52,6 +52,16 @@ impl Drop for PendingGuard<'_> {
             }
         }
     }
+}
+
+/// Whether the writer task, when woken from here, runs on this thread as soon as the caller
+/// waits: the caller is a task (a woken task goes to its worker's next slot), or runs on a
+/// current-thread runtime. A thread blocking on a multi-thread runtime's handle — the host
+/// loop's in-transaction calls — would wake a parked worker instead, so it writes itself.
+fn writer_wakes_here() -> bool {
+    tokio::task::try_id().is_some()
+        || tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }
 
 impl Peer {
@@ -160,7 +170,7 @@ impl Peer {
             () = shared.ended.cancelled() => return Err(closed(shared.close_reason())),
         };
         let (tx, rx) = oneshot::channel();
-        {
+        let others_waiting = {
             let mut st = shared.lock();
             if let Some(reason) = &st.closed {
                 return Err(CallError::Closed {
@@ -169,13 +179,23 @@ impl Peer {
                 });
             }
             st.pending.insert(id, tx);
-        }
+            st.pending.len() > 1
+        };
         let mut guard = PendingGuard {
             shared,
             id,
             armed: true,
         };
-        shared.send_held(frame, held).await.map_err(closed)?;
+        // A call made alone is written at once from here; one made while others await their
+        // answers is left to the writer task when waking it costs no thread wake-up, so that
+        // the calls made meanwhile (a caller keeping many in flight makes one as each answer
+        // comes) go out in one write.
+        let by = if others_waiting && writer_wakes_here() {
+            WrittenBy::Task
+        } else {
+            WrittenBy::Sender
+        };
+        shared.send_held(frame, held, by).await.map_err(closed)?;
         let mut rx = rx;
         let answer = match cancel {
             None => (&mut rx).await,

@@ -3,8 +3,10 @@
 //! then how requests are answered.
 //!
 //! Invariant: the reader never waits for the writer or for a handler. A handler that answers at
-//! once is polled here and its answer queued if there is room; every other wait happens in a
+//! once is polled here and its answer gathered if there is room; every other wait happens in a
 //! task of the handlers' tracker. Refusals the reader makes are dropped when the queue is full.
+//! What the reader gathered (its answers and refusals) is written before it waits to read
+//! again, so an answer waits at most for the requests that were read with it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,7 +22,7 @@ use super::error::CloseReason;
 use super::handler::{Handler, HandlerResult, Request};
 use super::peer::Peer;
 use super::shared::{Failure, Shared};
-use super::writer::Held;
+use super::writer::{Gathered, Held};
 use crate::codec::{Frame, FrameReader};
 use crate::head;
 
@@ -44,11 +46,21 @@ pub(super) async fn read_loop<R: AsyncRead + Unpin>(
         }
     }
     let _end = EndOnDrop(shared.clone());
+    let mut gathered = Gathered::default();
     let reason = loop {
-        let frame = tokio::select! {
-            biased;
-            () = shared.ended.cancelled() => break shared.close_reason(),
-            f = frames.next() => f,
+        let frame = match frames.next_buffered() {
+            // A session that has ended reads no more, as below.
+            Some(_) if shared.ended.is_cancelled() => break shared.close_reason(),
+            Some(f) => Some(f),
+            None => {
+                // Nothing more to serve without waiting: write the answers made meanwhile.
+                shared.flush_gathered(&mut gathered);
+                tokio::select! {
+                    biased;
+                    () = shared.ended.cancelled() => break shared.close_reason(),
+                    f = frames.next() => f,
+                }
+            }
         };
         match frame {
             None => break CloseReason::PeerClosed,
@@ -58,14 +70,23 @@ pub(super) async fn read_loop<R: AsyncRead + Unpin>(
                     .counters
                     .bytes_in
                     .fetch_add(line.len() as u64 + 1, Ordering::Relaxed);
-                on_message(&shared, &peer, &line, &handler, &handlers, max_concurrent).await;
+                on_message(
+                    &shared,
+                    &peer,
+                    &line,
+                    &handler,
+                    &handlers,
+                    max_concurrent,
+                    &mut gathered,
+                )
+                .await;
             }
             Some(Ok(Frame::Oversized { head, len })) => {
                 shared
                     .counters
                     .bytes_in
                     .fetch_add(len as u64, Ordering::Relaxed);
-                on_oversized(&shared, &head, len).await
+                on_oversized(&shared, &head, len, &mut gathered)
             }
             Some(Ok(Frame::Truncated { len })) => {
                 shared
@@ -76,6 +97,7 @@ pub(super) async fn read_loop<R: AsyncRead + Unpin>(
             }
         }
     };
+    shared.flush_gathered(&mut gathered);
     shared.end(reason);
 }
 
@@ -86,6 +108,7 @@ async fn on_message(
     handler: &Arc<dyn Handler>,
     handlers: &TaskTracker,
     max_concurrent: usize,
+    gathered: &mut Gathered,
 ) {
     match Message::parse(line) {
         Ok(Message::Response { id, result }) => {
@@ -132,7 +155,7 @@ async fn on_message(
                 }
             };
             if let Some(err) = refusal {
-                refuse(shared, Some(&id), err);
+                refuse(shared, Some(&id), err, gathered);
                 return;
             }
             let req = Request {
@@ -152,6 +175,7 @@ async fn on_message(
                     shared,
                     Some(&id),
                     RpcError::internal("the handler panicked"),
+                    gathered,
                 );
                 return;
             };
@@ -162,9 +186,10 @@ async fn on_message(
             if let std::task::Poll::Ready(r) = futures::poll!(fut.as_mut()) {
                 let res = r.unwrap_or_else(|_| Err(RpcError::internal("the handler panicked")));
                 let frame = reply_frame(shared, Some(&id), &res);
-                // Written (or queued) and its id freed before this task reads the next
-                // request, so a peer that reuses the id at once finds it free.
-                let frame = match shared.try_send(frame) {
+                // Gathered (written with the answers to the requests already read, before the
+                // reader waits) and its id freed before this task reads the next request: a
+                // peer may reuse an id once it has the answer, and it cannot have it before.
+                let frame = match shared.try_gather(gathered, frame) {
                     Ok(()) => {
                         shared.lock().incoming.remove(&id);
                         return;
@@ -232,13 +257,13 @@ async fn on_message(
         Err(e) => {
             tracing::debug!(peer = %shared.name, error = %e, "bad message from peer");
             if let Some((id, err)) = e.reply() {
-                refuse(shared, id.as_ref(), err);
+                refuse(shared, id.as_ref(), err, gathered);
             }
         }
     }
 }
 
-async fn on_oversized(shared: &Arc<Shared>, head: &[u8], len: usize) {
+fn on_oversized(shared: &Arc<Shared>, head: &[u8], len: usize, gathered: &mut Gathered) {
     let peek = head::peek(head);
     tracing::warn!(peer = %shared.name, bytes = len, id = peek.id.as_ref().map(tracing::field::display), "discarded a message over the size cap");
     let Some(id) = peek.id.clone() else { return };
@@ -248,7 +273,7 @@ async fn on_oversized(shared: &Arc<Shared>, head: &[u8], len: usize) {
             format!("the request was {len} bytes, over the {}-byte message cap; it was discarded unread", shared.max_message_bytes),
         )
         .with_data(&serde_json::json!({ "limit": shared.max_message_bytes, "size": len }));
-        refuse(shared, Some(&id), err);
+        refuse(shared, Some(&id), err, gathered);
     } else if let Some(n) = id.as_num().filter(|_| peek.is_response()) {
         let tx = shared.lock().pending.remove(&n);
         if let Some(tx) = tx {
@@ -302,9 +327,9 @@ async fn send_answer(
 /// there is room now, dropped otherwise — a peer that does not read its answers cannot make
 /// the reader wait, nor make refusals pile up. The refused request's caller still gets its
 /// own deadline.
-fn refuse(shared: &Shared, id: Option<&RequestId>, err: RpcError) {
+fn refuse(shared: &Shared, id: Option<&RequestId>, err: RpcError, gathered: &mut Gathered) {
     let frame = reply_frame(shared, id, &Err(err));
-    if shared.try_send(frame).is_err() {
+    if shared.try_gather(gathered, frame).is_err() {
         tracing::debug!(peer = %shared.name, "the write queue is full; dropped a refusal");
     }
 }

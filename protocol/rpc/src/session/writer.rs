@@ -2,10 +2,13 @@
 //! skips both when nothing is waiting.
 //!
 //! ```text
-//!   send / send_held ──(waits for queue room)──┐         nothing queued or being written:
-//!   try_send (the reader: never waits) ────────┼──► write_or_queue ──► written here, at once
+//!   send / send_held ──(waits for queue room)──┐
+//!   try_send, or try_gather + flush_gathered   │         nothing queued or being written:
+//!     (the reader: never waits) ───────────────┼──► write_or_queue ──► written here, at once
 //!   send_now ($/cancel: tiny, never waits) ────┘         │ otherwise, or the rest of a
-//!                                                        ▼ frame the pipe did not take
+//!                                                        │ frame the pipe did not take, or
+//!                                                        │ a frame `WrittenBy::Task`
+//!                                                        ▼
 //!                                             queue ──► write_loop ──► W
 //!                                                  (batches up to 1 MiB per write)
 //! ```
@@ -18,6 +21,13 @@
 //! is the first thing the writer task writes and no other frame can come between its bytes.
 //! The writer task takes the write half out of the slot for each batch and puts it back,
 //! with the count lowered, when the batch is written.
+//!
+//! Two ways put several frames in one write, for senders that make many at once:
+//! - the reader gathers the answers it makes itself ([`Gathered`]) and writes them together
+//!   before it waits to read again: a burst of requests read together costs one write;
+//! - a call made while other calls await their answers is queued for the writer task
+//!   ([`WrittenBy::Task`]) when waking it costs no thread wake-up: every call made before the
+//!   writer runs goes out in its one write. A call made alone is written by its caller.
 //!
 //! Invariant: a frame holds queue permits (its length) and its bytes of the held-bytes bound
 //! from when it is accepted until it is written (`$/cancel` holds neither): a frame written at
@@ -95,6 +105,62 @@ pub(super) enum SendError {
     Overloaded(usize, usize),
 }
 
+/// Who writes a frame that finds nothing queued and nothing being written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WrittenBy {
+    /// The sender, from its own task, at once: no other task woken, the fewest wake-ups for a
+    /// frame that goes alone.
+    Sender,
+    /// The writer task, when it next runs, with every frame queued by then in one write: for a
+    /// call made while others await their answers, where more calls are likely to follow
+    /// before the writer runs (see `Peer`'s call path for when).
+    Task,
+}
+
+/// A frame to write: owned (queued as is when it must wait) or borrowed (copied only then).
+pub(super) enum Frame<'a> {
+    Owned(Vec<u8>),
+    Borrowed(&'a [u8]),
+}
+
+impl Frame<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Frame::Owned(v) => v,
+            Frame::Borrowed(b) => b,
+        }
+    }
+
+    /// What is left from byte `from` on, owned, for the queue.
+    fn from(self, from: usize) -> Vec<u8> {
+        match self {
+            Frame::Owned(mut v) => {
+                v.drain(..from);
+                v
+            }
+            Frame::Borrowed(b) => b[from..].to_vec(),
+        }
+    }
+}
+
+/// Answers the reader made while more requests were already read, written together once it has
+/// nothing left to read without waiting: one system call, and one wake-up of the peer, for a
+/// burst of answers instead of one each. A lone request's answer is written as soon as it is
+/// made, as before: the reader flushes before every read that may wait.
+///
+/// What it holds (the permits and held bytes of its frames) is given back when it is flushed;
+/// the reader flushes it before it waits and when it stops.
+#[derive(Default)]
+pub(super) struct Gathered {
+    bytes: Vec<u8>,
+    permits: u32,
+    held: usize,
+}
+
+/// Gathered answers are flushed once they reach this many bytes, and an answer this large is
+/// not gathered (not copied) at all.
+pub(super) const GATHER_BYTES: usize = 64 * 1024;
+
 /// A reservation against the held-bytes bound, released when dropped unless it was handed to
 /// the queue (the writer releases it after writing).
 pub(super) struct Held<'a> {
@@ -135,17 +201,21 @@ impl Shared {
         let held = self
             .reserve(bytes.len())
             .map_err(|(h, l)| SendError::Overloaded(h, l))?;
-        self.send_held(bytes, held).await.map_err(SendError::Closed)
+        self.send_held(bytes, held, WrittenBy::Sender)
+            .await
+            .map_err(SendError::Closed)
     }
 
-    /// Queue a frame already counted against the held bound, waiting for room (or write it at
-    /// once, when nothing is queued or being written).
+    /// Queue a frame already counted against the held bound, waiting for room; `by` says who
+    /// writes it when nothing is queued or being written.
     pub(super) async fn send_held(
         &self,
         bytes: Vec<u8>,
         held: Held<'_>,
+        by: WrittenBy,
     ) -> Result<(), CloseReason> {
-        self.send_held_then(bytes, held, || {}).await
+        let permits = self.acquire_room(&bytes).await?;
+        self.write_or_queue(Frame::Owned(bytes), permits, held.into_queued(), by)
     }
 
     /// [`Shared::send_held`], calling `accepted` once there is room and before the frame can
@@ -157,14 +227,25 @@ impl Shared {
         held: Held<'_>,
         accepted: impl FnOnce(),
     ) -> Result<(), CloseReason> {
-        let permits = self.permits_for(&bytes);
+        let permits = self.acquire_room(&bytes).await?;
+        accepted();
+        self.write_or_queue(
+            Frame::Owned(bytes),
+            permits,
+            held.into_queued(),
+            WrittenBy::Sender,
+        )
+    }
+
+    /// Wait for the queue permits `bytes` takes (its length), or for the session's end.
+    async fn acquire_room(&self, bytes: &[u8]) -> Result<u32, CloseReason> {
+        let permits = self.permits_for(bytes);
         tokio::select! {
             biased;
             p = self.queue_space.acquire_many(permits) => p.map_err(|_| self.close_reason())?.forget(),
             () = self.ended.cancelled() => return Err(self.close_reason()),
         }
-        accepted();
-        self.write_or_queue(bytes, permits, held.into_queued())
+        Ok(permits)
     }
 
     /// Queue permits a frame takes: its length (a frame larger than the whole queue — never,
@@ -187,17 +268,75 @@ impl Shared {
             Ok(p) => {
                 p.forget();
                 // Past here the frame is the session's: if the session ended, nobody waits.
-                let _ = self.write_or_queue(bytes, permits, held.into_queued());
+                let _ = self.write_or_queue(
+                    Frame::Owned(bytes),
+                    permits,
+                    held.into_queued(),
+                    WrittenBy::Sender,
+                );
                 Ok(())
             }
             Err(_) => Err(bytes),
         }
     }
 
+    /// Gather an answer the reader made into `g`, to be written with the others it makes
+    /// before it next waits to read ([`Shared::flush_gathered`]); like [`Shared::try_send`], it
+    /// never waits, and a frame it hands back found no room. A gathered frame holds its permits
+    /// and held bytes from here, as a queued one does. A large frame is not copied: what is
+    /// gathered goes first, then the frame as `try_send` sends it.
+    pub(super) fn try_gather(&self, g: &mut Gathered, bytes: Vec<u8>) -> Result<(), Vec<u8>> {
+        if bytes.len() >= GATHER_BYTES {
+            self.flush_gathered(g);
+            return self.try_send(bytes);
+        }
+        let permits = self.permits_for(&bytes);
+        let held = match self.reserve(bytes.len()) {
+            Ok(held) => held,
+            Err(_) if !g.bytes.is_empty() => {
+                // Writing what is gathered may free the room this frame needs.
+                self.flush_gathered(g);
+                return self.try_gather(g, bytes);
+            }
+            Err(_) => return Err(bytes),
+        };
+        match self.queue_space.try_acquire_many(permits) {
+            Ok(p) => p.forget(),
+            Err(_) if !g.bytes.is_empty() => {
+                drop(held);
+                self.flush_gathered(g);
+                return self.try_gather(g, bytes);
+            }
+            Err(_) => return Err(bytes),
+        }
+        g.bytes.extend_from_slice(&bytes);
+        g.permits += permits;
+        g.held += held.into_queued();
+        if g.bytes.len() >= GATHER_BYTES {
+            self.flush_gathered(g);
+        }
+        Ok(())
+    }
+
+    /// Write (or queue) what `g` gathered, as one frame of many lines, in one system call when
+    /// the pipe takes it.
+    /// The buffer is kept for the next answers: it is copied only when the pipe does not take
+    /// it all at once.
+    pub(super) fn flush_gathered(&self, g: &mut Gathered) {
+        if g.bytes.is_empty() {
+            return;
+        }
+        let permits = std::mem::take(&mut g.permits);
+        let held = std::mem::take(&mut g.held);
+        // Past here the frames are the session's: if the session ended, nobody waits.
+        let _ = self.write_or_queue(Frame::Borrowed(&g.bytes), permits, held, WrittenBy::Sender);
+        g.bytes.clear();
+    }
+
     /// Queue a frame without waiting: only for `$/cancel`, which is tiny and at most one per
     /// call, so it cannot grow the queue without bound.
     pub(super) fn send_now(&self, bytes: Vec<u8>) {
-        let _ = self.write_or_queue(bytes, 0, 0);
+        let _ = self.write_or_queue(Frame::Owned(bytes), 0, 0, WrittenBy::Sender);
     }
 
     pub(super) fn send_cancel(&self, id: i64) {
@@ -222,18 +361,21 @@ impl Shared {
     /// frame when the writer task is busy. Fails only if the writer task is gone.
     fn write_or_queue(
         &self,
-        mut bytes: Vec<u8>,
+        bytes: Frame<'_>,
         permits: u32,
         held: usize,
+        by: WrittenBy,
     ) -> Result<(), CloseReason> {
         let mut out = self.out();
-        if out.queued == 0
+        let mut from = 0;
+        if by == WrittenBy::Sender
+            && out.queued == 0
             && let Some(io) = out.io.as_mut()
         {
-            match write_now(io, &bytes) {
+            match write_now(io, bytes.as_slice()) {
                 Ok(Attempt::Done) => {
                     drop(out);
-                    self.written(bytes.len(), permits, held);
+                    self.written(bytes.as_slice().len(), permits, held);
                     return Ok(());
                 }
                 Ok(Attempt::Partial(n)) => {
@@ -242,7 +384,7 @@ impl Shared {
                     self.counters
                         .bytes_out
                         .fetch_add(n as u64, Ordering::Relaxed);
-                    bytes.drain(..n);
+                    from = n;
                 }
                 Err(e) => {
                     // As when the writer task's write fails: the session ends, and the frame
@@ -260,7 +402,7 @@ impl Shared {
         }
         out.queued += 1;
         let sent = self.queue.send(Queued {
-            bytes,
+            bytes: bytes.from(from),
             permits,
             held,
         });
