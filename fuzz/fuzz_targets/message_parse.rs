@@ -2,6 +2,8 @@
 //!
 //! Input: one line, any bytes. Checked:
 //! - nothing panics;
+//! - the one-pass reading of plain messages agrees with the field-by-field reading on every
+//!   object (`Message::parse_field_by_field`);
 //! - a parse error is reported exactly when the line is not JSON (valid JSON of any shape is an
 //!   invalid request or a bad response, never a parse error, and nothing that is not JSON is
 //!   accepted);
@@ -37,6 +39,17 @@ fuzz_target!(|line: &[u8]| {
             assert!(!is_json, "valid JSON reported as a parse error: {e}")
         }
         other => assert!(is_json, "not JSON, yet classified: {other:?}"),
+    }
+
+    // What `parse` reads field by field, or in one pass: UTF-8 that starts with `{`.
+    if let Ok(text) = std::str::from_utf8(line)
+        && line.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+    {
+        assert_eq!(
+            format!("{parsed:?}"),
+            format!("{:?}", Message::parse_field_by_field(text)),
+            "the two readings disagree on {text}"
+        );
     }
 
     let mut out = Vec::new();

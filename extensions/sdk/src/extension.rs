@@ -9,7 +9,6 @@
 //! protocol method) panic at once, before anything is served: they are bugs in the extension,
 //! not conditions to handle at run time.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -21,6 +20,7 @@ use conduit_protocol::calls::{
 use conduit_protocol::handshake::{Capabilities, WorkKind};
 use conduit_protocol::{RpcError, methods};
 use conduit_rpc::{BoxFuture, HandlerResult, to_raw};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -47,13 +47,13 @@ pub struct Extension {
     pub(crate) version: String,
     pub(crate) protocol_versions: Vec<u32>,
     pub(crate) capabilities: Capabilities,
-    pub(crate) triggers: HashMap<String, TypedFn<TriggerParams, TriggerResult>>,
-    pub(crate) recurrences: HashMap<String, TypedFn<RecurrenceParams, RecurrenceResult>>,
-    pub(crate) filters: HashMap<String, TypedFn<FilterParams, FilterResult>>,
-    pub(crate) emissions: HashMap<String, TypedFn<CommitParams, CommitResult>>,
+    pub(crate) triggers: FxHashMap<String, TypedFn<TriggerParams, TriggerResult>>,
+    pub(crate) recurrences: FxHashMap<String, TypedFn<RecurrenceParams, RecurrenceResult>>,
+    pub(crate) filters: FxHashMap<String, TypedFn<FilterParams, FilterResult>>,
+    pub(crate) emissions: FxHashMap<String, TypedFn<CommitParams, CommitResult>>,
     /// `None`: a push-only source, whose polls are answered with no events.
-    pub(crate) ingress: HashMap<String, Option<TypedFn<IngressPollParams, IngressPollResult>>>,
-    pub(crate) methods: HashMap<String, MethodFn>,
+    pub(crate) ingress: FxHashMap<String, Option<TypedFn<IngressPollParams, IngressPollResult>>>,
+    pub(crate) methods: FxHashMap<String, MethodFn>,
 }
 
 impl fmt::Debug for Extension {
@@ -78,7 +78,7 @@ where
 /// Insert `name` into a capability list and its handler map, refusing repeats.
 fn declare<T>(
     list: &mut Vec<String>,
-    map: &mut HashMap<String, T>,
+    map: &mut FxHashMap<String, T>,
     what: &str,
     name: String,
     value: T,
@@ -109,12 +109,12 @@ impl Extension {
             version: version.into(),
             protocol_versions: conduit_protocol::PROTOCOL_VERSIONS.to_vec(),
             capabilities: Capabilities::default(),
-            triggers: HashMap::new(),
-            recurrences: HashMap::new(),
-            filters: HashMap::new(),
-            emissions: HashMap::new(),
-            ingress: HashMap::new(),
-            methods: HashMap::new(),
+            triggers: Default::default(),
+            recurrences: Default::default(),
+            filters: Default::default(),
+            emissions: Default::default(),
+            ingress: Default::default(),
+            methods: Default::default(),
         }
     }
 

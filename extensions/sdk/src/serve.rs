@@ -23,7 +23,6 @@
 //! request, and its slot among the 64, held forever.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::io;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -42,6 +41,7 @@ use conduit_rpc::{
     BoxFuture, CloseReason, Handler, HandlerResult, Request, Session, SessionConfig, to_raw,
 };
 use futures::FutureExt as _;
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
@@ -485,7 +485,7 @@ fn undeclared(method: &str, what: &str, name: &str) -> RpcError {
 fn by_name<P, R>(
     method: &str,
     params: Option<&str>,
-    handlers: &HashMap<String, TypedFn<P, R>>,
+    handlers: &FxHashMap<String, TypedFn<P, R>>,
     cx: Ctx,
     what: &str,
     name_of: impl Fn(&P) -> &String,

@@ -116,17 +116,30 @@ impl Serialize for RequestId {
 
 impl<'de> Deserialize<'de> for RequestId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either<'a> {
-            Num(i64),
-            #[serde(borrow)]
-            Str(Cow<'a, str>),
+        // A visitor, not an untagged enum: serde buffers an untagged enum's input to try each
+        // variant, and every message read has an id.
+        struct Id;
+        impl serde::de::Visitor<'_> for Id {
+            type Value = RequestId;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an integer or a string")
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<RequestId, E> {
+                Ok(RequestId::num(n))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<RequestId, E> {
+                i64::try_from(n)
+                    .map(RequestId::num)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(n), &self))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RequestId, E> {
+                Ok(RequestId::str(s.to_owned()))
+            }
+            fn visit_string<E: serde::de::Error>(self, s: String) -> Result<RequestId, E> {
+                Ok(RequestId::str(s))
+            }
         }
-        match Either::deserialize(d)? {
-            Either::Num(n) => Ok(RequestId::num(n)),
-            Either::Str(s) => Ok(RequestId::str(s.into_owned())),
-        }
+        d.deserialize_any(Id)
     }
 }
 
@@ -218,6 +231,35 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
     <&'de RawValue>::deserialize(d).map(Some)
 }
 
+/// A message whose fields all have their plain types: `id` an integer or a string (not
+/// `null`), `method` and `jsonrpc` strings without escapes. Most messages are; [`Message::parse`]
+/// reads them in one pass and falls back to [`Envelope`] for the rest.
+#[derive(Deserialize)]
+struct Plain<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Option<&'a str>,
+    #[serde(default, deserialize_with = "some_id")]
+    id: Option<RequestId>,
+    #[serde(borrow, default, deserialize_with = "some_str")]
+    method: Option<&'a str>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(default)]
+    error: Option<RpcError>,
+}
+
+/// An id that is present must be one (`null` is refused, so that [`Envelope`] reads it).
+fn some_id<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<RequestId>, D::Error> {
+    RequestId::deserialize(d).map(Some)
+}
+
+/// A string borrowed from the line (one with escapes is refused, so that [`Envelope`] reads it).
+fn some_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de str>, D::Error> {
+    <&'de str>::deserialize(d).map(Some)
+}
+
 impl<'a> Message<'a> {
     /// Classify one received line (without its newline).
     pub fn parse(line: &'a [u8]) -> Result<Message<'a>, MessageError> {
@@ -245,6 +287,29 @@ impl<'a> Message<'a> {
                 });
             }
         }
+        // The common case in one pass: every field of its plain type. Anything else — a field
+        // of the wrong type, a `null` id, a name with escapes, a duplicate — is read again below,
+        // field by field, to say exactly what is wrong; both end in `classify`.
+        if let Ok(plain) = serde_json::from_str::<Plain<'a>>(text) {
+            let id_absent = plain.id.is_none();
+            return classify(
+                plain.jsonrpc == Some("2.0"),
+                plain.id,
+                id_absent,
+                plain.method.map(Cow::Borrowed),
+                plain.params,
+                plain.result,
+                plain.error,
+            );
+        }
+        Self::parse_field_by_field(text)
+    }
+
+    /// What [`Message::parse`] makes of a line that is UTF-8 and starts with `{`, read field by
+    /// field, without its one-pass reading of plain messages. Both must agree on every line:
+    /// tests and the `message_parse` fuzz target compare them.
+    #[doc(hidden)]
+    pub fn parse_field_by_field(text: &'a str) -> Result<Message<'a>, MessageError> {
         let env: Envelope<'a> = match serde_json::from_str(text) {
             Ok(env) => env,
             // serde calls a number too large for its field a syntax error; it is valid JSON.
@@ -287,45 +352,63 @@ impl<'a> Message<'a> {
                 }
             },
         };
-        if env.jsonrpc.map(RawValue::get) != Some("\"2.0\"") {
-            let reason = "`jsonrpc` must be \"2.0\"".to_owned();
-            return Err(match method {
+        classify(
+            env.jsonrpc.map(RawValue::get) == Some("\"2.0\""),
+            id,
+            env.id.is_none(),
+            method,
+            env.params,
+            env.result,
+            env.error,
+        )
+    }
+}
+
+/// What a message is, from its fields once each has been read as its type: `jsonrpc_ok` says
+/// `"jsonrpc": "2.0"` was there, `id_absent` that there was no `id` at all (`"id": null` is an
+/// id of `None` that is not absent).
+fn classify<'a>(
+    jsonrpc_ok: bool,
+    id: Option<RequestId>,
+    id_absent: bool,
+    method: Option<Cow<'a, str>>,
+    params: Option<&'a RawValue>,
+    result: Option<&'a RawValue>,
+    error: Option<RpcError>,
+) -> Result<Message<'a>, MessageError> {
+    if !jsonrpc_ok {
+        let reason = "`jsonrpc` must be \"2.0\"".to_owned();
+        return Err(match method {
+            Some(_) => MessageError::Invalid { id, reason },
+            None => MessageError::BadResponse { id, reason },
+        });
+    }
+    match (method, id, result, error) {
+        (Some(method), Some(id), None, None) => Ok(Message::Request { id, method, params }),
+        (Some(method), None, None, None) if id_absent => {
+            Ok(Message::Notification { method, params })
+        }
+        (Some(_), None, None, None) => Err(MessageError::Invalid {
+            id: None,
+            reason: "a request's `id` must not be null".into(),
+        }),
+        (None, Some(id), Some(result), None) => Ok(Message::Response {
+            id,
+            result: Ok(result),
+        }),
+        (None, Some(id), None, Some(err)) => Ok(Message::Response {
+            id,
+            result: Err(err),
+        }),
+        (None, None, None, Some(err)) => Err(MessageError::Orphan(err)),
+        (method, id, _, _) => {
+            let reason = "a message has either `method` (request, notification) or exactly \
+                          one of `result` and `error` (response)"
+                .to_owned();
+            Err(match method {
                 Some(_) => MessageError::Invalid { id, reason },
                 None => MessageError::BadResponse { id, reason },
-            });
-        }
-        match (method, id, env.result, env.error) {
-            (Some(method), Some(id), None, None) => Ok(Message::Request {
-                id,
-                method,
-                params: env.params,
-            }),
-            (Some(method), None, None, None) if env.id.is_none() => Ok(Message::Notification {
-                method,
-                params: env.params,
-            }),
-            (Some(_), None, None, None) => Err(MessageError::Invalid {
-                id: None,
-                reason: "a request's `id` must not be null".into(),
-            }),
-            (None, Some(id), Some(result), None) => Ok(Message::Response {
-                id,
-                result: Ok(result),
-            }),
-            (None, Some(id), None, Some(err)) => Ok(Message::Response {
-                id,
-                result: Err(err),
-            }),
-            (None, None, None, Some(err)) => Err(MessageError::Orphan(err)),
-            (method, id, _, _) => {
-                let reason = "a message has either `method` (request, notification) or exactly \
-                              one of `result` and `error` (response)"
-                    .to_owned();
-                Err(match method {
-                    Some(_) => MessageError::Invalid { id, reason },
-                    None => MessageError::BadResponse { id, reason },
-                })
-            }
+            })
         }
     }
 }
@@ -624,5 +707,105 @@ mod tests {
             matches!(e, MessageError::BadResponse { id: Some(_), .. }),
             "{e:?}"
         );
+    }
+
+    /// The one-pass reading of plain messages and the field-by-field reading agree on every
+    /// combination of each field's usual and unusual values (absent, `null`, the wrong type,
+    /// escapes, out of range, duplicated), in two key orders.
+    #[test]
+    fn the_one_pass_reading_agrees_with_the_field_by_field_one() {
+        let jsonrpc = [
+            None,
+            Some(r#""2.0""#),
+            Some(r#""1.0""#),
+            Some("2.0"),
+            Some("null"),
+            Some(r#""2\u002e0""#),
+        ];
+        let id = [
+            None,
+            Some("1"),
+            Some("-5"),
+            Some("9223372036854775807"),
+            Some("9223372036854775808"),
+            Some("1.5"),
+            Some(r#""a""#),
+            Some(r#""a\"b""#),
+            Some("null"),
+            Some("true"),
+            Some("[1]"),
+        ];
+        let method = [
+            None,
+            Some(r#""echo""#),
+            Some(r#""ec\u0068o""#),
+            Some("5"),
+            Some("null"),
+        ];
+        let params = [None, Some("{}"), Some("[1]"), Some("null")];
+        let result = [None, Some("null"), Some("1")];
+        let error = [
+            None,
+            Some(r#"{"code":1,"message":"m"}"#),
+            Some("null"),
+            Some(r#""bad""#),
+        ];
+        let mut lines = 0;
+        for j in jsonrpc {
+            for i in id {
+                for m in method {
+                    for p in params {
+                        for r in result {
+                            for e in error {
+                                let fields = [
+                                    ("jsonrpc", j),
+                                    ("id", i),
+                                    ("method", m),
+                                    ("params", p),
+                                    ("result", r),
+                                    ("error", e),
+                                ];
+                                let present: Vec<String> = fields
+                                    .iter()
+                                    .filter_map(|(k, v)| v.map(|v| format!(r#""{k}":{v}"#)))
+                                    .collect();
+                                let mut orders = vec![present.clone()];
+                                orders.push(present.iter().rev().cloned().collect());
+                                // A field given twice.
+                                if let Some(first) = present.first() {
+                                    let mut twice = present.clone();
+                                    twice.push(first.clone());
+                                    orders.push(twice);
+                                }
+                                for order in orders {
+                                    let line = format!("{{{}}}", order.join(","));
+                                    let one_pass = Message::parse(line.as_bytes());
+                                    let by_field = Message::parse_field_by_field(&line);
+                                    assert_eq!(
+                                        format!("{one_pass:?}"),
+                                        format!("{by_field:?}"),
+                                        "{line}"
+                                    );
+                                    lines += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(lines > 30_000, "{lines}");
+    }
+
+    #[test]
+    fn an_id_is_an_integer_or_a_string_and_nothing_else() {
+        let id = |s: &str| serde_json::from_str::<RequestId>(s).ok();
+        assert_eq!(id("7"), Some(RequestId::num(7)));
+        assert_eq!(id("-7"), Some(RequestId::num(-7)));
+        assert_eq!(id("9223372036854775807"), Some(RequestId::num(i64::MAX)));
+        assert_eq!(id(r#""x\"y""#), Some(RequestId::str("x\"y")));
+        for bad in ["9223372036854775808", "1.0", "true", "null", "[1]", "{}"] {
+            assert_eq!(id(bad), None, "{bad}");
+        }
     }
 }

@@ -49,7 +49,6 @@ mod reader;
 mod shared;
 mod writer;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -97,8 +96,8 @@ impl Session {
             max_message_bytes: config.max_message_bytes,
             next_id: AtomicI64::new(1),
             tables: Mutex::new(Tables {
-                pending: HashMap::new(),
-                incoming: HashMap::new(),
+                pending: Default::default(),
+                incoming: Default::default(),
                 closed: None,
             }),
             queue,

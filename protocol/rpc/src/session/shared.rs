@@ -10,11 +10,11 @@
 //! How frames are queued and written is `writer.rs`'s; how the tables fill and empty is `peer.rs`'s
 //! (outgoing) and `reader.rs`'s (incoming).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 use conduit_protocol::{RequestId, RpcError};
+use rustc_hash::FxHashMap;
 use serde_json::value::RawValue;
 use tokio::io::AsyncWrite;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -66,9 +66,13 @@ pub(super) struct Queued {
 /// The pending table (our calls awaiting an answer, by id), the incoming table (the peer's
 /// requests being served, by id, with their cancellation) and why the session closed, if it
 /// has: under one lock, so that ending the session empties both tables at once.
+///
+/// Both hash with FxHash, not SipHash: every message touches them, and neither can be made to
+/// grow by the peer (the incoming table holds at most `max_concurrent` requests, the pending
+/// table our own ids), so a peer choosing colliding ids slows at most a few dozen entries.
 pub(super) struct Tables {
-    pub(super) pending: HashMap<i64, PendingTx>,
-    pub(super) incoming: HashMap<RequestId, CancellationToken>,
+    pub(super) pending: FxHashMap<i64, PendingTx>,
+    pub(super) incoming: FxHashMap<RequestId, CancellationToken>,
     pub(super) closed: Option<CloseReason>,
 }
 
