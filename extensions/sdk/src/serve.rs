@@ -262,7 +262,7 @@ impl Dispatch {
         req: Request,
         init: Arc<InitializeParams>,
         bulk: Option<Arc<BulkPipe>>,
-    ) -> BoxFuture<HandlerResult> {
+    ) -> impl Future<Output = HandlerResult> + Send + 'static {
         // `_meta` is the protocol's, not the handler's (docs/protocol.md §11): strip it and
         // keep the deadline it carries.
         let stripped = req
@@ -331,14 +331,12 @@ impl Dispatch {
                 None => Err(RpcError::method_not_found(method)),
             },
         };
-        let fut = match started {
-            Ok(fut) => fut,
-            Err(e) => return Box::pin(std::future::ready(Err(e))),
-        };
         let method = req.method;
         let cancel = req.cancel;
         let cancel_all = self.cancel_all.clone();
-        Box::pin(async move {
+        // Not boxed here: `request` boxes it once, with its tracking.
+        async move {
+            let fut = started?;
             tokio::select! {
                 biased;
                 res = AssertUnwindSafe(fut).catch_unwind() => res.unwrap_or_else(|panic| {
@@ -352,7 +350,7 @@ impl Dispatch {
                     Err(RpcError::cancelled())
                 }
             }
-        })
+        }
     }
 
     fn poll(
@@ -398,7 +396,9 @@ impl Handler for Dispatch {
                 (Phase::Ready, Some(init)) if req.method == methods::host::SHUTDOWN => {
                     return self.shutdown(&init);
                 }
-                (Phase::Ready, Some(init)) => self.route(req, init, bulk),
+                (Phase::Ready, Some(init)) => {
+                    return Box::pin(self.tracker.track_future(self.route(req, init, bulk)));
+                }
             }
         };
         // Even answers that are ready at once are tracked: the session writes them from a task

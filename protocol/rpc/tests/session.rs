@@ -99,6 +99,7 @@ both!(
     the_peer_going_away_fails_every_pending_call_at_once,
     unknown_methods_get_method_not_found,
     a_panicking_handler_is_answered_internal_error_and_frees_its_slot,
+    params_that_do_not_serialize_fail_the_call_and_send_nothing,
 );
 
 async fn stats(peer: &Peer) -> Value {
@@ -357,6 +358,28 @@ async fn unknown_methods_get_method_not_found(pair: Pair) {
         .unwrap_err();
     assert!(err.is(ErrorCode::MethodNotFound), "{err}");
     assert!(err.to_string().contains("no.such"));
+}
+
+/// Params are serialized straight into the request's frame: a value serde cannot write as
+/// JSON fails the call at once, and nothing of it reaches the peer (the next call is answered
+/// as if it had never been).
+async fn params_that_do_not_serialize_fail_the_call_and_send_nothing(pair: Pair) {
+    let peer = pair.peer();
+    // A map whose keys are not strings has no JSON form.
+    let bad = std::collections::BTreeMap::from([(vec![1u8], 1)]);
+    let err = peer
+        .call::<_, Value>("echo", &bad, Some(Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, CallError::BadResult { detail, .. } if detail.contains("params do not serialize")),
+        "{err:?}"
+    );
+    let back: Value = peer
+        .call("echo", &json!({"after": 1}), Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(back, json!({"after": 1}));
 }
 
 #[tokio::test]

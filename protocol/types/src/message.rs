@@ -472,13 +472,30 @@ pub fn write_request(out: &mut Vec<u8>, id: &RequestId, method: &str, params: &R
 
 /// Append a request whose params are JSON text the caller vouches for (not checked).
 pub fn write_request_json(out: &mut Vec<u8>, id: &RequestId, method: &str, params: &str) {
+    let written: Result<(), std::convert::Infallible> =
+        write_request_with(out, id, method, |out| {
+            out.extend_from_slice(params.as_bytes());
+            Ok(())
+        });
+    let Ok(()) = written;
+}
+
+/// Append a request whose params `params` writes into `out` itself (serialized in place, with
+/// no buffer of their own). If it fails, `out` may hold part of the request: discard it.
+pub fn write_request_with<E>(
+    out: &mut Vec<u8>,
+    id: &RequestId,
+    method: &str,
+    params: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<(), E> {
     out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
     id.write_json(out);
     out.extend_from_slice(br#","method":"#);
     write_str(out, method);
     out.extend_from_slice(br#","params":"#);
-    out.extend_from_slice(params.as_bytes());
+    params(out)?;
     out.push(b'}');
+    Ok(())
 }
 
 /// Append a notification to `out`.

@@ -5,6 +5,7 @@
 //! Invariant: a call that is dropped or times out before its answer removes its pending entry
 //! and sends `$/cancel` (`PendingGuard`).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -64,6 +65,25 @@ fn writer_wakes_here() -> bool {
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }
 
+/// `call` bounded by `deadline`, if there is one: past it, `deadline_exceeded` (the pending
+/// guard inside the call removes it and sends `$/cancel` as it drops).
+async fn within(
+    method: &str,
+    deadline: Option<Duration>,
+    call: impl Future<Output = Result<Box<RawValue>, CallError>>,
+) -> Result<Box<RawValue>, CallError> {
+    match deadline {
+        None => call.await,
+        Some(d) => match tokio::time::timeout(d, call).await {
+            Ok(r) => r,
+            Err(_) => Err(CallError::DeadlineExceeded {
+                method: method.into(),
+                deadline: d,
+            }),
+        },
+    }
+}
+
 impl Peer {
     /// Call `method` with raw params; wait at most `deadline` for the answer.
     pub async fn call_raw(
@@ -85,19 +105,11 @@ impl Peer {
         deadline: Option<Duration>,
         cancel: Option<&CancellationToken>,
     ) -> Result<Box<RawValue>, CallError> {
-        match deadline {
-            None => self.exchange(method, params.get(), cancel).await,
-            Some(d) => {
-                match tokio::time::timeout(d, self.exchange(method, params.get(), cancel)).await {
-                    Ok(r) => r,
-                    // The pending guard inside removes the call and sends `$/cancel` as it drops.
-                    Err(_) => Err(CallError::DeadlineExceeded {
-                        method: method.into(),
-                        deadline: d,
-                    }),
-                }
-            }
-        }
+        let (id, frame) = self.request_frame(method, params.get().len(), |out| {
+            out.extend_from_slice(params.get().as_bytes());
+            Ok(())
+        })?;
+        within(method, deadline, self.exchange(method, id, frame, cancel)).await
     }
 
     /// Call `method` with params given as JSON text the caller built itself and vouches for —
@@ -110,35 +122,30 @@ impl Peer {
         params_json: &str,
         deadline: Option<Duration>,
     ) -> Result<Box<RawValue>, CallError> {
-        match deadline {
-            None => self.exchange(method, params_json, None).await,
-            Some(d) => {
-                match tokio::time::timeout(d, self.exchange(method, params_json, None)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(CallError::DeadlineExceeded {
-                        method: method.into(),
-                        deadline: d,
-                    }),
-                }
-            }
-        }
+        let (id, frame) = self.request_frame(method, params_json.len(), |out| {
+            out.extend_from_slice(params_json.as_bytes());
+            Ok(())
+        })?;
+        within(method, deadline, self.exchange(method, id, frame, None)).await
     }
 
-    async fn exchange(
+    /// A new id, and the request's frame (with its `\n`) with params written by `params`
+    /// (`size` of them expected): refused past the message cap.
+    fn request_frame(
         &self,
         method: &str,
-        params: &str,
-        cancel: Option<&CancellationToken>,
-    ) -> Result<Box<RawValue>, CallError> {
+        size: usize,
+        params: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
+    ) -> Result<(i64, Vec<u8>), CallError> {
         let shared = &*self.shared;
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        // The id on the caller's span (the host's `extension.call` declares `request_id`); a
-        // static level check first, so with spans off this costs nothing.
-        if tracing::level_enabled!(tracing::Level::DEBUG) {
-            tracing::Span::current().record("request_id", id);
-        }
-        let mut frame = Vec::with_capacity(48 + method.len() + params.len());
-        message::write_request_json(&mut frame, &RequestId::num(id), method, params);
+        let mut frame = Vec::with_capacity(48 + method.len() + size);
+        message::write_request_with(&mut frame, &RequestId::num(id), method, params).map_err(
+            |e| CallError::BadResult {
+                method: method.into(),
+                detail: format!("params do not serialize: {e}"),
+            },
+        )?;
         if frame.len() > shared.max_message_bytes {
             return Err(CallError::TooLarge {
                 method: method.into(),
@@ -150,6 +157,23 @@ impl Peer {
             });
         }
         frame.push(b'\n');
+        Ok((id, frame))
+    }
+
+    /// Send the request `frame` (call `id`) and wait for its answer.
+    async fn exchange(
+        &self,
+        method: &str,
+        id: i64,
+        frame: Vec<u8>,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<Box<RawValue>, CallError> {
+        let shared = &*self.shared;
+        // The id on the caller's span (the host's `extension.call` declares `request_id`); a
+        // static level check first, so with spans off this costs nothing.
+        if tracing::level_enabled!(tracing::Level::DEBUG) {
+            tracing::Span::current().record("request_id", id);
+        }
 
         let closed = |reason| CallError::Closed {
             method: method.into(),
@@ -233,11 +257,11 @@ impl Peer {
         params: &P,
         deadline: Option<Duration>,
     ) -> Result<R, CallError> {
-        let params = serde_json::value::to_raw_value(params).map_err(|e| CallError::BadResult {
-            method: method.into(),
-            detail: format!("params do not serialize: {e}"),
-        })?;
-        let raw = self.call_raw(method, &params, deadline).await?;
+        // Serialized straight into the request's frame: no buffer of their own to fill, shrink
+        // and copy.
+        let (id, frame) =
+            self.request_frame(method, 64, |out| serde_json::to_writer(&mut *out, params))?;
+        let raw = within(method, deadline, self.exchange(method, id, frame, None)).await?;
         serde_json::from_str(raw.get()).map_err(|e| CallError::BadResult {
             method: method.into(),
             detail: e.to_string(),

@@ -162,7 +162,7 @@ async fn on_message(
                 id: id.clone(),
                 method: method.into_owned(),
                 params: params.map(|p| p.to_owned()),
-                cancel: cancel.clone(),
+                cancel,
                 peer: peer.clone(),
             };
             // A handler that panics still answers (and frees its slot) — whether it panics while
@@ -179,11 +179,12 @@ async fn on_message(
                 );
                 return;
             };
-            let mut fut = Box::pin(std::panic::AssertUnwindSafe(fut).catch_unwind());
+            // Already boxed, so `Unpin`: wrapped without another box.
+            let mut fut = std::panic::AssertUnwindSafe(fut).catch_unwind();
             // Poll it once here: a handler that can answer at once (most can) is answered
             // without a task of its own — one spawn and two wake-ups fewer per request. One
             // that cannot goes on in its own task, where the reader never waits for it.
-            if let std::task::Poll::Ready(r) = futures::poll!(fut.as_mut()) {
+            if let std::task::Poll::Ready(r) = futures::poll!(&mut fut) {
                 let res = r.unwrap_or_else(|_| Err(RpcError::internal("the handler panicked")));
                 let frame = reply_frame(shared, Some(&id), &res);
                 // Gathered (written with the answers to the requests already read, before the
@@ -212,6 +213,11 @@ async fn on_message(
                 });
                 return;
             }
+            // The request's token, from its entry (not kept aside for every request: most are
+            // answered above). No entry: the session ended meanwhile, and nobody is answered.
+            let Some(cancel) = shared.lock().incoming.get(&id).cloned() else {
+                return;
+            };
             let shared = shared.clone();
             handlers.spawn(async move {
                 let res = tokio::select! {
