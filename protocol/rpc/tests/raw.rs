@@ -126,6 +126,34 @@ async fn an_answer_over_the_cap_is_replaced_by_message_too_large() {
     );
 }
 
+/// Answers gathered for a burst and an answer too large to gather (written from a buffer of
+/// its own after what was gathered) all arrive whole, each once.
+#[tokio::test]
+async fn a_large_answer_among_gathered_ones_arrives_whole() {
+    let (_s, mut w, mut r) = raw_peer(SessionConfig::default());
+    let mut burst = String::new();
+    for id in 1..=3 {
+        burst +=
+            &format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"echo\",\"params\":[{id}]}}\n");
+    }
+    burst += "{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"big\",\"params\":{\"bytes\":200000}}\n";
+    for id in 5..=7 {
+        burst +=
+            &format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"echo\",\"params\":[{id}]}}\n");
+    }
+    w.write_all(burst.as_bytes()).await.unwrap();
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..7 {
+        let v = next_json(&mut r).await;
+        let id = v["id"].as_i64().unwrap();
+        assert!(seen.insert(id, v).is_none(), "answered twice: {id}");
+    }
+    for id in [1, 2, 3, 5, 6, 7] {
+        assert_eq!(seen[&id]["result"], json!([id]), "{id}");
+    }
+    assert_eq!(seen[&4]["result"].as_str().map(str::len), Some(200_000));
+}
+
 #[tokio::test]
 async fn a_peer_that_stops_reading_makes_senders_wait_within_the_queue_bound() {
     // A tiny pipe and an 8 KiB queue: the other side never reads.

@@ -22,7 +22,7 @@ use super::error::CloseReason;
 use super::handler::{Handler, HandlerResult, Request};
 use super::peer::Peer;
 use super::shared::{Failure, Shared};
-use super::writer::{Gathered, Held};
+use super::writer::{GATHER_BYTES, Gathered, Held};
 use crate::codec::{Frame, FrameReader};
 use crate::head;
 
@@ -186,11 +186,18 @@ async fn on_message(
             // that cannot goes on in its own task, where the reader never waits for it.
             if let std::task::Poll::Ready(r) = futures::poll!(&mut fut) {
                 let res = r.unwrap_or_else(|_| Err(RpcError::internal("the handler panicked")));
-                let frame = reply_frame(shared, Some(&id), &res);
                 // Gathered (written with the answers to the requests already read, before the
                 // reader waits) and its id freed before this task reads the next request: a
                 // peer may reuse an id once it has the answer, and it cannot have it before.
-                let frame = match shared.try_gather(gathered, frame) {
+                let sent = if matches!(&res, Ok(raw) if raw.get().len() >= GATHER_BYTES) {
+                    // Too large to gather: written after what is, from a buffer of its own.
+                    shared.flush_gathered(gathered);
+                    shared.try_send(reply_frame(shared, Some(&id), &res))
+                } else {
+                    shared
+                        .try_gather_with(gathered, |out| write_reply(shared, out, Some(&id), &res))
+                };
+                let frame = match sent {
                     Ok(()) => {
                         shared.lock().incoming.remove(&id);
                         return;
@@ -334,8 +341,11 @@ async fn send_answer(
 /// the reader wait, nor make refusals pile up. The refused request's caller still gets its
 /// own deadline.
 fn refuse(shared: &Shared, id: Option<&RequestId>, err: RpcError, gathered: &mut Gathered) {
-    let frame = reply_frame(shared, id, &Err(err));
-    if shared.try_gather(gathered, frame).is_err() {
+    let res = Err(err);
+    if shared
+        .try_gather_with(gathered, |out| write_reply(shared, out, id, &res))
+        .is_err()
+    {
         tracing::debug!(peer = %shared.name, "the write queue is full; dropped a refusal");
     }
 }
@@ -343,13 +353,21 @@ fn refuse(shared: &Shared, id: Option<&RequestId>, err: RpcError, gathered: &mut
 /// The frame (with its `\n`) answering a request.
 fn reply_frame(shared: &Shared, id: Option<&RequestId>, res: &HandlerResult) -> Vec<u8> {
     let mut frame = Vec::new();
+    write_reply(shared, &mut frame, id, res);
+    frame
+}
+
+/// Append the frame (with its `\n`) answering a request to `out`. A result over the cap is
+/// replaced by `message_too_large`.
+fn write_reply(shared: &Shared, out: &mut Vec<u8>, id: Option<&RequestId>, res: &HandlerResult) {
+    let start = out.len();
     match res {
         Ok(raw) => {
-            frame.reserve(40 + raw.get().len());
-            message::write_result(&mut frame, id.expect("a result always has an id"), raw);
-            if frame.len() > shared.max_message_bytes {
-                let len = frame.len();
-                frame.clear();
+            out.reserve(40 + raw.get().len());
+            message::write_result(out, id.expect("a result always has an id"), raw);
+            if out.len() - start > shared.max_message_bytes {
+                let len = out.len() - start;
+                out.truncate(start);
                 let err = RpcError::new(
                     ErrorCode::MessageTooLarge,
                     format!(
@@ -357,11 +375,10 @@ fn reply_frame(shared: &Shared, id: Option<&RequestId>, res: &HandlerResult) -> 
                         shared.max_message_bytes
                     ),
                 );
-                message::write_error(&mut frame, id, &err);
+                message::write_error(out, id, &err);
             }
         }
-        Err(err) => message::write_error(&mut frame, id, err),
+        Err(err) => message::write_error(out, id, err),
     }
-    frame.push(b'\n');
-    frame
+    out.push(b'\n');
 }

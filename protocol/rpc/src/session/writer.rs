@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!   send / send_held ──(waits for queue room)──┐
-//!   try_send, or try_gather + flush_gathered   │         nothing queued or being written:
+//!   try_send, or try_gather_with + flush_gathered         nothing queued or being written:
 //!     (the reader: never waits) ───────────────┼──► write_or_queue ──► written here, at once
 //!   send_now ($/cancel: tiny, never waits) ────┘         │ otherwise, or the rest of a
 //!                                                        │ frame the pipe did not take, or
@@ -251,9 +251,11 @@ impl Shared {
     /// Queue permits a frame takes: its length (a frame larger than the whole queue — never,
     /// with the defaults — takes all of it).
     fn permits_for(&self, bytes: &[u8]) -> u32 {
-        u32::try_from(bytes.len())
-            .unwrap_or(u32::MAX)
-            .min(self.queue_total)
+        self.permits_for_len(bytes.len())
+    }
+
+    fn permits_for_len(&self, len: usize) -> u32 {
+        u32::try_from(len).unwrap_or(u32::MAX).min(self.queue_total)
     }
 
     /// Queue a frame if there is room now; otherwise hand it back. The reader task uses this:
@@ -280,42 +282,61 @@ impl Shared {
         }
     }
 
-    /// Gather an answer the reader made into `g`, to be written with the others it makes
-    /// before it next waits to read ([`Shared::flush_gathered`]); like [`Shared::try_send`], it
-    /// never waits, and a frame it hands back found no room. A gathered frame holds its permits
-    /// and held bytes from here, as a queued one does. A large frame is not copied: what is
-    /// gathered goes first, then the frame as `try_send` sends it.
-    pub(super) fn try_gather(&self, g: &mut Gathered, bytes: Vec<u8>) -> Result<(), Vec<u8>> {
-        if bytes.len() >= GATHER_BYTES {
+    /// Gather an answer the reader makes, written by `write` straight into `g`'s buffer, to be
+    /// written with the others it makes before it next waits to read
+    /// ([`Shared::flush_gathered`]); like [`Shared::try_send`], it never waits, and a frame it
+    /// hands back found no room. A gathered frame holds its permits and held bytes from here, as
+    /// a queued one does. A large frame is taken out again: what is gathered goes first, then
+    /// the frame as `try_send` sends it (a caller that knows its frame is large sends it so
+    /// itself, and saves the copy).
+    pub(super) fn try_gather_with(
+        &self,
+        g: &mut Gathered,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<(), Vec<u8>> {
+        let start = g.bytes.len();
+        write(&mut g.bytes);
+        let len = g.bytes.len() - start;
+        if len >= GATHER_BYTES {
+            let frame = g.bytes.split_off(start);
             self.flush_gathered(g);
-            return self.try_send(bytes);
-        }
-        let permits = self.permits_for(&bytes);
-        let held = match self.reserve(bytes.len()) {
-            Ok(held) => held,
-            Err(_) if !g.bytes.is_empty() => {
-                // Writing what is gathered may free the room this frame needs.
-                self.flush_gathered(g);
-                return self.try_gather(g, bytes);
+            if g.bytes.capacity() > 2 * GATHER_BYTES {
+                g.bytes = Vec::new(); // do not keep what one large frame grew it to
             }
-            Err(_) => return Err(bytes),
-        };
-        match self.queue_space.try_acquire_many(permits) {
-            Ok(p) => p.forget(),
-            Err(_) if !g.bytes.is_empty() => {
-                drop(held);
-                self.flush_gathered(g);
-                return self.try_gather(g, bytes);
-            }
-            Err(_) => return Err(bytes),
+            return self.try_send(frame);
         }
-        g.bytes.extend_from_slice(&bytes);
-        g.permits += permits;
-        g.held += held.into_queued();
+        if !self.gather_room(g, len) {
+            if start == 0 {
+                return Err(std::mem::take(&mut g.bytes));
+            }
+            // Writing what is gathered may free the room this frame needs.
+            let frame = g.bytes.split_off(start);
+            self.flush_gathered(g);
+            g.bytes.extend_from_slice(&frame);
+            if !self.gather_room(g, len) {
+                return Err(std::mem::take(&mut g.bytes));
+            }
+        }
         if g.bytes.len() >= GATHER_BYTES {
             self.flush_gathered(g);
         }
         Ok(())
+    }
+
+    /// Take the held bytes and queue permits a gathered frame of `len` bytes holds, if there is
+    /// room now.
+    fn gather_room(&self, g: &mut Gathered, len: usize) -> bool {
+        let permits = self.permits_for_len(len);
+        let Ok(held) = self.reserve(len) else {
+            return false;
+        };
+        let Ok(p) = self.queue_space.try_acquire_many(permits) else {
+            return false;
+        };
+        p.forget();
+        g.permits += permits;
+        g.held += held.into_queued();
+        true
     }
 
     /// Write (or queue) what `g` gathered, as one frame of many lines, in one system call when
