@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!   send / send_held ──(waits for queue room)──┐
-//!   try_send, or try_gather_with + flush_gathered         nothing queued or being written:
+//!   try_send, try_gather_with, flush_gathered  │         nothing queued or being written:
 //!     (the reader: never waits) ───────────────┼──► write_or_queue ──► written here, at once
 //!   send_now ($/cancel: tiny, never waits) ────┘         │ otherwise, or the rest of a
 //!                                                        │ frame the pipe did not take, or
@@ -157,8 +157,8 @@ pub(super) struct Gathered {
     held: usize,
 }
 
-/// Gathered answers are flushed once they reach this many bytes, and an answer this large is
-/// not gathered (not copied) at all.
+/// Gathered answers are flushed once they reach this many bytes, and an answer this large goes
+/// from a buffer of its own, after what is gathered.
 pub(super) const GATHER_BYTES: usize = 64 * 1024;
 
 /// A reservation against the held-bytes bound, released when dropped unless it was handed to
@@ -340,9 +340,8 @@ impl Shared {
     }
 
     /// Write (or queue) what `g` gathered, as one frame of many lines, in one system call when
-    /// the pipe takes it.
-    /// The buffer is kept for the next answers: it is copied only when the pipe does not take
-    /// it all at once.
+    /// the pipe takes it. The buffer is kept for the next answers: it is copied only when the
+    /// pipe does not take it all at once.
     pub(super) fn flush_gathered(&self, g: &mut Gathered) {
         if g.bytes.is_empty() {
             return;
