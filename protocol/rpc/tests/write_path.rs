@@ -622,7 +622,12 @@ fn a_call_from_a_thread_blocking_on_the_runtime_writes_itself() {
                 .await
         }
     });
+    let since = std::time::Instant::now();
     while writes.writer_of("first").is_none() {
+        assert!(
+            since.elapsed() < PATIENCE,
+            "the first call was never written"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let p = RawValue::from_string("\"second\"".into()).unwrap();
@@ -636,4 +641,103 @@ fn a_call_from_a_thread_blocking_on_the_runtime_writes_itself() {
     );
     waiting.abort();
     rt.block_on(host.close(Duration::from_secs(1)));
+}
+
+/// A write half that takes nothing until it is opened, then everything.
+#[derive(Clone, Default)]
+struct Gate(Arc<Mutex<GateState>>);
+
+#[derive(Default)]
+struct GateState {
+    open: bool,
+    waiting: Option<std::task::Waker>,
+    got: Vec<u8>,
+}
+
+impl Gate {
+    fn open(&self) {
+        let mut st = self.0.lock().unwrap();
+        st.open = true;
+        if let Some(w) = st.waiting.take() {
+            w.wake();
+        }
+    }
+
+    fn got(&self) -> Vec<u8> {
+        self.0.lock().unwrap().got.clone()
+    }
+}
+
+impl AsyncWrite for Gate {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut st = self.0.lock().unwrap();
+        if !st.open {
+            st.waiting = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        st.got.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Answers the reader gathers while its write queue has no room for them — some gathered before
+/// the room ran out, the rest each alone — wait in the requests' own tasks (holding their slots)
+/// instead of being dropped or making the reader wait, and every request is answered once when
+/// the peer reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_with_no_room_to_gather_wait_in_their_own_tasks_and_all_arrive() {
+    let (mut to_ext, from_host) = tokio::io::duplex(1 << 20);
+    let gate = Gate::default();
+    let ext = Session::new(
+        from_host,
+        gate.clone(),
+        TestHandler::default(),
+        SessionConfig {
+            write_queue_bytes: 8 * 1024,
+            ..SessionConfig::named("no-room")
+        },
+    );
+    let peer = ext.peer();
+    let n = 40;
+    let pad = "p".repeat(1000);
+    let mut burst = String::new();
+    for i in 0..n {
+        burst += &format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"echo\",\"params\":{{\"i\":{i},\"pad\":\"{pad}\"}}}}\n"
+        );
+    }
+    to_ext.write_all(burst.as_bytes()).await.unwrap();
+    // About 8 KiB of answers fit the queue; the rest wait, each in its request's task.
+    eventually("answers to wait in their requests' tasks", || {
+        peer.incoming_in_flight() >= n - 10
+    })
+    .await;
+    assert!(gate.got().is_empty());
+    gate.open();
+    let answered = |g: &Gate| g.got().iter().filter(|b| **b == b'\n').count();
+    eventually("every request to be answered", || answered(&gate) == n).await;
+    let mut ids: Vec<i64> = lines(&gate.got())
+        .iter()
+        .map(|m| {
+            assert_eq!(m["result"]["i"], m["id"], "{m}");
+            m["id"].as_i64().unwrap()
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..n as i64).collect::<Vec<_>>(), "each answered once");
+    eventually("every slot to be freed", || peer.incoming_in_flight() == 0).await;
+    drop(to_ext);
+    ext.close(Duration::from_secs(1)).await;
 }

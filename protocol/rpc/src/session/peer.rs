@@ -105,10 +105,7 @@ impl Peer {
         deadline: Option<Duration>,
         cancel: Option<&CancellationToken>,
     ) -> Result<Box<RawValue>, CallError> {
-        let (id, frame) = self.request_frame(method, params.get().len(), |out| {
-            out.extend_from_slice(params.get().as_bytes());
-            Ok(())
-        })?;
+        let (id, frame) = self.request_frame_text(method, params.get())?;
         within(method, deadline, self.exchange(method, id, frame, cancel)).await
     }
 
@@ -122,10 +119,7 @@ impl Peer {
         params_json: &str,
         deadline: Option<Duration>,
     ) -> Result<Box<RawValue>, CallError> {
-        let (id, frame) = self.request_frame(method, params_json.len(), |out| {
-            out.extend_from_slice(params_json.as_bytes());
-            Ok(())
-        })?;
+        let (id, frame) = self.request_frame_text(method, params_json)?;
         within(method, deadline, self.exchange(method, id, frame, None)).await
     }
 
@@ -158,6 +152,14 @@ impl Peer {
         }
         frame.push(b'\n');
         Ok((id, frame))
+    }
+
+    /// [`Peer::request_frame`] with params given as JSON text.
+    fn request_frame_text(&self, method: &str, params: &str) -> Result<(i64, Vec<u8>), CallError> {
+        self.request_frame(method, params.len(), |out| {
+            out.extend_from_slice(params.as_bytes());
+            Ok(())
+        })
     }
 
     /// Send the request `frame` (call `id`) and wait for its answer.

@@ -22,7 +22,7 @@ use super::error::CloseReason;
 use super::handler::{Handler, HandlerResult, Request};
 use super::peer::Peer;
 use super::shared::{Failure, Shared};
-use super::writer::{GATHER_BYTES, Gathered, Held};
+use super::writer::{Gathered, Held};
 use crate::codec::{Frame, FrameReader};
 use crate::head;
 
@@ -189,14 +189,9 @@ async fn on_message(
                 // Gathered (written with the answers to the requests already read, before the
                 // reader waits) and its id freed before this task reads the next request: a
                 // peer may reuse an id once it has the answer, and it cannot have it before.
-                let sent = if matches!(&res, Ok(raw) if raw.get().len() >= GATHER_BYTES) {
-                    // Too large to gather: written after what is, from a buffer of its own.
-                    shared.flush_gathered(gathered);
-                    shared.try_send(reply_frame(shared, Some(&id), &res))
-                } else {
-                    shared
-                        .try_gather_with(gathered, |out| write_reply(shared, out, Some(&id), &res))
-                };
+                let sent = shared.try_gather_with(gathered, reply_size(&res), |out| {
+                    write_reply(shared, out, Some(&id), &res)
+                });
                 let frame = match sent {
                     Ok(()) => {
                         shared.lock().incoming.remove(&id);
@@ -343,7 +338,9 @@ async fn send_answer(
 fn refuse(shared: &Shared, id: Option<&RequestId>, err: RpcError, gathered: &mut Gathered) {
     let res = Err(err);
     if shared
-        .try_gather_with(gathered, |out| write_reply(shared, out, id, &res))
+        .try_gather_with(gathered, reply_size(&res), |out| {
+            write_reply(shared, out, id, &res)
+        })
         .is_err()
     {
         tracing::debug!(peer = %shared.name, "the write queue is full; dropped a refusal");
@@ -355,6 +352,14 @@ fn reply_frame(shared: &Shared, id: Option<&RequestId>, res: &HandlerResult) -> 
     let mut frame = Vec::new();
     write_reply(shared, &mut frame, id, res);
     frame
+}
+
+/// About how large the frame answering with `res` is: what it carries, without the envelope.
+fn reply_size(res: &HandlerResult) -> usize {
+    match res {
+        Ok(raw) => raw.get().len(),
+        Err(e) => e.message.len() + e.data.as_ref().map_or(0, |d| d.get().len()),
+    }
 }
 
 /// Append the frame (with its `\n`) answering a request to `out`. A result over the cap is

@@ -118,27 +118,27 @@ pub(super) enum WrittenBy {
 }
 
 /// A frame to write: owned (queued as is when it must wait) or borrowed (copied only then).
-pub(super) enum Frame<'a> {
+pub(super) enum ToWrite<'a> {
     Owned(Vec<u8>),
     Borrowed(&'a [u8]),
 }
 
-impl Frame<'_> {
+impl ToWrite<'_> {
     fn as_slice(&self) -> &[u8] {
         match self {
-            Frame::Owned(v) => v,
-            Frame::Borrowed(b) => b,
+            ToWrite::Owned(v) => v,
+            ToWrite::Borrowed(b) => b,
         }
     }
 
     /// What is left from byte `from` on, owned, for the queue.
     fn from(self, from: usize) -> Vec<u8> {
         match self {
-            Frame::Owned(mut v) => {
+            ToWrite::Owned(mut v) => {
                 v.drain(..from);
                 v
             }
-            Frame::Borrowed(b) => b[from..].to_vec(),
+            ToWrite::Borrowed(b) => b[from..].to_vec(),
         }
     }
 }
@@ -157,8 +157,8 @@ pub(super) struct Gathered {
     held: usize,
 }
 
-/// Gathered answers are flushed once they reach this many bytes, and an answer this large goes
-/// from a buffer of its own, after what is gathered.
+/// Gathered answers are flushed once they reach this many bytes, and an answer expected to be
+/// this large goes from a buffer of its own, after what is gathered.
 pub(super) const GATHER_BYTES: usize = 64 * 1024;
 
 /// A reservation against the held-bytes bound, released when dropped unless it was handed to
@@ -215,7 +215,7 @@ impl Shared {
         by: WrittenBy,
     ) -> Result<(), CloseReason> {
         let permits = self.acquire_room(&bytes).await?;
-        self.write_or_queue(Frame::Owned(bytes), permits, held.into_queued(), by)
+        self.write_or_queue(ToWrite::Owned(bytes), permits, held.into_queued(), by)
     }
 
     /// [`Shared::send_held`], calling `accepted` once there is room and before the frame can
@@ -230,7 +230,7 @@ impl Shared {
         let permits = self.acquire_room(&bytes).await?;
         accepted();
         self.write_or_queue(
-            Frame::Owned(bytes),
+            ToWrite::Owned(bytes),
             permits,
             held.into_queued(),
             WrittenBy::Sender,
@@ -271,7 +271,7 @@ impl Shared {
                 p.forget();
                 // Past here the frame is the session's: if the session ended, nobody waits.
                 let _ = self.write_or_queue(
-                    Frame::Owned(bytes),
+                    ToWrite::Owned(bytes),
                     permits,
                     held.into_queued(),
                     WrittenBy::Sender,
@@ -286,25 +286,24 @@ impl Shared {
     /// written with the others it makes before it next waits to read
     /// ([`Shared::flush_gathered`]); like [`Shared::try_send`], it never waits, and a frame it
     /// hands back found no room. A gathered frame holds its permits and held bytes from here, as
-    /// a queued one does. A large frame is taken out again: what is gathered goes first, then
-    /// the frame as `try_send` sends it (a caller that knows its frame is large sends it so
-    /// itself, and saves the copy).
+    /// a queued one does. `size` is about how large the frame will be: one of [`GATHER_BYTES`]
+    /// or more is written into a buffer of its own and goes after what is gathered, as
+    /// `try_send` sends it.
     pub(super) fn try_gather_with(
         &self,
         g: &mut Gathered,
+        size: usize,
         write: impl FnOnce(&mut Vec<u8>),
     ) -> Result<(), Vec<u8>> {
+        if size >= GATHER_BYTES {
+            let mut frame = Vec::new();
+            write(&mut frame);
+            self.flush_gathered(g);
+            return self.try_send(frame);
+        }
         let start = g.bytes.len();
         write(&mut g.bytes);
         let len = g.bytes.len() - start;
-        if len >= GATHER_BYTES {
-            let frame = g.bytes.split_off(start);
-            self.flush_gathered(g);
-            if g.bytes.capacity() > 2 * GATHER_BYTES {
-                g.bytes = Vec::new(); // do not keep what one large frame grew it to
-            }
-            return self.try_send(frame);
-        }
         if !self.gather_room(g, len) {
             if start == 0 {
                 return Err(std::mem::take(&mut g.bytes));
@@ -349,14 +348,22 @@ impl Shared {
         let permits = std::mem::take(&mut g.permits);
         let held = std::mem::take(&mut g.held);
         // Past here the frames are the session's: if the session ended, nobody waits.
-        let _ = self.write_or_queue(Frame::Borrowed(&g.bytes), permits, held, WrittenBy::Sender);
+        let _ = self.write_or_queue(
+            ToWrite::Borrowed(&g.bytes),
+            permits,
+            held,
+            WrittenBy::Sender,
+        );
         g.bytes.clear();
+        if g.bytes.capacity() > 2 * GATHER_BYTES {
+            g.bytes = Vec::new(); // an answer larger than its size said grew it
+        }
     }
 
     /// Queue a frame without waiting: only for `$/cancel`, which is tiny and at most one per
     /// call, so it cannot grow the queue without bound.
     pub(super) fn send_now(&self, bytes: Vec<u8>) {
-        let _ = self.write_or_queue(Frame::Owned(bytes), 0, 0, WrittenBy::Sender);
+        let _ = self.write_or_queue(ToWrite::Owned(bytes), 0, 0, WrittenBy::Sender);
     }
 
     pub(super) fn send_cancel(&self, id: i64) {
@@ -381,7 +388,7 @@ impl Shared {
     /// frame when the writer task is busy. Fails only if the writer task is gone.
     fn write_or_queue(
         &self,
-        bytes: Frame<'_>,
+        bytes: ToWrite<'_>,
         permits: u32,
         held: usize,
         by: WrittenBy,
