@@ -36,6 +36,15 @@ impl std::fmt::Debug for Peer {
     }
 }
 
+/// A request frame's bytes besides its method's and params' own: the envelope with the
+/// method's quotes and the `\n` (46 bytes) and the id (at most 20) — so that a frame's buffer
+/// is allocated once, not grown as it is written.
+const ENVELOPE_BYTES: usize = 46 + 20;
+
+/// Room for typed params before they are written (their size is known only then): most fit,
+/// and a larger one grows the buffer as it is written.
+const TYPED_PARAMS_BYTES: usize = 128;
+
 /// Removes a pending call and sends `$/cancel` if the call is dropped or times out before its
 /// answer arrives.
 struct PendingGuard<'a> {
@@ -65,16 +74,21 @@ fn writer_wakes_here() -> bool {
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }
 
-/// `call` bounded by `deadline`, if there is one: past it, `deadline_exceeded` (the pending
-/// guard inside the call removes it and sends `$/cancel` as it drops).
-async fn within(
+/// The call `call` makes, bounded by `deadline`, if there is one: past it, `deadline_exceeded`
+/// (the pending guard inside the call removes it and sends `$/cancel` as it drops). The call's
+/// future is made here rather than passed in: a future passed to an async fn and then awaited
+/// in a wrapper takes its room twice in the caller's future.
+async fn within<F>(
     method: &str,
     deadline: Option<Duration>,
-    call: impl Future<Output = Result<Box<RawValue>, CallError>>,
-) -> Result<Box<RawValue>, CallError> {
+    call: impl FnOnce() -> F,
+) -> Result<Box<RawValue>, CallError>
+where
+    F: Future<Output = Result<Box<RawValue>, CallError>>,
+{
     match deadline {
-        None => call.await,
-        Some(d) => match tokio::time::timeout(d, call).await {
+        None => call().await,
+        Some(d) => match tokio::time::timeout(d, call()).await {
             Ok(r) => r,
             Err(_) => Err(CallError::DeadlineExceeded {
                 method: method.into(),
@@ -106,7 +120,10 @@ impl Peer {
         cancel: Option<&CancellationToken>,
     ) -> Result<Box<RawValue>, CallError> {
         let (id, frame) = self.request_frame_text(method, params.get())?;
-        within(method, deadline, self.exchange(method, id, frame, cancel)).await
+        within(method, deadline, || {
+            self.exchange(method, id, frame, cancel)
+        })
+        .await
     }
 
     /// Call `method` with params given as JSON text the caller built itself and vouches for —
@@ -120,7 +137,7 @@ impl Peer {
         deadline: Option<Duration>,
     ) -> Result<Box<RawValue>, CallError> {
         let (id, frame) = self.request_frame_text(method, params_json)?;
-        within(method, deadline, self.exchange(method, id, frame, None)).await
+        within(method, deadline, || self.exchange(method, id, frame, None)).await
     }
 
     /// A new id, and the request's frame (with its `\n`) with params written by `params`
@@ -133,7 +150,7 @@ impl Peer {
     ) -> Result<(i64, Vec<u8>), CallError> {
         let shared = &*self.shared;
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut frame = Vec::with_capacity(48 + method.len() + size);
+        let mut frame = Vec::with_capacity(ENVELOPE_BYTES + method.len() + size);
         message::write_request_with(&mut frame, &RequestId::num(id), method, params).map_err(
             |e| CallError::BadResult {
                 method: method.into(),
@@ -261,9 +278,10 @@ impl Peer {
     ) -> Result<R, CallError> {
         // Serialized straight into the request's frame: no buffer of their own to fill, shrink
         // and copy.
-        let (id, frame) =
-            self.request_frame(method, 64, |out| serde_json::to_writer(&mut *out, params))?;
-        let raw = within(method, deadline, self.exchange(method, id, frame, None)).await?;
+        let (id, frame) = self.request_frame(method, TYPED_PARAMS_BYTES, |out| {
+            serde_json::to_writer(&mut *out, params)
+        })?;
+        let raw = within(method, deadline, || self.exchange(method, id, frame, None)).await?;
         serde_json::from_str(raw.get()).map_err(|e| CallError::BadResult {
             method: method.into(),
             detail: e.to_string(),
@@ -328,5 +346,22 @@ impl Peer {
     /// How many outgoing calls await an answer now.
     pub fn outgoing_in_flight(&self) -> usize {
         self.shared.lock().pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_envelope_fits_the_room_kept_for_it() {
+        let mut frame = Vec::new();
+        message::write_request_with(&mut frame, &RequestId::num(i64::MIN), "", |out| {
+            out.extend_from_slice(b"{}");
+            Ok::<_, serde_json::Error>(())
+        })
+        .unwrap();
+        frame.push(b'\n');
+        assert_eq!(frame.len() - "{}".len(), ENVELOPE_BYTES);
     }
 }
