@@ -287,6 +287,10 @@ impl<'a> Message<'a> {
                 });
             }
         }
+        // A request or an answer exactly as the writers below make them: matched, not parsed.
+        if let Some(message) = parse_as_written(text) {
+            return message;
+        }
         // The common case in one pass: every field of its plain type. Anything else — a field
         // of the wrong type, a `null` id, a name with escapes, a duplicate — is read again below,
         // field by field, to say exactly what is wrong; both end in `classify`.
@@ -362,6 +366,53 @@ impl<'a> Message<'a> {
             env.error,
         )
     }
+}
+
+/// A request or a successful response in exactly the bytes [`write_request`] and
+/// [`write_result`] make for an id of up to 18 digits and a method without escapes —
+/// `{"jsonrpc":"2.0","id":7,"method":"echo","params":{..}}`, `{"jsonrpc":"2.0","id":7,"result":..}`
+/// — read by matching those bytes: most lines a session reads are these, and serde's reading
+/// of an object costs more than the rest of the message. Only the params or result are parsed
+/// (validated: they are the line's one remaining value). `None` for any other line, however
+/// slightly different (another key order, an escape, another key), which the readings of
+/// [`Message::parse`] take; what this returns they return too (tests and the `message_parse`
+/// fuzz target compare them).
+fn parse_as_written(text: &str) -> Option<Result<Message<'_>, MessageError>> {
+    let body = text
+        .strip_prefix(r#"{"jsonrpc":"2.0","id":"#)?
+        .strip_suffix('}')?;
+    let digits = body.bytes().take_while(u8::is_ascii_digit).count();
+    // JSON has no leading zeros; 18 digits fit an `i64` whatever they are.
+    if digits == 0 || digits > 18 || (digits > 1 && body.starts_with('0')) {
+        return None;
+    }
+    let id = RequestId::num(body[..digits].parse().ok()?);
+    let body = &body[digits..];
+    let (method, value) = match body.strip_prefix(r#","method":""#) {
+        Some(rest) => {
+            let end = rest
+                .bytes()
+                .position(|b| b == b'"' || b == b'\\' || b < 0x20)?;
+            let value = rest[end..].strip_prefix(r#"","params":"#)?;
+            (Some(&rest[..end]), value)
+        }
+        None => (None, body.strip_prefix(r#","result":"#)?),
+    };
+    // The value must be the rest of the line: one with more after it (another key) is left to
+    // the readings that say what is wrong.
+    let value: &RawValue = serde_json::from_str(value).ok()?;
+    Some(match method {
+        Some(method) => classify(
+            true,
+            Some(id),
+            false,
+            Some(Cow::Borrowed(method)),
+            Some(value),
+            None,
+            None,
+        ),
+        None => classify(true, Some(id), false, None, None, Some(value), None),
+    })
 }
 
 /// What a message is, from its fields once each has been read as its type: `jsonrpc_ok` says
@@ -812,6 +863,87 @@ mod tests {
             }
         }
         assert!(lines > 30_000, "{lines}");
+    }
+
+    /// Lines in the writers' own bytes are matched, not parsed; every line near them, matched
+    /// or not, reads as the field-by-field reading reads it.
+    #[test]
+    fn lines_as_written_are_matched_and_read_as_the_other_readings_read_them() {
+        let raw = |s: &str| RawValue::from_string(s.into()).unwrap();
+        // What the writers make: matched.
+        let mut written = Vec::new();
+        for id in [0, 7, 10, 999_999_999_999_999_999] {
+            for method in ["echo", "", "a b/c.d", "é✓", "\u{7f}"] {
+                for params in ["{}", r#"{"text":"}\"x"}"#, "[1,2]", "null", "3", r#""s""#] {
+                    let mut out = Vec::new();
+                    write_request(&mut out, &RequestId::num(id), method, &raw(params));
+                    written.push(String::from_utf8(out).unwrap());
+                }
+            }
+            for result in ["null", "{}", r#"{"a":[1,{"b":"}"}]}"#, "-1.5e3", "true"] {
+                let mut out = Vec::new();
+                write_result(&mut out, &RequestId::num(id), &raw(result));
+                written.push(String::from_utf8(out).unwrap());
+            }
+        }
+        for line in &written {
+            assert!(parse_as_written(line).is_some(), "not matched: {line}");
+            let read = Message::parse(line.as_bytes());
+            assert!(read.is_ok(), "{line}: {read:?}");
+            assert_eq!(
+                format!("{read:?}"),
+                format!("{:?}", Message::parse_field_by_field(line)),
+                "{line}"
+            );
+        }
+        // Near them: some matched, most not, every one read alike.
+        let head = r#"{"jsonrpc":"2.0","id":"#;
+        let mut near = vec![
+            format!(r#"{head}01,"method":"m","params":{{}}}}"#),
+            format!(r#"{head}1234567890123456789,"method":"m","params":{{}}}}"#),
+            format!(r#"{head}9223372036854775808,"result":1}}"#),
+            format!(r#"{head}-1,"method":"m","params":{{}}}}"#),
+            format!(r#"{head}1.0,"result":1}}"#),
+            format!(r#"{head}1e2,"result":1}}"#),
+            format!(r#"{head},"result":1}}"#),
+            format!(r#"{head}1,"method":"a"b","params":{{}}}}"#),
+            format!(r#"{head}1,"method":"ab","params":{{}}}}"#),
+            format!("{head}1,\"method\":\"a\tb\",\"params\":{{}}}}"),
+            format!(r#"{head}1,"method":"m","params": {{}}}}"#),
+            format!(r#"{head}1,"method":"m","params":{{}} }}"#),
+            format!(r#"{head}1,"method":"m","params":{{}}}} "#),
+            format!(r#"{head}1,"method":"m","params":}}"#),
+            format!(r#"{head}1,"method":"m","params":{{}}}}}}"#),
+            format!(r#"{head}1,"method":"m","params":{{}},"params":2}}"#),
+            format!(r#"{head}1,"method":"m","params":{{}},"result":2}}"#),
+            format!(r#"{head}1,"method":"m","params":{{}},"id":2}}"#),
+            format!(r#"{head}1,"method":"m","params":{{"a":1}}"#),
+            format!(r#"{head}1,"method":"m","params":[1,}}"#),
+            format!(r#"{head}1,"method":"m","params":"x}}"#),
+            format!(r#"{head}1,"method":"m"}}"#),
+            format!(r#"{head}1,"result":1,"error":{{"code":1,"message":"m"}}}}"#),
+            format!(r#"{head}1,"result":1,"method":"m"}}"#),
+            format!(r#"{head}1,"result":nul}}"#),
+            format!(r#"{head}1,"error":{{"code":1,"message":"m"}}}}"#),
+            format!(r#"{head}1 ,"result":1}}"#),
+            format!(r#"{head}"1","result":1}}"#),
+            format!(r#"{head}1,"result":1}}"#).replace("2.0", "1.0"),
+            format!(r#" {head}1,"result":1}}"#),
+        ];
+        near.extend(
+            written
+                .iter()
+                .map(|l| l.replace(r#""params":"#, r#""params" :"#)),
+        );
+        for line in &near {
+            let matched = parse_as_written(line);
+            if let Some(m) = &matched {
+                assert!(m.is_ok(), "matched, yet refused: {line}: {m:?}");
+            }
+            let read = Message::parse(line.as_bytes());
+            let by_field = Message::parse_field_by_field(line.trim_start());
+            assert_eq!(format!("{read:?}"), format!("{by_field:?}"), "{line}");
+        }
     }
 
     #[test]
