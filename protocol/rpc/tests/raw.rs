@@ -260,3 +260,56 @@ async fn settles(get: impl Fn() -> u64, want: u64) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A request enters the incoming table only when its handler does not answer at once; either
+/// way its id is taken while it runs and free once it is answered: a second request with the
+/// id of one still running is refused `invalid_request` (the first one unharmed, and still
+/// cancellable), and an id answered at once is free again at once.
+#[tokio::test]
+async fn an_id_is_taken_while_its_request_runs_and_free_once_it_is_answered() {
+    let (s, mut w, mut r) = raw_peer(SessionConfig::default());
+    let peer = s.peer();
+    // Answered at once, twice with the same id: both served.
+    for _ in 0..2 {
+        w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"echo\",\"params\":{\"n\":1}}\n")
+            .await
+            .unwrap();
+        let v = next_json(&mut r).await;
+        assert_eq!((&v["id"], &v["result"]["n"]), (&json!(1), &json!(1)), "{v}");
+    }
+    assert_eq!(peer.incoming_in_flight(), 0);
+    // Running (a sleep), then the same id again: refused, the first still counted.
+    w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"sleep\",\"params\":{\"ms\":60000}}\n")
+        .await
+        .unwrap();
+    w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"echo\",\"params\":{}}\n")
+        .await
+        .unwrap();
+    let v = next_json(&mut r).await;
+    assert_eq!(v["id"], json!(2), "{v}");
+    assert_eq!(v["error"]["code"], json!(-32600), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already in use"),
+        "{v}"
+    );
+    assert_eq!(peer.incoming_in_flight(), 1);
+    // The first is still there to cancel; once answered, its id is free again.
+    w.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"$/cancel\",\"params\":{\"id\":2}}\n")
+        .await
+        .unwrap();
+    let v = next_json(&mut r).await;
+    assert_eq!(
+        (&v["id"], &v["error"]["code"]),
+        (&json!(2), &json!(-32001)),
+        "{v}"
+    );
+    w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"echo\",\"params\":{\"n\":2}}\n")
+        .await
+        .unwrap();
+    let v = next_json(&mut r).await;
+    assert_eq!((&v["id"], &v["result"]["n"]), (&json!(2), &json!(2)), "{v}");
+    assert_eq!(peer.incoming_in_flight(), 0);
+}

@@ -338,7 +338,8 @@ impl Peer {
         self.shared.close_reason()
     }
 
-    /// How many incoming requests are being served now.
+    /// How many incoming requests are being served now: those whose handlers did not answer
+    /// as soon as they were called (a request answered then never waits for anything).
     pub fn incoming_in_flight(&self) -> usize {
         self.shared.lock().incoming.len()
     }

@@ -127,9 +127,8 @@ async fn on_message(
             }
         }
         Ok(Message::Request { id, method, params }) => {
-            let cancel = CancellationToken::new();
             let refusal = {
-                let mut st = shared.lock();
+                let st = shared.lock();
                 if st.closed.is_some() {
                     return;
                 }
@@ -150,7 +149,6 @@ async fn on_message(
                         "the session is closing",
                     ))
                 } else {
-                    st.incoming.insert(id.clone(), cancel.clone());
                     None
                 }
             };
@@ -158,19 +156,22 @@ async fn on_message(
                 refuse(shared, Some(&id), err, gathered);
                 return;
             }
+            // The request enters the incoming table only if its handler does not answer when
+            // first polled below: until then this task reads nothing else (no `$/cancel`, no
+            // request reusing the id), so the table would be written and cleared for nothing.
             let req = Request {
                 id: id.clone(),
                 method: method.into_owned(),
                 params: params.map(|p| p.to_owned()),
-                cancel,
+                cancel: CancellationToken::new(),
                 peer: peer.clone(),
             };
+            let cancel = req.cancel.clone();
             // A handler that panics still answers (and frees its slot) — whether it panics while
             // making its future or while it runs.
             let made =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.request(req)));
             let Ok(fut) = made else {
-                shared.lock().incoming.remove(&id);
                 refuse(
                     shared,
                     Some(&id),
@@ -193,17 +194,17 @@ async fn on_message(
                     write_reply(shared, out, Some(&id), &res)
                 });
                 let frame = match sent {
-                    Ok(()) => {
-                        shared.lock().incoming.remove(&id);
-                        return;
-                    }
+                    Ok(()) => return,
                     Err(frame) => frame,
                 };
-                // No room to write the answer now: a task waits for room, keeping the
+                // No room to write the answer now: a task waits for room, holding the
                 // request's slot (so at most 64 such answers wait) — never the reader. The
                 // reader goes on meanwhile, so the id is freed once there is room and before
                 // the answer can reach the peer (it may be written at once): a peer may reuse
                 // an id as soon as it has the answer.
+                if !enter(shared, &id, cancel) {
+                    return;
+                }
                 let shared = shared.clone();
                 handlers.spawn(async move {
                     send_answer(&shared, Some(&id), frame, || {
@@ -215,11 +216,10 @@ async fn on_message(
                 });
                 return;
             }
-            // The request's token, from its entry (not kept aside for every request: most are
-            // answered above). No entry: the session ended meanwhile, and nobody is answered.
-            let Some(cancel) = shared.lock().incoming.get(&id).cloned() else {
+            // The session ended meanwhile: nobody is answered.
+            if !enter(shared, &id, cancel.clone()) {
                 return;
-            };
+            }
             let shared = shared.clone();
             handlers.spawn(async move {
                 let res = tokio::select! {
@@ -269,6 +269,20 @@ async fn on_message(
             }
         }
     }
+}
+
+/// Enter a request that goes on after its handler was first polled into the incoming table,
+/// where `$/cancel` and the session's end find its token. `false` (and the token cancelled, for
+/// the tasks the handler may have spawned) if the session has ended meanwhile.
+fn enter(shared: &Shared, id: &RequestId, cancel: CancellationToken) -> bool {
+    let mut st = shared.lock();
+    if st.closed.is_some() {
+        drop(st);
+        cancel.cancel();
+        return false;
+    }
+    st.incoming.insert(id.clone(), cancel);
+    true
 }
 
 fn on_oversized(shared: &Arc<Shared>, head: &[u8], len: usize, gathered: &mut Gathered) {
