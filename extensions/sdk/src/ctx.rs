@@ -32,7 +32,7 @@ use crate::error::HostError;
 pub struct Ctx {
     pub(crate) host: Host,
     pub(crate) cancel: CancellationToken,
-    pub(crate) shutdown: CancellationToken,
+    pub(crate) shutdown: Arc<CancellationToken>,
     /// When the host stops waiting for the answer, from the request's `_meta.remaining_ms`
     /// (docs/protocol.md §11), measured from when the request was read.
     pub(crate) deadline: Option<Instant>,

@@ -104,7 +104,7 @@ impl Extension {
         let read = DrainAtEof {
             inner: read,
             tracker: dispatch.tracker.clone(),
-            stopping: dispatch.stopping.clone(),
+            stopping: CancellationToken::clone(&dispatch.stopping),
             answered_shutdown: answered_shutdown.clone(),
             state: Eof::Reading,
         };
@@ -159,9 +159,11 @@ struct Dispatch {
     /// stdin EOF can wait for them.
     tracker: TaskTracker,
     /// Cancelled when `shutdown` arrives (handlers see it as [`Ctx::shutdown_token`]).
-    stopping: CancellationToken,
+    /// This one and the next are shared with every request behind an `Arc`: a token's own
+    /// clone takes a lock, twice per request.
+    stopping: Arc<CancellationToken>,
     /// Cancelled when `shutdown` stops waiting: the handlers still running answer `cancelled`.
-    cancel_all: CancellationToken,
+    cancel_all: Arc<CancellationToken>,
     /// Cancelled when `shutdown` is about to be answered: [`Extension::serve`] closes the session.
     answered_shutdown: CancellationToken,
 }
@@ -176,8 +178,8 @@ impl Dispatch {
                 bulk: None,
             }),
             tracker: TaskTracker::new(),
-            stopping: CancellationToken::new(),
-            cancel_all: CancellationToken::new(),
+            stopping: Arc::default(),
+            cancel_all: Arc::default(),
             answered_shutdown: CancellationToken::new(),
         }
     }
