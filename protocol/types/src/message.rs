@@ -53,47 +53,12 @@ impl RequestId {
 
     fn write_json(&self, out: &mut Vec<u8>) {
         match &self.0 {
-            IdRepr::Num(n) => {
-                let mut b = itoa_buf(*n);
-                out.extend_from_slice(b.as_bytes_mut());
-            }
+            IdRepr::Num(n) => out.extend_from_slice(itoa::Buffer::new().format(*n).as_bytes()),
             IdRepr::Str(s) => {
                 serde_json::to_writer(&mut *out, s).expect("writing a string to a Vec cannot fail")
             }
         }
     }
-}
-
-/// A tiny integer formatter, so writing an id costs no allocation.
-struct ItoaBuf {
-    buf: [u8; 20],
-    start: usize,
-}
-
-impl ItoaBuf {
-    fn as_bytes_mut(&mut self) -> &[u8] {
-        &self.buf[self.start..]
-    }
-}
-
-fn itoa_buf(n: i64) -> ItoaBuf {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let neg = n < 0;
-    let mut v = n.unsigned_abs();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    if neg {
-        i -= 1;
-        buf[i] = b'-';
-    }
-    ItoaBuf { buf, start: i }
 }
 
 impl fmt::Display for RequestId {
