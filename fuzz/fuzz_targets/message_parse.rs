@@ -2,8 +2,9 @@
 //!
 //! Input: one line, any bytes. Checked:
 //! - nothing panics;
-//! - the one-pass reading of plain messages agrees with the field-by-field reading on every
-//!   object (`Message::parse_field_by_field`);
+//! - `Message::parse` (lines in the writers' own bytes matched, other plain messages read in one
+//!   pass) agrees with the field-by-field reading on every object
+//!   (`Message::parse_field_by_field`);
 //! - a parse error is reported exactly when the line is not JSON (valid JSON of any shape is an
 //!   invalid request or a bad response, never a parse error, and nothing that is not JSON is
 //!   accepted);
