@@ -447,24 +447,51 @@ async fn a_peer_that_reuses_an_id_as_soon_as_it_has_the_answer_is_never_refused(
 /// One write: the thread that made it, and its bytes.
 type Write = (std::thread::ThreadId, Vec<u8>);
 
-/// A write half that keeps each write apart, with the thread that made it, to count them.
+/// A write half that keeps each write apart, with the thread that made it, to count them. One
+/// made [`Writes::shut`] takes nothing until it is opened, then everything.
 #[derive(Clone, Default)]
-struct Writes(Arc<Mutex<Vec<Write>>>);
+struct Writes(Arc<Mutex<WritesState>>);
+
+#[derive(Default)]
+struct WritesState {
+    writes: Vec<Write>,
+    shut: bool,
+    waiting: Option<std::task::Waker>,
+}
 
 impl Writes {
+    fn shut() -> Self {
+        let w = Writes::default();
+        w.0.lock().unwrap().shut = true;
+        w
+    }
+
+    fn open(&self) {
+        let mut st = self.0.lock().unwrap();
+        st.shut = false;
+        if let Some(w) = st.waiting.take() {
+            w.wake();
+        }
+    }
+
     fn all(&self) -> Vec<Vec<u8>> {
-        self.0
-            .lock()
-            .unwrap()
+        let st = self.0.lock().unwrap();
+        st.writes.iter().map(|(_, b)| b.clone()).collect()
+    }
+
+    /// How many lines (frames) were written, in any number of writes.
+    fn frames(&self) -> usize {
+        let st = self.0.lock().unwrap();
+        st.writes
             .iter()
-            .map(|(_, b)| b.clone())
-            .collect()
+            .map(|(_, b)| b.iter().filter(|c| **c == b'\n').count())
+            .sum()
     }
 
     /// The thread that wrote the frame containing `needle`.
     fn writer_of(&self, needle: &str) -> Option<std::thread::ThreadId> {
-        let writes = self.0.lock().unwrap();
-        writes
+        let st = self.0.lock().unwrap();
+        st.writes
             .iter()
             .find(|(_, b)| String::from_utf8_lossy(b).contains(needle))
             .map(|(t, _)| *t)
@@ -474,11 +501,15 @@ impl Writes {
 impl AsyncWrite for Writes {
     fn poll_write(
         self: Pin<&mut Self>,
-        _: &mut Context<'_>,
+        cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let me = std::thread::current().id();
-        self.0.lock().unwrap().push((me, buf.to_vec()));
+        let mut st = self.0.lock().unwrap();
+        if st.shut {
+            st.waiting = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        st.writes.push((std::thread::current().id(), buf.to_vec()));
         Poll::Ready(Ok(buf.len()))
     }
 
@@ -508,15 +539,7 @@ async fn answers_to_requests_read_together_go_out_in_one_write() {
     );
     let answered = |n: usize| {
         let writes = writes.clone();
-        move || {
-            writes
-                .all()
-                .concat()
-                .iter()
-                .filter(|b| **b == b'\n')
-                .count()
-                == n
-        }
+        move || writes.frames() == n
     };
     // One request alone: answered without any other to wait for.
     to_ext
@@ -582,11 +605,10 @@ async fn calls_made_while_others_wait_go_out_together() {
     let mut all = Box::pin(futures::future::join_all(calls));
     // Poll them all once (each call is made), then let the writer task run.
     assert!(futures::poll!(all.as_mut()).is_pending());
-    let frames = |w: &Writes| w.all().concat().iter().filter(|b| **b == b'\n').count();
-    eventually("all 64 calls to be written", || frames(&writes) == 64).await;
+    eventually("all 64 calls to be written", || writes.frames() == 64).await;
     let n = writes.all().len();
     assert!(n <= 3, "{n} writes for 64 calls made together");
-    assert_eq!(frames(&writes), 64);
+    assert_eq!(writes.frames(), 64);
     drop(all);
     host.close(Duration::from_secs(1)).await;
 }
@@ -643,55 +665,6 @@ fn a_call_from_a_thread_blocking_on_the_runtime_writes_itself() {
     rt.block_on(host.close(Duration::from_secs(1)));
 }
 
-/// A write half that takes nothing until it is opened, then everything.
-#[derive(Clone, Default)]
-struct Gate(Arc<Mutex<GateState>>);
-
-#[derive(Default)]
-struct GateState {
-    open: bool,
-    waiting: Option<std::task::Waker>,
-    got: Vec<u8>,
-}
-
-impl Gate {
-    fn open(&self) {
-        let mut st = self.0.lock().unwrap();
-        st.open = true;
-        if let Some(w) = st.waiting.take() {
-            w.wake();
-        }
-    }
-
-    fn got(&self) -> Vec<u8> {
-        self.0.lock().unwrap().got.clone()
-    }
-}
-
-impl AsyncWrite for Gate {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let mut st = self.0.lock().unwrap();
-        if !st.open {
-            st.waiting = Some(cx.waker().clone());
-            return Poll::Pending;
-        }
-        st.got.extend_from_slice(buf);
-        Poll::Ready(Ok(buf.len()))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
 /// Answers the reader gathers while its write queue has no room for them — some gathered before
 /// the room ran out, the rest each alone — wait in the requests' own tasks (holding their slots)
 /// instead of being dropped or making the reader wait, and every request is answered once when
@@ -699,7 +672,7 @@ impl AsyncWrite for Gate {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_with_no_room_to_gather_wait_in_their_own_tasks_and_all_arrive() {
     let (mut to_ext, from_host) = tokio::io::duplex(1 << 20);
-    let gate = Gate::default();
+    let gate = Writes::shut();
     let ext = Session::new(
         from_host,
         gate.clone(),
@@ -724,11 +697,10 @@ async fn answers_with_no_room_to_gather_wait_in_their_own_tasks_and_all_arrive()
         peer.incoming_in_flight() >= n - 10
     })
     .await;
-    assert!(gate.got().is_empty());
+    assert!(gate.all().is_empty());
     gate.open();
-    let answered = |g: &Gate| g.got().iter().filter(|b| **b == b'\n').count();
-    eventually("every request to be answered", || answered(&gate) == n).await;
-    let mut ids: Vec<i64> = lines(&gate.got())
+    eventually("every request to be answered", || gate.frames() == n).await;
+    let mut ids: Vec<i64> = lines(&gate.all().concat())
         .iter()
         .map(|m| {
             assert_eq!(m["result"]["i"], m["id"], "{m}");
