@@ -21,6 +21,18 @@
 //! GET  /v1/timers?after=&limit=           timers, waits, emissions (without records): oldest
 //!      /v1/waits, /v1/emissions           first, in any state, the same paging as events
 //! GET  /v1/artifacts/{id}                 the content (id: `sha256:<hex>`)
+//!
+//! For the operator views (`views.rs`):
+//! GET  /v1/overview?sort=&order=&filter=&offset=&limit=&detail=
+//!                                         daemon figures, counts, one page of the extensions
+//!                                         table, one extension's detail: `conduit top`'s one
+//!                                         request per refresh
+//! POST /v1/extensions/{name}/enable       set the registry's flag and apply it (also disable)
+//! GET  /v1/extensions/{name}/latency      per-method latency counts between fixed bounds
+//! GET  /v1/work/recent?state=&kind=&before=&limit=
+//!                                         Work newest first, from indexes, with counts
+//! GET  /v1/work/{id}/events?after=&limit= one Work and a page of its events
+//! GET  /v1/artifacts?before=&limit=       artifacts, newest first
 //! ```
 //!
 //! Access: the socket is 0600 inside a 0700 folder, and each connection's peer uid (read once
@@ -39,7 +51,8 @@
 //! store's and the core's errors as answers, the envelope of the framework's rejections),
 //! `extensions.rs` the daemon's own endpoints (health, metrics, extensions, reload) and
 //! `records.rs` the events, Work, timers, waits, emissions and artifacts, whose rules are the
-//! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer.
+//! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer;
+//! `views.rs` what the operator views read (the overview, pages from indexes) and do.
 //!
 //! Only this module knows HTTP.
 
@@ -47,6 +60,7 @@ mod error;
 mod extensions;
 mod records;
 mod server;
+mod views;
 
 use std::sync::Arc;
 
@@ -67,6 +81,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .merge(extensions::routes())
         .merge(records::routes())
+        .merge(views::routes())
         .fallback(|req: Request| async move {
             ApiError::new(
                 StatusCode::NOT_FOUND,

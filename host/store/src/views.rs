@@ -79,6 +79,7 @@ macro_rules! summary_select {
          (SELECT count(*) FROM work_inputs WHERE work_id = work.id) FROM work "
     };
 }
+const SQL_SUMMARY: &str = concat!(summary_select!(), "WHERE id = ?1");
 pub(crate) const SQL_PAGE_ALL: &str =
     concat!(summary_select!(), "WHERE id < ?1 ORDER BY id DESC LIMIT ?2");
 pub(crate) const SQL_PAGE_STATE: &str = concat!(
@@ -228,6 +229,15 @@ impl ReadTx<'_> {
             "page work by kind",
             decode_summary,
         )
+    }
+
+    /// One Work without its inputs (their count instead), or `None`.
+    pub fn work_summary(&self, id: i64) -> Result<Option<WorkSummary>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(SQL_SUMMARY)
+            .context("prepare a work summary")?;
+        crate::rows::first(&mut stmt, [id], "read a work summary", decode_summary)
     }
 
     /// A page of the Events fed to Work `work_id`, oldest first, with ids above `after`.

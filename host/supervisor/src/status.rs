@@ -256,6 +256,70 @@ impl Status {
     }
 }
 
+/// What an overview shows of one extension, read without copying its whole status (see
+/// `Extension::glance`): a thousand of these are read for one overview.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct Glance {
+    pub state: State,
+    pub pid: Option<u32>,
+    pub restarts: u32,
+    pub ready_since_ms: Option<i64>,
+    pub next_start_at_ms: Option<i64>,
+    /// The newest of the recent exits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<ExitGlance>,
+    /// Resident memory of the tree and its CPU share now, while it runs and is sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    /// The memory and CPU limits in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_limit: Option<f64>,
+    /// Host calls awaiting the extension's answer now.
+    pub in_flight: u32,
+    pub calls: crate::stats::CallSummary,
+}
+
+/// The newest exit, as an overview shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ExitGlance {
+    pub at_ms: i64,
+    pub cause: ExitCause,
+    pub summary: String,
+    /// How many calls were in flight then.
+    pub in_flight: u32,
+}
+
+impl Glance {
+    /// What `status` holds, with no call figures yet.
+    pub fn of(status: &Status) -> Glance {
+        let res = status.resources.as_ref();
+        let usage = res.and_then(|r| r.usage.as_ref());
+        Glance {
+            state: status.state,
+            pid: status.pid,
+            restarts: status.restarts,
+            ready_since_ms: status.ready_since_ms,
+            next_start_at_ms: status.next_start_at_ms,
+            last_exit: status.recent_exits.first().map(|e| ExitGlance {
+                at_ms: e.at_ms,
+                cause: e.cause,
+                summary: e.summary.clone(),
+                in_flight: e.in_flight.len() as u32,
+            }),
+            rss_bytes: usage.map(|u| u.rss_bytes),
+            cpu: usage.map(|u| u.cpu),
+            memory_limit: res.map(|r| r.limits.memory),
+            cpu_limit: res.map(|r| r.limits.cpu),
+            in_flight: 0,
+            calls: Default::default(),
+        }
+    }
+}
+
 /// The current time in Unix milliseconds, as statuses and the store record it.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
