@@ -14,3 +14,4 @@ pub mod packages;
 pub mod service;
 pub mod state_dir;
 pub mod telemetry;
+pub mod views;

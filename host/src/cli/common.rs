@@ -184,3 +184,28 @@ pub(crate) fn api_error(status: hyper::StatusCode, body: &serde_json::Value) -> 
         CliError::failure(msg)
     }
 }
+
+/// The daemon's client for a view (`top`, `web`), found without creating or changing anything
+/// in the state directory; exit 3, saying how to start one, when none answers.
+pub(crate) fn view_client(
+    rt: &tokio::runtime::Runtime,
+    state: &StateArgs,
+) -> Result<(PathBuf, Client), CliError> {
+    let resolved =
+        state_dir::resolve_from_env(state.state_dir.as_deref()).map_err(CliError::usage)?;
+    let socket = resolved
+        .path
+        .join("run")
+        .join(conduit_host::daemon::SOCKET_NAME);
+    match rt.block_on(Client::connect(&socket)) {
+        Some(c) => Ok((resolved.path, c)),
+        None => Err(CliError {
+            code: 3,
+            error: anyhow::anyhow!(
+                "no daemon is running on {} (from {}); start it with `conduit daemon run`",
+                resolved.path.display(),
+                resolved.source
+            ),
+        }),
+    }
+}

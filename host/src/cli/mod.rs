@@ -34,6 +34,7 @@ mod ext_wait;
 mod metrics;
 mod outcome;
 mod service;
+mod top;
 
 use std::process::ExitCode;
 
@@ -111,6 +112,8 @@ enum Command {
     Service(ServiceCommand),
     /// Print the running daemon's metrics (Prometheus text format).
     Metrics(metrics::Args),
+    /// A live terminal view of the daemon: extensions, exits, events, Work.
+    Top(top::Args),
     /// Print a shell completion script.
     Completions(docs_gen::CompletionsArgs),
     /// Write man pages (one per command) into a folder (`make man` runs this).
@@ -269,6 +272,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Service(ServiceCommand::Uninstall(args)) => service::uninstall(args, &state),
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
         Command::Metrics(args) => metrics::run(args, &state),
+        Command::Top(args) => top::run(args, &state),
         Command::Completions(args) => docs_gen::completions(args, Cli::command()),
         Command::Man(args) => docs_gen::man(args, Cli::command()),
     }

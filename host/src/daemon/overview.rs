@@ -94,7 +94,7 @@ pub struct Query {
     /// Rows whose name, state or health contains this text (any case); empty: every row.
     pub filter: String,
     pub offset: usize,
-    /// 1 to [`conduit_protocol::MAX_PAGE`] rows.
+    /// 1 to [`conduit_protocol::rules::MAX_PAGE`] rows.
     pub limit: usize,
     /// The extension whose detail to include.
     pub detail: Option<String>,
