@@ -289,8 +289,36 @@ pub struct ExitGlance {
     pub at_ms: i64,
     pub cause: ExitCause,
     pub summary: String,
+    /// The exit code or signal, when the child's status was collected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitInfo>,
     /// How many calls were in flight then.
     pub in_flight: u32,
+}
+
+impl ExitGlance {
+    /// A few words: the exit code or signal (`exit code 3`, `killed by SIGKILL`), else the
+    /// cause (`closed-stdout`, `stopped-by-host`, `over-limit`).
+    pub fn brief(&self) -> String {
+        match (self.cause, self.exit) {
+            (ExitCause::Exited | ExitCause::Signalled, Some(e)) => e.to_string(),
+            (cause, Some(e)) => format!("{}, {e}", cause.as_str()),
+            (cause, None) => cause.as_str().to_owned(),
+        }
+    }
+}
+
+impl ExitCause {
+    /// The name on the wire (`closed-stdout`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExitCause::Exited => "exited",
+            ExitCause::Signalled => "signalled",
+            ExitCause::ClosedStdout => "closed-stdout",
+            ExitCause::StoppedByHost => "stopped-by-host",
+            ExitCause::OverLimit => "over-limit",
+        }
+    }
 }
 
 impl Glance {
@@ -308,6 +336,7 @@ impl Glance {
                 at_ms: e.at_ms,
                 cause: e.cause,
                 summary: e.summary.clone(),
+                exit: e.exit,
                 in_flight: e.in_flight.len() as u32,
             }),
             rss_bytes: usage.map(|u| u.rss_bytes),

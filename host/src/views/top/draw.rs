@@ -360,7 +360,7 @@ fn columns() -> Vec<Col> {
             key: None,
             cell: |r, _, now| {
                 Cell::from(r.glance.last_exit.as_ref().map_or(String::new(), |e| {
-                    format!("{} {}", fmt::ago(e.at_ms, now), e.summary)
+                    format!("{} · {}", e.brief(), fmt::ago(e.at_ms, now))
                 }))
             },
         },
@@ -491,10 +491,7 @@ fn draw_detail(f: &mut Frame<'_>, app: &App, p: &Palette, area: Rect, now: i64) 
             Style::default().add_modifier(Modifier::BOLD),
         )));
         for e in &s.recent_exits {
-            let cause = serde_json::to_value(e.cause)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
+            let cause = e.cause.as_str();
             lines.push(Line::from(format!(
                 "{:>9}  pid {:<7} {cause}: {}",
                 fmt::ago(e.at_ms, now),
