@@ -35,6 +35,7 @@ mod metrics;
 mod outcome;
 mod service;
 mod top;
+mod web;
 
 use std::process::ExitCode;
 
@@ -114,6 +115,8 @@ enum Command {
     Metrics(metrics::Args),
     /// A live terminal view of the daemon: extensions, exits, events, Work.
     Top(top::Args),
+    /// A local web view of the daemon, on 127.0.0.1 (prints the URL to open).
+    Web(web::Args),
     /// Print a shell completion script.
     Completions(docs_gen::CompletionsArgs),
     /// Write man pages (one per command) into a folder (`make man` runs this).
@@ -273,6 +276,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
         Command::Metrics(args) => metrics::run(args, &state),
         Command::Top(args) => top::run(args, &state),
+        Command::Web(args) => web::run(args, &state),
         Command::Completions(args) => docs_gen::completions(args, Cli::command()),
         Command::Man(args) => docs_gen::man(args, Cli::command()),
     }

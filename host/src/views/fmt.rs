@@ -19,6 +19,12 @@ pub fn duration_ms(ms: i64) -> String {
     }
 }
 
+/// A time as people read it in a table, in UTC to the second: `2026-12-04 17:54:28Z`.
+pub fn utc(at_ms: i64) -> String {
+    let ts = conduit_supervisor::log::utc_timestamp(at_ms); // 2026-12-04T17:54:28.123Z
+    format!("{} {}Z", &ts[..10], &ts[11..19])
+}
+
 /// How long ago `at_ms` was at `now_ms`: `12s ago`.
 pub fn ago(at_ms: i64, now_ms: i64) -> String {
     format!("{} ago", duration_ms(now_ms - at_ms))
@@ -151,6 +157,7 @@ mod tests {
         assert_eq!(duration_ms(3_600_000), "1h00m");
         assert_eq!(duration_ms(86_400_000 + 3_600_000 * 4), "1d04h");
         assert_eq!(ago(1_000, 13_000), "12s ago");
+        assert_eq!(utc(1_796_406_868_123), "2026-12-04 17:54:28Z");
     }
 
     #[test]

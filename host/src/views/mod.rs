@@ -8,3 +8,4 @@
 
 pub mod fmt;
 pub mod top;
+pub mod web;
