@@ -16,22 +16,7 @@ use support::fixture::Fixture;
 
 /// A package running `hog.py MODE`, with `extra` appended to its manifest.
 fn hog(f: &Fixture, name: &str, mode: &str, extra: &str) -> PathBuf {
-    let pkg = f.dir.path().join("src").join(name);
-    std::fs::create_dir_all(&pkg).unwrap();
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hog.py"),
-        pkg.join("hog.py"),
-    )
-    .unwrap();
-    std::fs::write(
-        pkg.join("conduit-extension.toml"),
-        format!(
-            "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"hog.py\", \"{mode}\"]\n\n\
-             [capabilities]\nmethods = [\"echo\", \"pid\", \"open_files\", \"probe\"]\n{extra}"
-        ),
-    )
-    .unwrap();
-    pkg
+    f.hog(name, mode, extra)
 }
 
 fn call(f: &Fixture, name: &str, method: &str, params: &str) -> Value {
