@@ -35,6 +35,7 @@ mod ext_wait;
 mod metrics;
 mod outcome;
 mod service;
+mod table;
 
 use std::process::ExitCode;
 
