@@ -1,7 +1,8 @@
-//! Checking a store without changing it: [`inspect`] opens the file read-only (no
+//! Reading a store without changing it: [`inspect`] opens the file read-only (no
 //! migration, no WAL setup, no checkpoint), reads its schema version and runs
-//! `PRAGMA quick_check`, interrupted at a deadline. For `conduit doctor`, which may run beside
-//! a daemon that holds the store open and must never write to it.
+//! `PRAGMA quick_check`, interrupted at a deadline — for `conduit doctor`, which may run beside
+//! a daemon that holds the store open and must never write to it; [`read_only`] runs one read
+//! the same way — for the CLI's lists when no daemon runs, which must not migrate or create.
 //!
 //! Invariant: nothing here opens the file for writing, so nothing here can change the store;
 //! a check that would need to (a WAL left by a crash that only a writer may recover) fails and
@@ -14,9 +15,10 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 
-use crate::error::StoreError;
+use crate::error::{SqlContext, StoreError};
 use crate::limits::BUSY_TIMEOUT;
 use crate::schema::MIGRATIONS;
+use crate::tx::ReadTx;
 
 /// What [`inspect`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,31 +47,7 @@ pub enum QuickCheck {
 /// the store's busy timeout, within the same bound).
 pub fn inspect(path: &Path, timeout: Duration) -> Result<Inspection, StoreError> {
     let started = Instant::now();
-    let open_err = |what| {
-        let path = path.to_owned();
-        move |cause| StoreError::Open { path, what, cause }
-    };
-    // A store in WAL mode that no connection holds open and that was closed without keeping
-    // its WAL has neither `-wal` nor `-shm`; even a read-only connection would create both.
-    // Then nobody can be writing it, and it is read as immutable, which creates nothing. (A
-    // daemon starting during the check could make it misread; the next check reads it anew.)
-    let side = |suffix: &str| {
-        let mut p = path.as_os_str().to_owned();
-        p.push(suffix);
-        std::path::PathBuf::from(p).exists()
-    };
-    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = if side("-wal") || side("-shm") {
-        Connection::open_with_flags(path, flags)
-    } else {
-        Connection::open_with_flags(
-            format!("file:{}?immutable=1", uri_path(path)),
-            flags | OpenFlags::SQLITE_OPEN_URI,
-        )
-    }
-    .map_err(open_err("opening read-only"))?;
-    conn.busy_timeout(BUSY_TIMEOUT.min(timeout))
-        .map_err(open_err("setting the busy timeout"))?;
+    let conn = open(path, BUSY_TIMEOUT.min(timeout))?;
     // The deadline: a thread that interrupts the connection unless told the check is done.
     let handle = conn.get_interrupt_handle();
     let (done, wait) = std::sync::mpsc::channel::<()>();
@@ -122,6 +100,68 @@ pub fn inspect(path: &Path, timeout: Duration) -> Result<Inspection, StoreError>
         quick_check,
         took,
     })
+}
+
+/// Open `path` for reading only, waiting at most `busy` for a lock.
+///
+/// A store in WAL mode that no connection holds open and that was closed without keeping its
+/// WAL has neither `-wal` nor `-shm`; even a read-only connection would create both. Then
+/// nobody can be writing it, and it is read as immutable, which creates nothing. (A daemon
+/// starting during the read could make it misread; the next read reads it anew.)
+fn open(path: &Path, busy: Duration) -> Result<Connection, StoreError> {
+    let open_err = |what| {
+        let path = path.to_owned();
+        move |cause| StoreError::Open { path, what, cause }
+    };
+    let side = |suffix: &str| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        std::path::PathBuf::from(p).exists()
+    };
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = if side("-wal") || side("-shm") {
+        Connection::open_with_flags(path, flags)
+    } else {
+        Connection::open_with_flags(
+            format!("file:{}?immutable=1", uri_path(path)),
+            flags | OpenFlags::SQLITE_OPEN_URI,
+        )
+    }
+    .map_err(open_err("opening read-only"))?;
+    conn.busy_timeout(busy)
+        .map_err(open_err("setting the busy timeout"))?;
+    Ok(conn)
+}
+
+/// Run `f` on one snapshot of the store at `path`, opened read-only: nothing is migrated,
+/// created or checkpointed. A store whose schema is not this build's (older: only a daemon's
+/// open migrates it; newer: a newer build wrote it) is refused with [`StoreError::TooNew`] or
+/// [`StoreError::NotMigrated`], whose messages say what to run.
+pub fn read_only<T>(
+    path: &Path,
+    f: impl FnOnce(&ReadTx<'_>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let mut conn = open(path, BUSY_TIMEOUT)?;
+    let tx = conn.transaction().context("begin a read transaction")?;
+    let version: i64 = tx
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .context("read the schema version")?;
+    let known = MIGRATIONS.len();
+    if version > known as i64 {
+        return Err(StoreError::TooNew {
+            path: path.to_owned(),
+            found: version,
+            known,
+        });
+    }
+    if version < known as i64 {
+        return Err(StoreError::NotMigrated {
+            path: path.to_owned(),
+            found: version,
+            known,
+        });
+    }
+    f(&ReadTx { conn: &tx })
 }
 
 /// `path` as the path of a `file:` URI: `%`, `?` and `#` (and anything not ASCII
