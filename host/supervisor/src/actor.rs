@@ -150,10 +150,8 @@ pub(crate) async fn actor(
                     },
                     () = shutdown.cancelled() => break,
                 }
-                ext.update(|s| {
-                    s.next_start_at_ms = None;
-                    s.backoff_ms = None;
-                });
+                // The delay stays shown until the state changes (`run_once` or `hold` clear it
+                // in the same update), so no one reads `backing-off` without its delay.
                 drop(restart_span);
             }
         }
@@ -197,6 +195,8 @@ async fn hold(
         s.state = state;
         s.failing_since_ms.get_or_insert_with(now_ms);
         s.last_error = Some(why);
+        s.next_start_at_ms = None;
+        s.backoff_ms = None;
         s.pid = None;
         s.spawn_to_ready_ms = None;
         s.handshake_ms = None;
@@ -236,6 +236,8 @@ async fn run_once(
 ) -> Outcome {
     ext.update(|s| {
         s.state = State::Starting;
+        s.next_start_at_ms = None;
+        s.backoff_ms = None;
         s.pid = None;
         s.descendants.clear();
         s.spawn_to_ready_ms = None;
