@@ -801,3 +801,113 @@ fn an_api_limit_out_of_range_refuses_the_start_with_exit_2() {
         "{err}"
     );
 }
+
+// ---- read-only commands ---------------------------------------------------------------------
+
+/// `conduit ARGS` with `home` as `$HOME` and the state directory left to the platform default.
+fn at_home(home: &Path, args: &[&str]) -> support::Run {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_conduit"))
+        .args(args)
+        .env("HOME", home)
+        .env_remove("CONDUIT_STATE_DIR")
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("CONDUIT_LOG")
+        .output()
+        .unwrap();
+    support::Run {
+        cmd: format!("HOME={} conduit {}", home.display(), args.join(" ")),
+        out,
+    }
+}
+
+#[test]
+fn read_only_commands_never_create_or_change_a_state_directory() {
+    let home = tempfile::tempdir().unwrap();
+    // Each with the exit code it owes when nothing is installed and no daemon runs.
+    for (args, code) in [
+        (&["metrics"][..], 3),
+        (&["ext", "list"], 0),
+        (&["ext", "status"], 0),
+        (&["ext", "status", "nope"], 2),
+        (&["ext", "logs", "nope"], 2),
+        (&["ext", "restart", "nope"], 3),
+        (&["ext", "call", "nope", "echo"], 3),
+        (&["events", "list"], 0),
+        (&["work", "list"], 0),
+        (&["timers", "list"], 0),
+        (&["waits", "show", "1"], 2),
+        (&["emissions", "list"], 0),
+        (
+            &[
+                "events",
+                "push",
+                "--source",
+                "s",
+                "--delivery-id",
+                "d",
+                "--kind",
+                "k",
+            ],
+            3,
+        ),
+        (
+            &["artifacts", "get", &format!("sha256:{}", "0".repeat(64))],
+            2,
+        ),
+        (&["ext", "disable", "nope"], 2),
+        (&["ext", "remove", "nope"], 2),
+        (&["ext", "set", "nope", "limits.memory=64MiB"], 2),
+        (&["service", "status"], 1),
+        (&["doctor"], 1),
+    ] {
+        let run = at_home(home.path(), args);
+        run.expect_code(code);
+        let left: Vec<PathBuf> = support::fixture::walk(home.path());
+        assert!(
+            left.is_empty(),
+            "`conduit {}` wrote {left:?}{}",
+            args.join(" "),
+            run.context()
+        );
+    }
+
+    // An existing state directory is read as it is: no mode tightened, no folder added, and
+    // without a daemon the store is read without creating its WAL files.
+    let f = Fixture::new();
+    f.install(&misbehave_version(&f, "m", "m", "0.1.0", "ok"));
+    let mut f = f;
+    f.start_daemon();
+    f.wait_state("m", "ready", PATIENCE);
+    f.push("s", "d1", "x.y", "{}");
+    f.stop_daemon();
+    let state = f.state();
+    for side in ["conduit.db-wal", "conduit.db-shm"] {
+        std::fs::remove_file(state.join(side)).unwrap();
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::fs::remove_dir(state.join("artifacts")).unwrap();
+    let before = support::fixture::walk(&state);
+    for args in [
+        &["ext", "list"][..],
+        &["events", "list"],
+        &["work", "list"],
+        &["timers", "list"],
+        &["metrics"],
+    ] {
+        let run = f.conduit(args);
+        assert!(
+            run.code() == Some(0) || run.code() == Some(3),
+            "{}",
+            run.context()
+        );
+        assert_eq!(support::fixture::walk(&state), before, "{}", run.context());
+    }
+    let events = f.json(&["events", "list", "--json"]);
+    assert_eq!(events["events"][0]["delivery_id"], "d1", "{events:#}");
+    assert_eq!(
+        std::fs::metadata(&state).unwrap().permissions().mode() & 0o777,
+        0o750
+    );
+}

@@ -22,7 +22,7 @@ fn post(
     json_out: bool,
     human: impl Fn(&Value) -> String,
 ) -> Result<ExitCode, CliError> {
-    let state = args_state.open_existing()?;
+    let state = args_state.open_read_only()?;
     let rt = runtime()?;
     let client = need_daemon(&rt, &state)?;
     let (code, v) = rt
@@ -107,7 +107,7 @@ pub(crate) struct ListArgs {
 }
 
 fn list(args: &ListArgs, what: &str, state: &StateArgs) -> Result<Value, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let rt = runtime()?;
     if let Some(client) = daemon(&rt, &state) {
         let mut path = format!("/v1/{what}?limit={}", args.limit);
@@ -123,17 +123,16 @@ fn list(args: &ListArgs, what: &str, state: &StateArgs) -> Result<Value, CliErro
     if !db.exists() {
         return Ok(json!({ what: [] }));
     }
-    let store = conduit_store::Store::open(&db).map_err(CliError::failure)?;
+    // Read only: without a daemon, a list never migrates or creates anything.
     let (after, limit, source) = (args.after, args.limit, args.source.clone());
-    let v = store
-        .read(|r| {
-            Ok(if what == "events" {
-                json!({ "events": r.list_events(after, source.as_deref(), limit)? })
-            } else {
-                json!({ "work": r.list_work(after, limit)? })
-            })
+    let v = conduit_store::read_only(&db, |r| {
+        Ok(if what == "events" {
+            json!({ "events": r.list_events(after, source.as_deref(), limit)? })
+        } else {
+            json!({ "work": r.list_work(after, limit)? })
         })
-        .map_err(CliError::failure)?;
+    })
+    .map_err(CliError::failure)?;
     Ok(v)
 }
 
@@ -294,7 +293,7 @@ pub(crate) struct ArtifactArgs {
 }
 
 pub(crate) fn get_artifact(args: ArtifactArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let sha = args
         .id
         .strip_prefix("sha256:")

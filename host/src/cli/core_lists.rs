@@ -77,12 +77,12 @@ fn read_store(
     if !db.exists() {
         return Ok(empty);
     }
-    let store = conduit_store::Store::open(&db).map_err(CliError::failure)?;
-    store.read(f).map_err(CliError::failure)
+    // Read only: without a daemon, a list never migrates or creates anything.
+    conduit_store::read_only(&db, f).map_err(CliError::failure)
 }
 
 fn fetch_list(kind: Kind, args: &ListArgs, state: &StateArgs) -> Result<Value, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let rt = runtime()?;
     if let Some(client) = daemon(&rt, &state) {
         let mut path = format!("/v1/{}?limit={}", kind.plural(), args.limit);
@@ -113,7 +113,7 @@ fn fetch_list(kind: Kind, args: &ListArgs, state: &StateArgs) -> Result<Value, C
 }
 
 fn fetch_one(kind: Kind, id: i64, state: &StateArgs) -> Result<Value, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let rt = runtime()?;
     let missing = || {
         CliError::usage(anyhow::anyhow!(

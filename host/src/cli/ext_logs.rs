@@ -44,7 +44,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     packages::get(&state, &args.name).map_err(CliError::usage)?;
     let log = LogFile::new(state.logs_dir().join(format!("{}.log", args.name)));
     let read = if args.previous {

@@ -24,6 +24,7 @@ mod core_cmds;
 mod core_lists;
 mod daemon_run;
 mod docs_gen;
+mod doctor;
 mod ext_check;
 mod ext_logs;
 mod ext_manage;
@@ -34,6 +35,7 @@ mod ext_wait;
 mod metrics;
 mod outcome;
 mod service;
+mod table;
 mod top;
 mod web;
 
@@ -56,6 +58,7 @@ Quick start:
   conduit ext status                    what runs, with pids, restarts and call latencies
   conduit ext check ./my-package        check a package against the protocol's rules
   conduit ext new NAME --lang python    a new package (rust, python or node) that passes the check
+  conduit doctor                        is this installation healthy? each check with its fix
 
 Exit codes: 0 success; 1 the command found a failure; 2 usage error or unusable input;
 3 the command needs a running daemon and none runs. `conduit <command> --help` has more.
@@ -113,6 +116,8 @@ enum Command {
     Service(ServiceCommand),
     /// Print the running daemon's metrics (Prometheus text format).
     Metrics(metrics::Args),
+    /// Check this installation: each check ok, warn or fail, with the command that fixes it.
+    Doctor(doctor::Args),
     /// A live terminal view of the daemon: extensions, exits, events, Work.
     Top(top::Args),
     /// A local web view of the daemon, on 127.0.0.1 (prints the URL to open).
@@ -275,6 +280,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Service(ServiceCommand::Uninstall(args)) => service::uninstall(args, &state),
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
         Command::Metrics(args) => metrics::run(args, &state),
+        Command::Doctor(args) => doctor::run(args, &state),
         Command::Top(args) => top::run(args, &state),
         Command::Web(args) => web::run(args, &state),
         Command::Completions(args) => docs_gen::completions(args, Cli::command()),

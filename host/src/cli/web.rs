@@ -11,7 +11,7 @@ use super::outcome::CliError;
 
 /// A web view of the daemon on this machine: extensions (with restart, enable and disable),
 /// one extension (status, limits, recent exits, latency histogram, log tail), Work and its
-/// events, timers, waits, emissions, artifacts.
+/// events, timers, waits, emissions, artifacts, and the doctor's checks.
 ///
 /// It serves on 127.0.0.1 only and passes every request to the daemon's owner-only socket,
 /// so the daemon itself opens no network port. The first line it prints is the URL to open;
@@ -44,8 +44,12 @@ pub(crate) fn run(args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
         .context("cannot start the async runtime")
         .map_err(CliError::failure)?;
     let (dir, client) = view_client(&rt, state)?;
+    let mut doctor = conduit_host::doctor::Options::from_env(state.state_dir.as_deref())
+        .map_err(|e| CliError::usage(anyhow::Error::new(e)))?;
+    // A page should not wait long: the store's check is cut at 5 s (the command's is 10 s).
+    doctor.store_timeout = doctor.store_timeout.min(std::time::Duration::from_secs(5));
     rt.block_on(async move {
-        let bound = web::bind(client, &web::Options { port: args.port })
+        let bound = web::bind(client, &web::Options { port: args.port, doctor })
             .await
             .map_err(CliError::failure)?;
         // The first line is the URL, for people and for scripts that read it.

@@ -15,6 +15,8 @@
 //!   extensions table filtered, sorted and paged by a pure [`overview::select`].
 //! - [`reload`]: what a reload starts, stops and restarts, a pure function of the registry's
 //!   records and what is supervised.
+//! - [`trouble`]: whether an extension is in trouble and since when, and the daemon's health
+//!   summed up from that, pure functions of the views (what every health report reads).
 //! - `run`: the startup and shutdown wiring (signals, the store, the host loop thread, the
 //!   API, the notifier); the only part that imports the API.
 //!
@@ -26,6 +28,7 @@ pub mod handle;
 pub mod overview;
 pub mod reload;
 mod run;
+pub mod trouble;
 
 pub use handle::{
     Daemon, ExtensionView, POLL_INTERVAL, ReloadReport, SOCKET_NAME, SettingError, socket_path,

@@ -30,6 +30,7 @@ mod emissions;
 mod error;
 mod events;
 mod ingress;
+mod inspect;
 mod limits;
 mod pool;
 mod rows;
@@ -46,6 +47,7 @@ pub use counts::Counts;
 pub use emissions::{Emission, EmissionState, Planned};
 pub use error::{Fault, StoreError};
 pub use events::{Accepted, EventRecord};
+pub use inspect::{Inspection, QuickCheck, inspect, read_only};
 pub use limits::{
     BUSY_TIMEOUT, MAX_PAGE, MAX_READERS, READER_CHECKOUT_TIMEOUT, TEST_MAX_PAGE_COUNT_ENV,
 };

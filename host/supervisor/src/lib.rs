@@ -56,7 +56,7 @@ pub use crate::stats::{
     CallSummary, LatencyHistogram, MethodStats, RATE_BUCKET, RATE_BUCKETS, Traffic,
 };
 pub use crate::status::{
-    ExitCause, ExitGlance, ExitRecord, Glance, InFlightCall, RECENT_EXITS, Resources, State,
-    Status, now_ms,
+    ExitCause, ExitGlance, ExitRecord, Glance, InFlightCall, RECENT_EXITS, Requester, Resources,
+    State, Status, StopRequest, now_ms,
 };
 pub use crate::supervisor::Supervisor;

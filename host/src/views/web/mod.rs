@@ -46,6 +46,8 @@ pub struct Web {
     client: Client,
     secrets: Secrets,
     port: u16,
+    /// What the doctor page checks (`conduit doctor`'s options for this state directory).
+    doctor: crate::doctor::Options,
 }
 
 /// What `conduit web` was asked for.
@@ -53,6 +55,8 @@ pub struct Web {
 pub struct Options {
     /// 0: pick a free port.
     pub port: u16,
+    /// The doctor page's checks.
+    pub doctor: crate::doctor::Options,
 }
 
 /// A server bound and ready: its URL (with the token) is known before it serves.
@@ -101,6 +105,7 @@ pub async fn bind(client: Client, opts: &Options) -> anyhow::Result<Bound> {
             client,
             secrets,
             port,
+            doctor: opts.doctor.clone(),
         }),
     })
 }
@@ -118,7 +123,7 @@ pub fn router(web: Arc<Web>) -> Router {
         .route("/waits", get(pages::waits))
         .route("/emissions", get(pages::emissions))
         .route("/artifacts", get(pages::artifacts))
-        .route("/doctor", get(doctor))
+        .route("/doctor", get(pages::doctor))
         .route("/static/style.css", get(style))
         .route("/static/live.js", get(script))
         .fallback(not_found)
@@ -248,19 +253,4 @@ async fn script() -> Response {
         SCRIPT,
     )
         .into_response()
-}
-
-async fn doctor() -> Response {
-    let body = html::layout(
-        &html::Page {
-            title: "Doctor".to_owned(),
-            section: "/doctor",
-            live: false,
-        },
-        maud::html! {
-            h1 { "Doctor" }
-            p { "The installation checks are not part of this build." }
-        },
-    );
-    Html(body.into_string()).into_response()
 }

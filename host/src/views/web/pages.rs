@@ -1,7 +1,8 @@
 //! The pages of `conduit web`, each a few requests to the management API and one render:
 //! extensions (the overview's table, with restart/enable/disable), one extension (status,
 //! limits, health, calls, latency histograms, recent exits, log tail), Work (by state and kind,
-//! newest first), one Work with its events, timers, waits, emissions, artifacts.
+//! newest first), one Work with its events, timers, waits, emissions, artifacts, and the
+//! doctor (`crate::doctor`, the checks of `conduit doctor`, run on each load).
 //!
 //! Every list is a page the daemon reads from indexes; a page's links carry its filters and
 //! the next page's cursor, so it works the same with JavaScript off. The actions are POSTs
@@ -776,4 +777,35 @@ pub(super) async fn artifacts(
     Query(q): Query<CursorQuery>,
 ) -> PageResult {
     records(&w, &ARTIFACTS, &q).await
+}
+
+/// The doctor's checks, one row each with what was found and the command that fixes it.
+pub(super) async fn doctor(State(w): State<Arc<Web>>) -> PageResult {
+    let report = crate::doctor::run(&w.doctor).await;
+    let class = |s: crate::doctor::Status| match s {
+        crate::doctor::Status::Ok => "ok",
+        crate::doctor::Status::Warn => "warn",
+        crate::doctor::Status::Fail => "bad",
+    };
+    let body = html! {
+        h1 { "Doctor " span class=(class(report.status)) { "— " (report.status.as_str()) } }
+        p.quiet { "Every installation check of " code { "conduit doctor" } ", run now; it changes nothing." }
+        table.grid #doctor {
+            thead { tr { th { "check" } th { "status" } th { "found" } th { "fix" } } }
+            tbody { @for c in &report.checks { tr {
+                td { (c.name) }
+                td class=(class(c.status)) { (c.status.as_str()) }
+                td { (c.found) }
+                td { @if let Some(f) = &c.fix { code { (f) } } }
+            } } }
+        }
+    };
+    page(
+        Page {
+            title: "Doctor".to_owned(),
+            section: "/doctor",
+            live: false,
+        },
+        body,
+    )
 }
