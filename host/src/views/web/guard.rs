@@ -31,7 +31,9 @@ pub const SECURITY_HEADERS: &[(&str, &str)] = &[
     ),
     ("x-content-type-options", "nosniff"),
     ("x-frame-options", "DENY"),
-    ("referrer-policy", "no-referrer"),
+    // Not `no-referrer`: with it a browser sends `Origin: null` on our own forms' POSTs, and
+    // the Origin check could not tell them from another site's.
+    ("referrer-policy", "same-origin"),
     ("cache-control", "no-store"),
     ("cross-origin-opener-policy", "same-origin"),
     ("cross-origin-resource-policy", "same-origin"),

@@ -131,7 +131,7 @@ pub(super) fn spark(series: &[u32], width: u32, height: u32) -> Markup {
 /// A latency histogram: one bar per bucket between the bounds (the last is "more"), its count
 /// above it and its upper bound below, scaled to the largest bucket.
 pub(super) fn histogram(bounds_us: &[u64], counts: &[u64]) -> Markup {
-    let (w, h, top, bottom) = (36u32, 120u32, 16u32, 18u32);
+    let (w, h, top, bottom) = (46u32, 120u32, 16u32, 18u32);
     let width = w * counts.len() as u32;
     let max = counts.iter().copied().max().unwrap_or(0).max(1);
     let total: u64 = counts.iter().sum();
