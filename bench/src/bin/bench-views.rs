@@ -88,17 +88,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
         args.extensions >= 1 && args.events >= PER_WORK && args.loads >= 1,
         "sizes must be positive"
     );
-    let exe = std::env::current_exe().context("this executable's path")?;
-    let bin = exe.parent().context("this executable's folder")?;
-    let conduit = bin.join("conduit");
-    let echo = bin.join("conduit-echo");
-    for p in [&conduit, &echo] {
-        ensure!(
-            p.is_file(),
-            "{} is missing: build it first (`make bench-views`)",
-            p.display()
-        );
-    }
+    let [conduit, echo] =
+        conduit_bench::daemon::siblings(["conduit", "conduit-echo"], "make bench-views")?;
     let machine = Machine::this();
     println!(
         "bench-views: {} extensions, {} events; commit {}, {} build; {} CPUs, {}; load {}",
@@ -220,7 +211,7 @@ fn prepare(dir: &Path, args: &Args, echo: &Path) -> anyhow::Result<Seed> {
             Ok(())
         })?;
         next = end;
-        if next % 100_000 == 0 {
+        if next.is_multiple_of(100_000) {
             eprintln!(
                 "  {next}/{} events written ({:.1} s)",
                 args.events,
@@ -255,6 +246,11 @@ fn web_get(port: u16, path: &str, cookie: &str) -> anyhow::Result<(u16, Vec<u8>)
         s,
         "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n"
     )?;
+    answer(&mut s)
+}
+
+/// Read a whole `Connection: close` answer: its status and its bytes.
+fn answer(s: &mut impl Read) -> anyhow::Result<(u16, Vec<u8>)> {
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     let code = std::str::from_utf8(&out[..out.len().min(16)])

@@ -54,7 +54,7 @@
 //! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer;
 //! `views.rs` what the operator views read (the overview, pages from indexes) and do.
 //!
-//! Only this module knows HTTP.
+//! Of the daemon, only this module knows HTTP (its clients — `client.rs`, the views — speak it too).
 
 mod error;
 mod extensions;

@@ -21,17 +21,7 @@ use crate::daemon::trouble;
 /// The content type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-const STATES: [State; 9] = [
-    State::Starting,
-    State::Ready,
-    State::BackingOff,
-    State::CrashLooping,
-    State::Incompatible,
-    State::Refused,
-    State::Stopping,
-    State::Stopped,
-    State::Disabled,
-];
+const STATES: [State; 9] = State::ALL;
 
 fn u(v: u64) -> f64 {
     v as f64

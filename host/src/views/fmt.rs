@@ -114,6 +114,18 @@ pub fn sparkline(series: &[u32], width: usize) -> String {
     out
 }
 
+/// The `lines` of a `GET /v1/extensions/{name}/logs` answer (none when it has none).
+pub fn log_lines(answer: &serde_json::Value) -> Vec<String> {
+    answer["lines"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|l| l.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A query string from pairs, each value percent-encoded (everything but the unreserved
 /// characters of RFC 3986).
 pub fn query(pairs: &[(&str, String)]) -> String {

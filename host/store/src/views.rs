@@ -205,7 +205,7 @@ impl ReadTx<'_> {
                 for state in &states {
                     all.extend(self.kind_state_page(kind, state, below, n)?);
                 }
-                all.sort_by(|a, b| b.id.cmp(&a.id));
+                all.sort_by_key(|w| std::cmp::Reverse(w.id));
                 all.truncate(n as usize);
                 Ok(all)
             }

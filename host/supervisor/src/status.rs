@@ -36,6 +36,24 @@ pub enum State {
 }
 
 impl State {
+    /// Every state, in the order of the state machine.
+    pub const ALL: [State; 9] = [
+        State::Starting,
+        State::Ready,
+        State::BackingOff,
+        State::CrashLooping,
+        State::Incompatible,
+        State::Refused,
+        State::Stopping,
+        State::Stopped,
+        State::Disabled,
+    ];
+
+    /// The state named `s` (`crash-looping`), if it is one.
+    pub fn parse(s: &str) -> Option<State> {
+        State::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             State::Starting => "starting",

@@ -19,8 +19,10 @@ use crate::daemon::overview::{Row, SortKey};
 use crate::views::fmt;
 use conduit_supervisor::State;
 
-/// How many periods the calls sparkline shows.
-const SPARK: usize = 15;
+/// How many periods the calls sparkline shows (of 10 s each: two minutes).
+const SPARK: usize = 12;
+/// The least width the last, flexible column (the last exit) is given, or it is left out.
+const FLEX_MIN: u16 = 12;
 
 /// The keys, as the help and the footer list them.
 pub const HELP: &[(&str, &str)] = &[
@@ -152,7 +154,7 @@ fn draw_figures(f: &mut Frame<'_>, app: &App, p: &Palette, area: Rect) {
         fmt::count(t.installed as u64)
     ))];
     for (state, n) in &t.by_state {
-        let s = state_of(state);
+        let s = State::parse(state);
         l1.push(Span::raw(" · "));
         l1.push(Span::styled(
             format!("{state} {n}"),
@@ -212,22 +214,6 @@ fn draw_figures(f: &mut Frame<'_>, app: &App, p: &Palette, area: Rect) {
     f.render_widget(Paragraph::new(vec![Line::from(l1), Line::from(l2)]), area);
 }
 
-fn state_of(s: &str) -> Option<State> {
-    [
-        State::Starting,
-        State::Ready,
-        State::BackingOff,
-        State::CrashLooping,
-        State::Incompatible,
-        State::Refused,
-        State::Stopping,
-        State::Stopped,
-        State::Disabled,
-    ]
-    .into_iter()
-    .find(|st| st.as_str() == s)
-}
-
 /// A column of the table: its title, width, the sort key it shows, and its cell.
 struct Col {
     title: &'static str,
@@ -240,7 +226,7 @@ fn columns() -> Vec<Col> {
     vec![
         Col {
             title: "NAME",
-            width: 22,
+            width: 20,
             key: Some(SortKey::Name),
             cell: |r, _, _| Cell::from(r.name.clone()),
         },
@@ -296,7 +282,7 @@ fn columns() -> Vec<Col> {
             cell: |r, _, _| Cell::from(fmt::count(r.calls_last_min)),
         },
         Col {
-            title: "LAST 2.5 MIN",
+            title: "LAST 2 MIN",
             width: SPARK as u16,
             key: None,
             cell: |r, p, _| {
@@ -376,10 +362,11 @@ fn draw_table(f: &mut Frame<'_>, app: &App, p: &Palette, area: Rect, now: i64) {
     let mut used = 0u16;
     let mut keep = 0;
     for c in &cols {
-        if used + c.width + 1 > area.width && keep > 0 {
+        let w = if c.width == 0 { FLEX_MIN } else { c.width };
+        if used + w + 1 > area.width && keep > 0 {
             break;
         }
-        used += c.width + 1;
+        used += w + 1;
         keep += 1;
     }
     cols.truncate(keep.max(1));
@@ -406,7 +393,7 @@ fn draw_table(f: &mut Frame<'_>, app: &App, p: &Palette, area: Rect, now: i64) {
         .iter()
         .map(|c| {
             if c.width == 0 {
-                Constraint::Min(10)
+                Constraint::Fill(1)
             } else {
                 Constraint::Length(c.width)
             }

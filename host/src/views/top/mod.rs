@@ -139,15 +139,7 @@ async fn fetch(client: &Client, path: String) -> anyhow::Result<Answer> {
         let o: Overview = serde_json::from_value(v).context("the overview does not read")?;
         Ok(Answer::Overview(Box::new(o)))
     } else {
-        let lines = v["lines"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|l| l.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        Ok(Answer::Logs(lines))
+        Ok(Answer::Logs(crate::views::fmt::log_lines(&v)))
     }
 }
 
@@ -201,9 +193,9 @@ async fn event_loop(
                 in_flight = None;
                 match res {
                     Ok(Answer::Overview(o)) => {
-                        if matches!(app.mode, Mode::Logs(_)) {
-                            again = true;
-                        } else if app.apply(*o) == Effect::Fetch {
+                        // An overview that arrives after the log was asked for is
+                        // dropped; the log is fetched instead.
+                        if matches!(app.mode, Mode::Logs(_)) || app.apply(*o) == Effect::Fetch {
                             again = true;
                         }
                     }

@@ -34,19 +34,42 @@ pub(super) struct PageError {
     message: String,
 }
 
+impl PageError {
+    /// The daemon could not be asked, or its answer could not be read: 502.
+    fn gateway(e: impl std::fmt::Display) -> PageError {
+        PageError {
+            status: StatusCode::BAD_GATEWAY,
+            message: e.to_string(),
+        }
+    }
+}
+
 impl From<anyhow::Error> for PageError {
     fn from(e: anyhow::Error) -> Self {
-        let message = format!("{e:#}");
-        // The API's own refusals (no such package, a bad filter) keep their meaning.
-        let status = if message.contains("no package named") || message.starts_with("no ") {
-            StatusCode::NOT_FOUND
-        } else if message.contains("must be") || message.contains(" is ") {
-            StatusCode::BAD_REQUEST
-        } else {
-            StatusCode::BAD_GATEWAY
-        };
-        PageError { status, message }
+        PageError::gateway(format!("{e:#}"))
     }
+}
+
+/// One request to the daemon; its JSON answer, or its refusal as this page's: 404 for its
+/// 404, 400 for its other 4xx, 502 for anything else.
+async fn api(w: &Web, method: hyper::Method, path: &str) -> Result<Value, PageError> {
+    let (status, v) = w.client.request(method, path, None).await?;
+    if status.is_success() {
+        return Ok(v);
+    }
+    let message = v["error"]["message"]
+        .as_str()
+        .map_or_else(|| format!("the daemon answered {status}"), str::to_owned);
+    let status = match status.as_u16() {
+        404 => StatusCode::NOT_FOUND,
+        400..=499 => StatusCode::BAD_REQUEST,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    Err(PageError { status, message })
+}
+
+async fn get(w: &Web, path: &str) -> Result<Value, PageError> {
+    api(w, hyper::Method::GET, path).await
 }
 
 impl IntoResponse for PageError {
@@ -279,12 +302,12 @@ pub(super) async fn act(
             message: format!("no action {verb:?}: restart, enable or disable"),
         });
     }
-    w.client
-        .post(
-            &format!("/v1/extensions/{}/{verb}", fmt::percent(&name)),
-            None,
-        )
-        .await?;
+    api(
+        &w,
+        hyper::Method::POST,
+        &format!("/v1/extensions/{}/{verb}", fmt::percent(&name)),
+    )
+    .await?;
     let back = super::guard::local_path(f.back.as_deref().unwrap_or("/extensions")).to_owned();
     Ok(Redirect::to(&back).into_response())
 }
@@ -300,9 +323,8 @@ pub(super) async fn extension(
         format!("/v1/extensions/{n}/latency"),
         format!("/v1/extensions/{n}/logs?lines=60"),
     );
-    let (view, latency, logs) =
-        futures::join!(w.client.get(&p1), w.client.get(&p2), w.client.get(&p3));
-    let v: ExtensionView = serde_json::from_value(view?).map_err(anyhow::Error::new)?;
+    let (view, latency, logs) = futures::join!(get(&w, &p1), get(&w, &p2), get(&w, &p3));
+    let v: ExtensionView = serde_json::from_value(view?).map_err(PageError::gateway)?;
     let latency = latency?;
     let logs = logs.unwrap_or(Value::Null);
     let now = conduit_supervisor::now_ms();
@@ -327,14 +349,7 @@ pub(super) async fn extension(
             }
         }
     }
-    let log_lines: Vec<String> = logs["lines"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|l| l.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    let log_lines = fmt::log_lines(&logs);
     let body = html! {
         h1 { (s.name) " " span.quiet { (s.version) } " — " span class=(state_class(s.state.as_str())) { (s.state.as_str()) }
             @if let Some(h) = &v.health { @if h.condition != crate::core::health::Condition::Healthy {
@@ -547,7 +562,7 @@ pub(super) async fn one_work(
     if let Some(a) = q.after {
         path.push_str(&format!("&after={a}"));
     }
-    let v = w.client.get(&path).await?;
+    let v = get(&w, &path).await?;
     let now = conduit_supervisor::now_ms();
     let wk = &v["work"];
     let events = v["events"].as_array().cloned().unwrap_or_default();
@@ -706,7 +721,7 @@ async fn records(w: &Web, r: &Records, q: &CursorQuery) -> PageResult {
     if let Some(c) = cursor {
         path.push_str(&format!("&{cursor_name}={c}"));
     }
-    let v = w.client.get(&path).await?;
+    let v = get(w, &path).await?;
     let now = conduit_supervisor::now_ms();
     let rows = v[r.key].as_array().cloned().unwrap_or_default();
     let next = if r.newest_first {
