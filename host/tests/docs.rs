@@ -286,35 +286,6 @@ fn the_state_directory_tree_in_operations_md_is_what_a_daemon_makes() {
     );
 }
 
-/// Every state an extension can be in. The match below stops compiling when a state is added,
-/// so that it is added here, and the test then asks the help and the doc to name it.
-const STATES: [State; 9] = [
-    State::Starting,
-    State::Ready,
-    State::BackingOff,
-    State::CrashLooping,
-    State::Incompatible,
-    State::Refused,
-    State::Stopping,
-    State::Stopped,
-    State::Disabled,
-];
-
-#[allow(dead_code)]
-fn every_state_is_in_states(s: State) {
-    match s {
-        State::Starting
-        | State::Ready
-        | State::BackingOff
-        | State::CrashLooping
-        | State::Incompatible
-        | State::Refused
-        | State::Stopping
-        | State::Stopped
-        | State::Disabled => {}
-    }
-}
-
 #[test]
 fn ext_status_help_and_operations_md_name_every_state_and_condition_it_exits_on() {
     let f = Fixture::new();
@@ -330,7 +301,7 @@ fn ext_status_help_and_operations_md_name_every_state_and_condition_it_exits_on(
         .lines()
         .find(|l| l.starts_with("| `ext status [NAME]` |"))
         .expect("operations.md §8 has a row for `ext status [NAME]`");
-    let names = STATES
+    let names = State::ALL
         .iter()
         .map(|s| s.as_str())
         .chain(["degraded", "unresponsive"]);
