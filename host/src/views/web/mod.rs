@@ -19,7 +19,10 @@
 
 mod guard;
 mod html;
+mod lists;
 mod pages;
+mod shared;
+mod work;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -33,22 +36,13 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 
 pub use guard::{SECURITY_HEADERS, Secrets};
+pub use shared::Web;
 
 use crate::client::Client;
 
 /// The stylesheet and the script, in the binary.
 const STYLE: &str = include_str!("assets/style.css");
 const SCRIPT: &str = include_str!("assets/live.js");
-
-/// What every page handler shares.
-#[derive(Debug)]
-pub struct Web {
-    client: Client,
-    secrets: Secrets,
-    port: u16,
-    /// What the doctor page checks (`conduit doctor`'s options for this state directory).
-    doctor: crate::doctor::Options,
-}
 
 /// What `conduit web` was asked for.
 #[derive(Clone, Debug)]
@@ -117,13 +111,13 @@ pub fn router(web: Arc<Web>) -> Router {
         .route("/extensions", get(pages::extensions))
         .route("/extensions/{name}", get(pages::extension))
         .route("/extensions/{name}/{verb}", post(pages::act))
-        .route("/work", get(pages::work))
-        .route("/work/{id}", get(pages::one_work))
-        .route("/timers", get(pages::timers))
-        .route("/waits", get(pages::waits))
-        .route("/emissions", get(pages::emissions))
-        .route("/artifacts", get(pages::artifacts))
-        .route("/doctor", get(pages::doctor))
+        .route("/work", get(work::work))
+        .route("/work/{id}", get(work::one_work))
+        .route("/timers", get(lists::timers))
+        .route("/waits", get(lists::waits))
+        .route("/emissions", get(lists::emissions))
+        .route("/artifacts", get(lists::artifacts))
+        .route("/doctor", get(lists::doctor))
         .route("/static/style.css", get(style))
         .route("/static/live.js", get(script))
         .fallback(not_found)
