@@ -394,7 +394,12 @@ fn waits_timers_and_emissions_are_listed_and_shown_with_and_without_a_daemon() {
             assert_eq!(ids, [id], "{kind}: {v:#}");
             let run = f.conduit(&[kind, "list"]);
             run.expect_code(0);
-            assert!(run.stdout().starts_with("    ID"), "{}", run.context());
+            // The table's columns are as wide as their cells: the ID column is two wide here.
+            assert!(
+                run.stdout().starts_with("ID  EXTENSION  "),
+                "{}",
+                run.context()
+            );
             let one = f.json(&[kind, "show", &id.to_string(), "--json"]);
             assert_eq!(one["id"], id, "{one:#}");
         }
@@ -404,6 +409,98 @@ fn waits_timers_and_emissions_are_listed_and_shown_with_and_without_a_daemon() {
         // Again from the database alone.
         f.stop_daemon();
     }
+}
+
+#[test]
+fn a_timer_deleted_a_wait_cancelled_and_a_work_closed_are_kept_and_say_so() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("core", "ok"));
+    f.start_daemon();
+    f.wait_state("core", "ready", PATIENCE);
+    let timer = f.json(&["timers", "add", "tick", "every 3600000", "--json"])["timer_id"]
+        .as_i64()
+        .unwrap()
+        .to_string();
+    let wait = f.json(&["waits", "add", "match", "subject", "--json"])["wait_id"]
+        .as_i64()
+        .unwrap()
+        .to_string();
+    f.push("s", "d1", "job.x", "{}");
+    let work = f.wait_until("the event's Work", || {
+        f.json(&["work", "list", "--json"])["work"][0]["id"].as_i64()
+    });
+    let work = work.to_string();
+
+    let run = f.conduit(&["timers", "delete", &timer]);
+    run.expect_code(0);
+    assert!(
+        run.stdout()
+            .starts_with(&format!("timer {timer} deleted at ")),
+        "{}",
+        run.context()
+    );
+    let again = f.conduit(&["timers", "delete", &timer]);
+    again.expect_code(0);
+    assert!(
+        again.stdout().contains("was deleted already"),
+        "{}",
+        again.context()
+    );
+    let t = f.json(&["timers", "show", &timer, "--json"]);
+    assert!(
+        t["deleted_at_ms"].is_i64() && t["next_at_ms"].is_null(),
+        "{t:#}"
+    );
+    assert!(f.conduit(&["timers", "list"]).stdout().contains("deleted "));
+
+    let v = f.json(&["waits", "cancel", &wait, "--json"]);
+    assert_eq!(v["changed"], true, "{v:#}");
+    assert_eq!(v["wait"]["state"], "cancelled", "{v:#}");
+    let v = f.json(&["waits", "cancel", &wait, "--json"]);
+    assert_eq!(v["changed"], false, "{v:#}");
+    assert!(
+        f.conduit(&["waits", "list"])
+            .stdout()
+            .contains("cancelled  - (cancelled at ")
+    );
+    let missing = f.conduit(&["waits", "cancel", "999"]);
+    missing.expect_code(2);
+    assert!(
+        missing.stderr().contains("no wait 999"),
+        "{}",
+        missing.context()
+    );
+
+    let run = f.conduit(&["work", "close", &work, "--reason", "handled by hand"]);
+    run.expect_code(0);
+    assert!(
+        run.stdout().starts_with(&format!("work {work} closed at ")),
+        "{}",
+        run.context()
+    );
+    let w = &f.json(&["work", "list", "--json"])["work"][0];
+    assert_eq!(w["state"], "done", "{w:#}");
+    assert_eq!(w["close_reason"], "handled by hand", "{w:#}");
+    assert!(w["closed_at_ms"].is_i64(), "{w:#}");
+    assert!(
+        f.conduit(&["work", "list"])
+            .stdout()
+            .contains("done (closed)")
+    );
+    // The reason's limit at its edge (the Work is closed already: nothing changes).
+    let at = "x".repeat(conduit_host::api::MAX_CLOSE_REASON);
+    f.conduit(&["work", "close", &work, "--reason", &at])
+        .expect_code(0);
+    let long = "x".repeat(conduit_host::api::MAX_CLOSE_REASON + 1);
+    let run = f.conduit(&["work", "close", &work, "--reason", &long]);
+    run.expect_code(2);
+    assert!(run.stderr().contains("at most 1024"), "{}", run.context());
+
+    // Kept once the daemon is gone, and ending needs one.
+    f.stop_daemon();
+    let t = f.json(&["timers", "show", &timer, "--json"]);
+    assert!(t["deleted_at_ms"].is_i64(), "{t:#}");
+    f.conduit(&["timers", "delete", &timer]).expect_code(3);
 }
 
 // ---- manifest size cap -----------------------------------------------------------------------

@@ -225,7 +225,10 @@ pub(crate) fn list_work(args: ListArgs, state: &StateArgs) -> Result<ExitCode, C
                 w["id"].as_i64().unwrap_or(0).to_string(),
                 w["kind"].as_str().unwrap_or("").to_owned(),
                 w["key"].as_str().unwrap_or("").to_owned(),
-                w["state"].as_str().unwrap_or("").to_owned(),
+                match w["closed_at_ms"].is_i64() {
+                    true => format!("{} (closed)", w["state"].as_str().unwrap_or("")),
+                    false => w["state"].as_str().unwrap_or("").to_owned(),
+                },
                 ids.join(","),
             ]
         })

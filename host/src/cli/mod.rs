@@ -21,6 +21,7 @@ macro_rules! note {
 
 mod common;
 mod core_cmds;
+mod core_end;
 mod core_lists;
 mod daemon_run;
 mod docs_gen;
@@ -94,13 +95,13 @@ enum Command {
     /// Push and list events.
     #[command(subcommand)]
     Events(EventsCommand),
-    /// List Work.
+    /// List and close Work.
     #[command(subcommand)]
     Work(WorkCommand),
-    /// Create and list timers (served by an extension's recurrence).
+    /// Create, list and delete timers (served by an extension's recurrence).
     #[command(subcommand)]
     Timers(TimersCommand),
-    /// Create and list waits (served by an extension's dependency filter).
+    /// Create, list and cancel waits (served by an extension's dependency filter).
     #[command(subcommand)]
     Waits(WaitsCommand),
     /// Plan and list emissions (committed with an extension's emit.commit).
@@ -139,6 +140,7 @@ enum EventsCommand {
 #[derive(Debug, Subcommand)]
 enum WorkCommand {
     List(core_cmds::ListArgs),
+    Close(core_end::CloseWorkArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -148,6 +150,7 @@ enum TimersCommand {
     List(core_lists::ListArgs),
     /// Show one timer.
     Show(core_lists::ShowArgs),
+    Delete(core_end::DeleteTimerArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -157,6 +160,7 @@ enum WaitsCommand {
     List(core_lists::ListArgs),
     /// Show one wait.
     Show(core_lists::ShowArgs),
+    Cancel(core_end::CancelWaitArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -256,6 +260,9 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Events(EventsCommand::Push(args)) => core_cmds::push(args, &state),
         Command::Events(EventsCommand::List(args)) => core_cmds::list_events(args, &state),
         Command::Work(WorkCommand::List(args)) => core_cmds::list_work(args, &state),
+        Command::Work(WorkCommand::Close(args)) => core_end::close_work(args, &state),
+        Command::Timers(TimersCommand::Delete(args)) => core_end::delete_timer(args, &state),
+        Command::Waits(WaitsCommand::Cancel(args)) => core_end::cancel_wait(args, &state),
         Command::Timers(TimersCommand::Add(args)) => core_cmds::add_timer(args, &state),
         Command::Timers(TimersCommand::List(args)) => core_lists::list(Kind::Timers, args, &state),
         Command::Timers(TimersCommand::Show(args)) => core_lists::show(Kind::Timers, args, &state),
