@@ -326,15 +326,26 @@ fn a_clean_stop_leaves_no_process_ledgers_in_run() {
 fn completions_are_generated_for_bash_zsh_and_fish() {
     let f = Fixture::new();
     for (shell, mark) in [
-        ("bash", "complete -F _conduit"),
+        ("bash", "-F _clap_complete_conduit conduit"),
         ("zsh", "#compdef conduit"),
-        ("fish", "complete -c conduit"),
+        (
+            "fish",
+            "complete --keep-order --exclusive --command conduit",
+        ),
     ] {
         let run = f.conduit(&["completions", shell]);
         run.expect_code(0);
         let out = run.stdout();
         assert!(out.contains(mark), "{shell}: no `{mark}`{}", run.context());
-        assert!(out.contains("rollback"), "{shell}: subcommands missing");
+        // The script calls this binary back, by its path.
+        let me = Path::new(env!("CARGO_BIN_EXE_conduit"))
+            .canonicalize()
+            .unwrap();
+        assert!(
+            out.contains(me.to_str().unwrap()),
+            "{shell}{}",
+            run.context()
+        );
     }
     // The bash script parses.
     let script = f.dir.path().join("conduit.bash");
@@ -346,6 +357,58 @@ fn completions_are_generated_for_bash_zsh_and_fish() {
         .unwrap();
     assert!(st.success());
     f.conduit(&["completions", "tcsh"]).expect_code(2);
+}
+
+#[test]
+fn completion_offers_subcommands_and_the_installed_package_names() {
+    let f = Fixture::new();
+    f.install(&misbehave_version(&f, "a", "alpha", "0.1.0", "ok"));
+    f.install(&misbehave_version(&f, "b", "beta", "0.1.0", "ok"));
+    let script = f.dir.path().join("conduit.bash");
+    std::fs::write(&script, f.conduit(&["completions", "bash"]).stdout()).unwrap();
+    // What bash offers at TAB, through the script as a shell loads it.
+    let complete = |words: &[&str]| -> Vec<String> {
+        let list = words
+            .iter()
+            .map(|w| format!("'{w}'"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "source {}; COMP_WORDS=({list}); COMP_CWORD={}; COMP_TYPE=9; _clap_complete_conduit conduit \"${{COMP_WORDS[COMP_CWORD]}}\"; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+                script.display(),
+                words.len() - 1
+            ))
+            .env("CONDUIT_STATE_DIR", f.state())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let names = complete(&["conduit", "ext", "status", ""]);
+    assert!(
+        names.contains(&"alpha".to_owned()) && names.contains(&"beta".to_owned()),
+        "{names:?}"
+    );
+    let names = complete(&["conduit", "ext", "restart", "al"]);
+    assert_eq!(names, ["alpha"]);
+    let subs = complete(&["conduit", "ext", "rol"]);
+    assert_eq!(subs, ["rollback"]);
+    // Another state directory named on the line: its packages, none here.
+    let other = f.dir.path().join("other");
+    let names = complete(&[
+        "conduit",
+        "--state-dir",
+        other.to_str().unwrap(),
+        "ext",
+        "logs",
+        "",
+    ]);
+    assert!(!names.iter().any(|n| n == "alpha"), "{names:?}");
+    assert!(!other.exists(), "completion created a state directory");
 }
 
 #[test]

@@ -62,7 +62,8 @@ Quick start:
 Exit codes: 0 success; 1 the command found a failure; 2 usage error or unusable input;
 3 the command needs a running daemon and none runs. `conduit <command> --help` has more.
 
-Shell completions: `conduit completions bash|zsh|fish|elvish|powershell` (see its --help).
+Shell completions, package names included: `conduit completions bash|zsh|fish|elvish|powershell`
+(see its --help).
 NO_COLOR (set and not empty) turns colours off everywhere."
 )]
 pub(crate) struct Cli {
@@ -117,7 +118,7 @@ enum Command {
     Metrics(metrics::Args),
     /// Check this installation: each check ok, warn or fail, with the command that fixes it.
     Doctor(doctor::Args),
-    /// Print a shell completion script.
+    /// Print a shell completion script (subcommands, flags, installed package names).
     Completions(docs_gen::CompletionsArgs),
     /// Write man pages (one per command) into a folder (`make man` runs this).
     #[command(hide = true)]
@@ -282,7 +283,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
         Command::Metrics(args) => metrics::run(args, &state),
         Command::Doctor(args) => doctor::run(args, &state),
-        Command::Completions(args) => docs_gen::completions(args, Cli::command()),
+        Command::Completions(args) => docs_gen::completions(args),
         Command::Man(args) => docs_gen::man(args, Cli::command()),
     }
 }
