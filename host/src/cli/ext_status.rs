@@ -26,8 +26,10 @@ pub(crate) struct ListArgs {
 /// Show one package's status in detail (or every package's, without NAME).
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Exit codes: 0 every package shown is ready or disabled; 1 one is not (starting, backing-off,
-crash-looping, incompatible, refused, stopped); 2 no such package")]
+Exit codes: 0 every package shown is ready (and not degraded or unresponsive) or disabled; 1 one
+is not (starting, backing-off, crash-looping, incompatible, refused, stopping, stopped, or ready
+but degraded or unresponsive), or the registry or the daemon's answer cannot be read; 2 no such
+package, or the state directory is unusable")]
 pub(crate) struct StatusArgs {
     /// The package's name; all packages when left out.
     #[arg(add = super::common::package_names())]

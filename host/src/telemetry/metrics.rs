@@ -21,18 +21,6 @@ use crate::daemon::trouble;
 /// The content type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-const STATES: [State; 9] = [
-    State::Starting,
-    State::Ready,
-    State::BackingOff,
-    State::CrashLooping,
-    State::Incompatible,
-    State::Refused,
-    State::Stopping,
-    State::Stopped,
-    State::Disabled,
-];
-
 fn u(v: u64) -> f64 {
     v as f64
 }
@@ -128,7 +116,7 @@ fn build(
         "1 for the state the extension is in, 0 for the others.",
     );
     for e in exts {
-        for st in STATES {
+        for st in State::ALL {
             f.num(
                 &[("extension", &name(e)), ("state", st.as_str())],
                 u8::from(e.status.state == st),

@@ -36,6 +36,21 @@ pub enum State {
 }
 
 impl State {
+    /// Every state, in the order of [`State`]'s variants: the metrics export one series each,
+    /// and the docs' test asks that `ext status --help` names each. A test fails to compile
+    /// while a new variant is missing here.
+    pub const ALL: [State; 9] = [
+        State::Starting,
+        State::Ready,
+        State::BackingOff,
+        State::CrashLooping,
+        State::Incompatible,
+        State::Refused,
+        State::Stopping,
+        State::Stopped,
+        State::Disabled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             State::Starting => "starting",
@@ -387,4 +402,30 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::State;
+
+    #[test]
+    fn all_holds_every_state_once_in_order() {
+        // Exhaustive: a new variant stops this compiling until it has its place in `ALL`.
+        fn place(s: State) -> usize {
+            match s {
+                State::Starting => 0,
+                State::Ready => 1,
+                State::BackingOff => 2,
+                State::CrashLooping => 3,
+                State::Incompatible => 4,
+                State::Refused => 5,
+                State::Stopping => 6,
+                State::Stopped => 7,
+                State::Disabled => 8,
+            }
+        }
+        for (i, s) in State::ALL.into_iter().enumerate() {
+            assert_eq!(place(s), i, "{s} is out of place in State::ALL");
+        }
+    }
 }
