@@ -869,7 +869,10 @@ fn on_a_terminal(f: &Fixture, cmd: &str, no_color: bool) -> Option<String> {
 fn no_color_turns_colours_off_on_a_terminal() {
     let f = Fixture::new();
     let bin = env!("CARGO_BIN_EXE_conduit");
-    // A layout folder open to others gives a WARN log line, which is coloured on a terminal.
+    // A layout folder open to others gives a WARN log line, which is coloured on a terminal,
+    // when a command that may change the state directory tightens it (`ext enable` of an
+    // enabled package changes nothing else; a read-only command such as `ext list` leaves
+    // the mode alone).
     f.install(&misbehave_version(&f, "m", "m", "0.1.0", "ok"));
     let loosen = || {
         use std::os::unix::fs::PermissionsExt;
@@ -880,7 +883,7 @@ fn no_color_turns_colours_off_on_a_terminal() {
         .unwrap();
     };
     loosen();
-    let Some(coloured) = on_a_terminal(&f, &format!("{bin} ext list; {bin} ext --help"), false)
+    let Some(coloured) = on_a_terminal(&f, &format!("{bin} ext enable m; {bin} ext --help"), false)
     else {
         eprintln!("skipped: no `script` to make a pseudo-terminal");
         return;
@@ -891,7 +894,7 @@ fn no_color_turns_colours_off_on_a_terminal() {
     );
     assert!(coloured.contains("logs was mode 755"), "{coloured}");
     loosen();
-    let plain = on_a_terminal(&f, &format!("{bin} ext list; {bin} ext --help"), true).unwrap();
+    let plain = on_a_terminal(&f, &format!("{bin} ext enable m; {bin} ext --help"), true).unwrap();
     assert!(plain.contains("WARN"), "{plain}");
     assert!(
         !plain.contains('\u{1b}'),
