@@ -74,6 +74,18 @@ impl Install {
         r
     }
 
+    /// [`Install::doctor`], checking that the state directory is byte for byte as it was.
+    fn doctor_changing_nothing(&self) -> Value {
+        let before = snapshot(&self.f.state());
+        let r = self.doctor();
+        assert_eq!(
+            snapshot(&self.f.state()),
+            before,
+            "doctor changed the state directory"
+        );
+        r
+    }
+
     /// Run a check's fix as printed, in a shell.
     fn apply(&self, fix: &str) {
         let out = Command::new("sh")
@@ -189,13 +201,7 @@ fn a_healthy_install_is_reported_healthy_and_left_as_it_was() {
     i.f.wait_state("calm", "ready", PATIENCE);
     i.f.wait_state("steady", "ready", PATIENCE);
 
-    let before = snapshot(&i.f.state());
-    let r = i.doctor();
-    assert_eq!(
-        snapshot(&i.f.state()),
-        before,
-        "doctor changed the state directory"
-    );
+    let r = i.doctor_changing_nothing();
     // The shape others read: exactly these keys.
     let keys: Vec<&String> = r.as_object().unwrap().keys().collect();
     assert_eq!(keys, ["checks", "status"], "{r:#}");
@@ -264,13 +270,7 @@ fn a_healthy_install_is_reported_healthy_and_left_as_it_was() {
 
     // Without a daemon it still changes nothing (the store is read as it lies on disk).
     i.f.stop_daemon();
-    let before = snapshot(&i.f.state());
-    let r = i.doctor();
-    assert_eq!(
-        snapshot(&i.f.state()),
-        before,
-        "doctor changed the state directory"
-    );
+    let r = i.doctor_changing_nothing();
     expect(
         &r,
         "daemon",

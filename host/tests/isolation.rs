@@ -546,3 +546,91 @@ fn health_counts_an_unresponsive_extension_since_its_first_failure_and_names_who
     );
     assert_ne!(s["recent_exits"][0]["summary"], summary);
 }
+
+/// `events list` tells an event waiting (and for whom) from one routed to no Work, and a push
+/// of a kind no running extension declares is warned about.
+#[test]
+fn events_say_whether_they_wait_and_for_whom_and_a_kind_nobody_declares_is_warned_about() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext_kinds("hung", "hang", &["job".into()]));
+    f.start_daemon();
+    f.wait_state("hung", "ready", PATIENCE);
+    let push = |delivery: &str, kind: &str| {
+        f.conduit(&[
+            "events",
+            "push",
+            "--source",
+            "s",
+            "--delivery-id",
+            delivery,
+            "--kind",
+            kind,
+            "--payload",
+            "{}",
+        ])
+    };
+    let run = push("u1", "unknown.thing");
+    run.expect_code(0);
+    assert!(
+        run.stdout().starts_with("accepted event "),
+        "{}",
+        run.context()
+    );
+    assert!(
+        run.stderr()
+            .contains("warning: no installed package declares a work kind for `unknown.thing`"),
+        "{}",
+        run.context()
+    );
+    let v = f.push("s", "u2", "unknown.other", "{}");
+    assert!(
+        v["warning"]
+            .as_str()
+            .unwrap_or("")
+            .contains("routed to no Work"),
+        "{v:#}"
+    );
+    // A declared kind is not warned about.
+    let run = push("j1", "job.first");
+    run.expect_code(0);
+    assert!(!run.stderr().contains("warning"), "{}", run.context());
+    // Its trigger never answers: degraded, and the next job waits behind it.
+    f.wait_for("hung", PATIENCE, |s| s["health"]["condition"] != "healthy");
+    f.push("s", "j2", "job.second", "{}");
+    let routes = f.wait_until("the events' routes", || {
+        let all = f.all_events();
+        let route = |d: &str| {
+            all.iter()
+                .find(|e| e["delivery_id"] == d)
+                .map(|e| e["route"].clone())
+                .unwrap_or_default()
+        };
+        let (u1, j2) = (route("u1"), route("j2"));
+        (u1["state"] == "nowhere" && j2["state"] == "waiting").then_some((u1, j2))
+    });
+    assert_eq!(routes.1["owner"], "hung", "{routes:#?}");
+    let why = routes.1["why"].as_str().unwrap();
+    assert!(
+        why.starts_with("degraded: ") || why.starts_with("unresponsive: "),
+        "{why}"
+    );
+    let text = f.conduit(&["events", "list"]).stdout();
+    let line = |d: &str| {
+        text.lines()
+            .find(|l| l.contains(d))
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert!(line("u1").contains("  no work  "), "{text}");
+    assert!(line("j2").contains("  waits for hung ("), "{text}");
+    assert!(text.lines().next().unwrap().contains("ROUTE"), "{text}");
+    // Without a daemon, what is not routed waits for one.
+    f.stop_daemon();
+    let all = f.all_events();
+    let j2 = all.iter().find(|e| e["delivery_id"] == "j2").unwrap();
+    assert_eq!(j2["route"]["state"], "waiting", "{j2:#}");
+    assert!(
+        j2["route"]["why"].as_str().unwrap().contains("no daemon"),
+        "{j2:#}"
+    );
+}

@@ -98,6 +98,42 @@ fn loose_folders(root: &std::path::Path) -> Vec<(PathBuf, u32)> {
     out
 }
 
+/// The installed packages' names as shell completions of a package name argument
+/// (`conduit ext status <TAB>`), each with its description. Run by the completion engine in
+/// this binary (`COMPLETE=<shell> conduit -- <words>`); it reads the registry of the state
+/// directory the words name (`--state-dir DIR`), else $CONDUIT_STATE_DIR or the default, and
+/// never creates or changes anything. No state directory, or one that cannot be read: none.
+pub(crate) fn package_names() -> clap_complete::ArgValueCandidates {
+    clap_complete::ArgValueCandidates::new(|| {
+        let words: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        let flag = words.iter().enumerate().find_map(|(i, w)| {
+            let w = w.to_str()?;
+            match w.strip_prefix("--state-dir") {
+                Some("") => words.get(i + 1).map(PathBuf::from),
+                Some(v) => v.strip_prefix('=').map(PathBuf::from),
+                None => None,
+            }
+        });
+        let Ok(resolved) = state_dir::resolve_from_env(flag.as_deref()) else {
+            return Vec::new();
+        };
+        let Ok(state) = StateDir::read_only(&resolved.path) else {
+            return Vec::new();
+        };
+        conduit_host::packages::list(&state)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| {
+                let c = clap_complete::CompletionCandidate::new(r.name);
+                match r.manifest.description {
+                    Some(d) => c.help(Some(d.into())),
+                    None => c,
+                }
+            })
+            .collect()
+    })
+}
+
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// `-q`: leave out notes on stderr.

@@ -27,6 +27,7 @@ command needs the package installed, the files are logs/NAME.log and logs/NAME.l
 Exit codes: 0 printed; 1 cannot read the log; 2 no such package")]
 pub(crate) struct Args {
     /// The package's name.
+    #[arg(add = super::common::package_names())]
     name: String,
     /// How many of the last lines to show.
     #[arg(long, short = 'n', default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]

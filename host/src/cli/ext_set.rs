@@ -34,6 +34,7 @@ the limits in force and where each came from.
 Exit codes: 0 set; 2 no such package, or a key or value that cannot be used (nothing changed)")]
 pub(crate) struct Args {
     /// The package's name (`conduit ext list` shows them).
+    #[arg(add = super::common::package_names())]
     name: String,
     /// One or more KEY=VALUE (see the keys below).
     #[arg(required = true, value_name = "KEY=VALUE")]

@@ -32,6 +32,7 @@ but degraded or unresponsive), or the registry or the daemon's answer cannot be 
 package, or the state directory is unusable")]
 pub(crate) struct StatusArgs {
     /// The package's name; all packages when left out.
+    #[arg(add = super::common::package_names())]
     name: Option<String>,
     /// Print as JSON (one object for NAME, else {"daemon_running", "extensions": [...]}), with at
     /// least name, version, state, pid, restarts, last_exit, recent_exits (newest first: at_ms,
@@ -52,6 +53,7 @@ Exit codes: 0 restarting (ready, with --wait); 1 it did not become ready; 2 no s
 is disabled; 3 no daemon is running")]
 pub(crate) struct RestartArgs {
     /// The package's name.
+    #[arg(add = super::common::package_names())]
     name: String,
     #[command(flatten)]
     wait: super::ext_wait::WaitArgs,
@@ -427,6 +429,7 @@ exits 1. Exit codes: 0 answered; 1 answered with an error (or timed out); 2 no s
 bad PARAMS; 3 no daemon is running")]
 pub(crate) struct CallArgs {
     /// The package's name.
+    #[arg(add = super::common::package_names())]
     name: String,
     /// The method, e.g. `echo` or `check.sleep`.
     method: String,

@@ -17,6 +17,8 @@
 //!   records and what is supervised.
 //! - [`trouble`]: whether an extension is in trouble and since when, and the daemon's health
 //!   summed up from that, pure functions of the views (what every health report reads).
+//! - [`routes`]: where an event stands with routing (in a Work, in none, or waiting and for
+//!   whom), read back from the views by the host loop's own rules.
 //! - `run`: the startup and shutdown wiring (signals, the store, the host loop thread, the
 //!   API, the notifier); the only part that imports the API.
 //!
@@ -27,6 +29,7 @@
 pub mod handle;
 pub mod overview;
 pub mod reload;
+pub mod routes;
 mod run;
 pub mod trouble;
 

@@ -106,8 +106,14 @@ pub fn trouble(v: &ExtensionView) -> Option<Troubled> {
             .or_else(|| s.recent_exits.last().map(|e| e.at_ms)),
         reason: s.last_error.clone(),
     };
+    // A retry in progress (starting, or ready but not yet stable) is still the streak it is
+    // in: a crash-looping extension spends part of each round starting.
+    let streak = s.failing_since_ms.is_some();
+    let retrying = matches!(s.state, State::Starting | State::Ready);
+    let looping = s.state == State::CrashLooping
+        || (streak && retrying && s.failing_as == Some(State::CrashLooping));
     match s.state {
-        State::CrashLooping => return Some(failing(Trouble::CrashLooping)),
+        _ if looping => return Some(failing(Trouble::CrashLooping)),
         State::Refused => return Some(failing(Trouble::Refused)),
         State::Incompatible => return Some(failing(Trouble::Incompatible)),
         _ => {}
@@ -132,7 +138,9 @@ pub fn trouble(v: &ExtensionView) -> Option<Troubled> {
             ..failing(Trouble::OverLimit)
         });
     }
-    if s.state == State::BackingOff {
+    if s.state == State::BackingOff
+        || (streak && s.state == State::Starting && s.failing_as == Some(State::BackingOff))
+    {
         return Some(failing(Trouble::BackingOff));
     }
     if let Some(h) = &v.health
@@ -219,7 +227,8 @@ impl Summary {
     }
 
     /// One line for people, as `conduit service status` prints it: `7 of 7 extensions ready`,
-    /// or `6 of 7 extensions ready; 1 unresponsive (flaky) since 2026-12-04 17:22:10 UTC`.
+    /// or `5 of 7 extensions ready; 1 crash-looping (crashy), 1 unresponsive (flaky) since
+    /// 2026-12-04 17:22:10 UTC` (the earliest trouble's time).
     pub fn line(&self) -> String {
         let mut out = format!(
             "{} of {} extension{} ready",
@@ -228,16 +237,20 @@ impl Summary {
             if self.enabled == 1 { "" } else { "s" }
         );
         if !self.troubled.is_empty() {
-            let names: Vec<String> = self
-                .troubled
+            let each: Vec<String> = Trouble::ALL
                 .iter()
-                .map(|t| format!("{} {}", t.name, t.trouble))
+                .filter(|t| self.count(**t) > 0)
+                .map(|t| {
+                    let names: Vec<&str> = self
+                        .troubled
+                        .iter()
+                        .filter(|x| x.trouble == *t)
+                        .map(|x| x.name.as_str())
+                        .collect();
+                    format!("{} {t} ({})", self.count(*t), names.join(", "))
+                })
                 .collect();
-            out.push_str(&format!(
-                "; {} ({})",
-                self.trouble_counts(),
-                names.join(", ")
-            ));
+            out.push_str(&format!("; {}", each.join(", ")));
             if let Some(at) = self.since_ms {
                 out.push_str(&format!(" since {}", utc_seconds(at)));
             }
@@ -353,7 +366,7 @@ mod tests {
         assert_eq!(s.since_ms, Some(1_000));
         assert_eq!(
             s.line(),
-            "6 of 7 extensions ready; 1 unresponsive (flaky unresponsive) since 1970-01-01 00:00:01 UTC"
+            "6 of 7 extensions ready; 1 unresponsive (flaky) since 1970-01-01 00:00:01 UTC"
         );
     }
 
@@ -381,27 +394,41 @@ mod tests {
             v.status.failing_since_ms = Some(6_000);
             v
         };
-        let s = summarize(&[looping, hog, back, stable, slow, off, crashed]);
-        assert_eq!(
-            (
-                s.crash_looping,
-                s.over_limit,
-                s.degraded,
-                s.backing_off,
-                s.ready
-            ),
-            (1, 2, 1, 1, 1)
-        );
-        assert_eq!((s.installed, s.enabled), (7, 6));
+        // Starting again within a crash loop, and ready again but not yet stable after one:
+        // still crash-looping. Starting again after one crash: backing off.
+        let mut retrying = view("retrying", State::Starting);
+        retrying.status.failing_since_ms = Some(7_000);
+        retrying.status.failing_as = Some(State::CrashLooping);
+        let mut unsteady = view("unsteady", State::Ready);
+        unsteady.status.failing_since_ms = Some(8_000);
+        unsteady.status.failing_as = Some(State::CrashLooping);
+        let mut again = view("again", State::Starting);
+        again.status.failing_since_ms = Some(9_000);
+        again.status.failing_as = Some(State::BackingOff);
+        // Ready again after one crash: recovered.
+        let mut recovered = view("recovered", State::Ready);
+        recovered.status.failing_since_ms = Some(9_500);
+        recovered.status.failing_as = Some(State::BackingOff);
+        let s = summarize(&[
+            looping, hog, back, stable, slow, off, crashed, retrying, unsteady, again, recovered,
+        ]);
+        let counts = (s.crash_looping, s.over_limit, s.degraded, s.backing_off);
+        assert_eq!(counts, (3, 2, 1, 2));
+        assert_eq!((s.installed, s.enabled, s.ready), (11, 10, 2));
         let order: Vec<&str> = s.troubled.iter().map(|t| t.name.as_str()).collect();
-        assert_eq!(order, ["hog", "back", "slow", "looping", "crashed"]);
+        assert_eq!(
+            order,
+            [
+                "hog", "back", "slow", "looping", "crashed", "retrying", "unsteady", "again"
+            ]
+        );
         assert_eq!(
             s.troubled[0].reason.as_deref(),
             Some("over its 64 MiB memory limit (resident 80 MiB)")
         );
         assert_eq!(
             s.trouble_counts(),
-            "1 crash-looping, 2 over-limit, 1 backing-off, 1 degraded"
+            "3 crash-looping, 2 over-limit, 2 backing-off, 1 degraded"
         );
         assert_eq!(s.since_ms, Some(2_000));
     }

@@ -5,7 +5,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use super::Options;
+use super::options::Options;
 use super::report::Check;
 use super::text::{bytes, cut, sh};
 use crate::packages;

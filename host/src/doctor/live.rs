@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::Options;
+use super::options::Options;
 use super::report::Check;
 use super::service::Installed;
 use super::text::sh;

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::Options;
+use super::options::Options;
 use super::report::Check;
 use super::text::sh;
 use crate::service::{self, GENERATED_MARK, Manager, Scope};

@@ -132,6 +132,7 @@ pub(crate) async fn actor(
                 ext.update(|s| {
                     s.state = state;
                     s.failing_since_ms.get_or_insert_with(now_ms);
+                    s.failing_as = Some(state);
                     s.pid = None;
                     s.ready_since_ms = None;
                     s.spawn_to_ready_ms = None;
@@ -178,7 +179,10 @@ fn forget_failures(
 ) {
     if req.by == Requester::Operator {
         spec.policy.reset(tracker);
-        ext.update(|s| s.failing_since_ms = None);
+        ext.update(|s| {
+            s.failing_since_ms = None;
+            s.failing_as = None;
+        });
     }
 }
 
@@ -493,7 +497,10 @@ async fn run_once(
             // starts its count again after it).
             () = tokio::time::sleep_until(stable_at), if !stable => {
                 stable = true;
-                ext.update(|s| s.failing_since_ms = None);
+                ext.update(|s| {
+                    s.failing_since_ms = None;
+                    s.failing_as = None;
+                });
             }
             () = tokio::time::sleep_until(next_track), if rest.is_none() => {
                 // Read before the tree: whatever the tree does after this moves the clock.

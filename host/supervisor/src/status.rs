@@ -100,6 +100,11 @@ pub struct Status {
     /// operator restarts it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failing_since_ms: Option<i64>,
+    /// While its runs keep failing, what the restart policy last made of it (`backing-off`
+    /// or `crash-looping`), kept through the next start so a retry in progress still reads as
+    /// the streak it is in; cleared with `failing_since_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_as: Option<State>,
     /// Of the current run, once ready: milliseconds from spawning the process to its accepted
     /// handshake (the cold start), and of those the handshake alone (`initialize` sent to its
     /// answer). `null` while starting or not running.
@@ -357,6 +362,7 @@ impl Status {
             backoff_ms: None,
             ready_since_ms: None,
             failing_since_ms: None,
+            failing_as: None,
             spawn_to_ready_ms: None,
             handshake_ms: None,
             protocol_version: None,

@@ -307,19 +307,28 @@ async fn no_answer_to_the_handshake_is_a_failure_after_the_start_timeout() {
     env.sup.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_preflight_is_refused_with_its_reason_until_restarted() {
-    let env = env();
-    let mut s = spec(&env, "tampered", "ok");
+/// Give `s` a preflight that refuses with `why` until the flag it returns is set.
+fn refuse_until_allowed(
+    s: &mut ExtensionSpec,
+    why: &'static str,
+) -> Arc<std::sync::atomic::AtomicBool> {
     let allowed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let a = allowed.clone();
     s.preflight = Some(Arc::new(move || {
         if a.load(std::sync::atomic::Ordering::SeqCst) {
             Ok(())
         } else {
-            Err("main.py changed after install".into())
+            Err(why.into())
         }
     }));
+    allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_preflight_is_refused_with_its_reason_until_restarted() {
+    let env = env();
+    let mut s = spec(&env, "tampered", "ok");
+    let allowed = refuse_until_allowed(&mut s, "main.py changed after install");
     let ext = env.sup.start(s).await;
     ext.wait_for(READY, |s| s == State::Refused).await.unwrap();
     assert_eq!(
@@ -371,15 +380,7 @@ async fn since_when_it_fails_is_kept_across_restarts_until_a_run_is_stable() {
     let env = env();
     let mut s = spec(&env, "steady", "ok");
     s.policy.stable_after = Duration::from_millis(300);
-    let allowed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let a = allowed.clone();
-    s.preflight = Some(Arc::new(move || {
-        if a.load(std::sync::atomic::Ordering::SeqCst) {
-            Ok(())
-        } else {
-            Err("not yet".into())
-        }
-    }));
+    let allowed = refuse_until_allowed(&mut s, "not yet");
     let ext = env.sup.start(s).await;
     ext.wait_for(READY, |s| s == State::Refused).await.unwrap();
     let since = ext.status().failing_since_ms;
