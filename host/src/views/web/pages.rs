@@ -47,6 +47,20 @@ fn table_link(q: &TableQuery, sort: SortKey, desc: bool, offset: usize) -> Strin
     format!("/extensions?{}", fmt::query(&pairs))
 }
 
+/// An extension's buttons: Restart and Disable while it is enabled, Enable while it is not
+/// (the daemon refuses to restart a disabled package).
+fn buttons(name: &str, enabled: bool, csrf: &str, back: &str) -> Markup {
+    let to = |verb: &str| format!("/extensions/{}/{verb}", fmt::percent(name));
+    html! {
+        @if enabled {
+            (action(&to("restart"), "Restart", csrf, back, "restart"))
+            (action(&to("disable"), "Disable", csrf, back, "disable"))
+        } @else {
+            (action(&to("enable"), "Enable", csrf, back, "enable"))
+        }
+    }
+}
+
 /// The path and query of this request, for a form to come back to.
 fn here(path: &str, query: Option<&str>) -> String {
     match query {
@@ -172,14 +186,7 @@ pub(super) async fn extensions(
                         td { @if let Some(e) = &g.last_exit {
                             span title=(e.summary) { (e.brief()) } " " span.quiet { (fmt::ago(e.at_ms, now)) }
                         } }
-                        td.actions {
-                            (action(&format!("/extensions/{}/restart", fmt::percent(&r.name)), "Restart", &w.secrets.csrf, &back, "restart"))
-                            @if r.enabled {
-                                (action(&format!("/extensions/{}/disable", fmt::percent(&r.name)), "Disable", &w.secrets.csrf, &back, "disable"))
-                            } @else {
-                                (action(&format!("/extensions/{}/enable", fmt::percent(&r.name)), "Enable", &w.secrets.csrf, &back, "enable"))
-                            }
-                        }
+                        td.actions { (buttons(&r.name, r.enabled, &w.secrets.csrf, &back)) }
                     }
                 }
                 @if t.rows.is_empty() {
@@ -281,14 +288,7 @@ pub(super) async fn extension(
             } }
         }
         @if let Some(d) = &v.description { p.description { (d) } }
-        div.actions {
-            (action(&format!("/extensions/{n}/restart"), "Restart", &w.secrets.csrf, &back, "restart"))
-            @if v.enabled {
-                (action(&format!("/extensions/{n}/disable"), "Disable", &w.secrets.csrf, &back, "disable"))
-            } @else {
-                (action(&format!("/extensions/{n}/enable"), "Enable", &w.secrets.csrf, &back, "enable"))
-            }
-        }
+        div.actions { (buttons(&s.name, v.enabled, &w.secrets.csrf, &back)) }
         section #status data-live {
             table.facts {
                 tr { th { "pid" } td { (s.pid.map_or("-".to_owned(), |p| p.to_string())) } }
