@@ -120,9 +120,7 @@ enum Command {
     Metrics(metrics::Args),
     /// Check this installation: each check ok, warn or fail, with the command that fixes it.
     Doctor(doctor::Args),
-    /// A live terminal view of the daemon: extensions, exits, events, Work.
     Top(top::Args),
-    /// A local web view of the daemon, on 127.0.0.1 (prints the URL to open).
     Web(web::Args),
     /// Print a shell completion script (subcommands, flags, installed package names).
     Completions(docs_gen::CompletionsArgs),

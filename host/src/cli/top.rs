@@ -12,10 +12,12 @@ use super::outcome::CliError;
 const INTERVAL_RANGE: (Duration, Duration) =
     (Duration::from_millis(200), Duration::from_secs(3600));
 
-/// A live view of the daemon: every extension with its state, health, pid, restarts, uptime,
-/// calls in flight, call rate and latency, memory and CPU against their limits; the selected
-/// one's recent exits and stderr; events per second, the unrouted backlog, Work by state and
-/// the host loop's pass time.
+/// A live terminal view of the daemon: extensions, exits, events, Work.
+///
+/// Every extension with its state, health, pid, restarts, uptime, calls in flight, call rate
+/// and latency, memory and CPU against their limits; the selected one's recent exits and
+/// stderr; events per second, the unrouted backlog, Work by state and the host loop's pass
+/// time.
 ///
 /// It reads the daemon's management API only (one `GET /v1/overview` per refresh), so it
 /// needs a running daemon, and shows what the daemon answers. Keys: ↑↓ select, / filter as

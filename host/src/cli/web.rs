@@ -9,7 +9,9 @@ use conduit_host::views::web;
 use super::common::{StateArgs, view_client};
 use super::outcome::CliError;
 
-/// A web view of the daemon on this machine: extensions (with restart, enable and disable),
+/// A local web view of the daemon, on 127.0.0.1 (prints the URL to open).
+///
+/// Extensions (with restart, enable and disable),
 /// one extension (status, limits, recent exits, latency histogram, log tail), Work and its
 /// events, timers, waits, emissions, artifacts, and the doctor's checks.
 ///
