@@ -1,10 +1,12 @@
-//! Receiving artifact streams: chunks written to a temporary file as they arrive, size and
-//! sha256 checked at close, the content then stored by digest under `<state>/artifacts/`.
+//! Receiving artifact streams: chunks written to a temporary file as they arrive and hashed on
+//! the way, the size (and the sender's sha256, when it sends one) checked at close, the content
+//! then stored under the digest computed here, `<state>/artifacts/sha256/<hex>`, which the
+//! answer to `artifact.close` carries (docs/protocol.md §8).
 //!
 //! ```text
 //!   artifact.open ─► tmp/artifact-<id>.part      (one per stream)
 //!   artifact.chunk seq 0,1,2… (≤ 256 KiB, up to `window` in flight, written in seq order)
-//!   artifact.close {size, sha256} ─► checked ─► artifacts/sha256/<hex>   (rename, fsync)
+//!   artifact.close {size, sha256?} ─► checked ─► artifacts/sha256/<hex>   (rename, fsync)
 //! ```
 //!
 //! A stream opened with `bulk: true` on a run that has a bulk pipe gets a tag instead of
@@ -218,6 +220,7 @@ impl Artifacts {
             max_chunk_bytes: conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
             window: conduit_protocol::ARTIFACT_WINDOW,
             bulk_tag: tag,
+            sha256_optional: true,
         })
     }
 
@@ -300,13 +303,10 @@ impl Artifacts {
         s.drop_content();
         let digest = hex::encode(std::mem::take(&mut s.hasher).finalize());
         let path = s.path.clone();
-        if s.received != c.size || digest != c.sha256.to_ascii_lowercase() {
+        if let Err(why) = matches_close(s.received, &digest, &c) {
             drop(file);
             let _ = std::fs::remove_file(&path);
-            return Err(invalid(format!(
-                "the artifact does not match its close: received {} bytes with sha256 {digest}, close says {} bytes with sha256 {}; nothing was kept",
-                s.received, c.size, c.sha256
-            )));
+            return Err(invalid(why));
         }
         let dest = self.content_path(&digest);
         // fsync and rename can take a while on a large file: off the runtime's workers.
@@ -401,6 +401,22 @@ impl Artifacts {
     pub fn open_streams(&self) -> usize {
         self.lock().len()
     }
+}
+
+/// Whether what arrived (`received` bytes whose SHA-256 is `digest`) is what `close` says: its
+/// size always, its `sha256` when the sender gave one (any case). `Err` says how they differ.
+fn matches_close(received: u64, digest: &str, close: &ArtifactClose) -> Result<(), String> {
+    let claim = close.sha256.as_deref();
+    if received == close.size && claim.is_none_or(|c| c.eq_ignore_ascii_case(digest)) {
+        return Ok(());
+    }
+    let claimed = match claim {
+        Some(c) => format!("{} bytes with sha256 {c}", close.size),
+        None => format!("{} bytes", close.size),
+    };
+    Err(format!(
+        "the artifact does not match its close: received {received} bytes with sha256 {digest}, close says {claimed}; nothing was kept"
+    ))
 }
 
 fn random_id() -> String {
