@@ -6,7 +6,8 @@
 //! ```text
 //!   artifact.open ─► tmp/artifact-<id>.part      (one per stream)
 //!   artifact.chunk seq 0,1,2… (≤ 256 KiB, up to `window` in flight, written in seq order)
-//!   artifact.close {size, sha256?} ─► checked ─► artifacts/sha256/<hex>   (rename, fsync)
+//!   artifact.close {size, sha256?} ─► checked ─► fsync, artifacts/sha256/<hex> (rename, dir fsync)
+//!                                                 (already stored: the copy is dropped, no fsync)
 //! ```
 //!
 //! A stream opened with `bulk: true` on a run that has a bulk pipe gets a tag instead of
@@ -23,7 +24,6 @@ mod bulk;
 mod stream;
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -192,6 +192,7 @@ impl Artifacts {
             file: Some(file),
             hasher: Sha256::new(),
             received: 0,
+            written_back: 0,
             next_seq: 0,
             turn: Arc::new(Notify::new()),
             watcher: watcher.clone(),
@@ -297,7 +298,7 @@ impl Artifacts {
         self.lock().remove(&c.stream_id);
         let mut s = stream.lock().await;
         s.watcher.cancel();
-        let Some(mut file) = s.file.take() else {
+        let Some(file) = s.file.take() else {
             return Err(invalid("the stream was discarded"));
         };
         s.drop_content();
@@ -312,19 +313,19 @@ impl Artifacts {
         // fsync and rename can take a while on a large file: off the runtime's workers.
         let (tmp_path, dest_path) = (path.clone(), dest.clone());
         let res = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            file.flush()?;
+            let dir = dest_path.parent().unwrap_or(Path::new("."));
+            std::fs::create_dir_all(dir)?;
+            if dest_path.exists() {
+                // Same digest, same content, already stored durably (a file gets its name only
+                // after its fsync): the copy just received is not needed, nor its fsync.
+                drop(file);
+                return std::fs::remove_file(&tmp_path);
+            }
+            // The file's one fsync; most of it was already written out as it arrived.
             file.sync_all()?;
             drop(file);
-            std::fs::create_dir_all(dest_path.parent().unwrap_or(Path::new(".")))?;
-            if dest_path.exists() {
-                std::fs::remove_file(&tmp_path)?; // same digest, same content: keep the one stored
-            } else {
-                std::fs::rename(&tmp_path, &dest_path)?;
-                if let Some(dir) = dest_path.parent() {
-                    std::fs::File::open(dir)?.sync_all()?;
-                }
-            }
-            Ok(())
+            std::fs::rename(&tmp_path, &dest_path)?;
+            std::fs::File::open(dir)?.sync_all()
         })
         .await
         .unwrap_or_else(|e| {
