@@ -279,6 +279,7 @@ impl Conn for JsonConn {
             bytes,
             chunk_bytes,
             json_chunks,
+            salt: 0,
         };
         let stored: ArtifactStored = self.peer.call(ARTIFACT, &p, None).await?;
         ensure!(
