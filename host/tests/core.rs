@@ -455,6 +455,28 @@ fn make_artifact(f: &Fixture, ext: &str, params: &str) -> Value {
     serde_json::from_slice(&run.out.stdout).unwrap()
 }
 
+/// The content stored as the answer `v` to a close says (`artifact_id`, `size`, `sha256`), read
+/// back with `conduit artifacts get`: it must have that size and that digest, and be stored
+/// under it. `what` names the case in a failure.
+fn stored_as_answered(f: &Fixture, v: &Value, what: &str) -> Vec<u8> {
+    let id = v["artifact_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: no artifact_id in {v:#}"));
+    let out = f.dir.path().join("stored.bin");
+    let get = f.conduit(&["artifacts", "get", id, "-o", out.to_str().unwrap()]);
+    assert_eq!(get.code(), Some(0), "{}", get.context());
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(bytes.len() as u64, v["size"].as_u64().unwrap(), "{what}");
+    use sha2::Digest;
+    let digest = hex::encode(sha2::Sha256::digest(&bytes));
+    assert_eq!(
+        v["sha256"], digest,
+        "{what}: the answer holds the host's digest"
+    );
+    assert_eq!(id, format!("sha256:{digest}"), "{what}: stored under it");
+    bytes
+}
+
 fn stored_count(f: &Fixture) -> usize {
     std::fs::read_dir(f.state().join("artifacts/sha256")).map_or(0, |d| d.count())
 }
@@ -489,21 +511,7 @@ fn artifacts_closed_without_a_digest_are_stored_under_the_hosts_and_a_wrong_one_
             "{params}: {v:#}"
         );
         assert_eq!(v["sent_sha256"], false, "{params}: {v:#}");
-        let id = v["artifact_id"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{params}: {v:#}"));
-        let out = f.dir.path().join("got.bin");
-        let get = f.conduit(&["artifacts", "get", id, "-o", out.to_str().unwrap()]);
-        assert_eq!(get.code(), Some(0), "{}", get.context());
-        let bytes = std::fs::read(&out).unwrap();
-        assert_eq!(bytes.len() as u64, v["size"].as_u64().unwrap());
-        use sha2::Digest;
-        let digest = hex::encode(sha2::Sha256::digest(&bytes));
-        assert_eq!(
-            v["sha256"], digest,
-            "{params}: the answer holds the host's digest"
-        );
-        assert_eq!(id, format!("sha256:{digest}"));
+        stored_as_answered(&f, &v, params);
     }
     assert_eq!(stored_count(&f), 2);
     // A wrong digest on the pipe is refused as on chunks, keeping nothing.
@@ -687,19 +695,7 @@ fn the_rust_sdk_exports_into_the_store_under_the_hosts_digest_which_it_returns()
         let v: Value = serde_json::from_slice(&run.out.stdout).unwrap();
         assert_eq!(v["transport"], transport, "{params}: {v:#}");
         assert_eq!(v["notes"], 3, "{v:#}");
-        let out = f.dir.path().join("notes.jsonl");
-        let id = v["artifact_id"].as_str().unwrap();
-        let get = f.conduit(&["artifacts", "get", id, "-o", out.to_str().unwrap()]);
-        assert_eq!(get.code(), Some(0), "{}", get.context());
-        let bytes = std::fs::read(&out).unwrap();
-        assert_eq!(bytes.len() as u64, v["size"].as_u64().unwrap());
-        use sha2::Digest;
-        let digest = hex::encode(sha2::Sha256::digest(&bytes));
-        assert_eq!(
-            v["sha256"], digest,
-            "{params}: the SDK returns the host's digest"
-        );
-        assert_eq!(id, format!("sha256:{digest}"), "{params}: stored under it");
+        let bytes = stored_as_answered(&f, &v, params);
         let lines: Vec<Value> = String::from_utf8(bytes)
             .unwrap()
             .lines()

@@ -82,6 +82,25 @@ class BulkPipe(unittest.TestCase):
         os.close(self.r)
         self.assertEqual(self.h.violations, [], "non-protocol output on stdout")
 
+    def read_frames(self, size, tag):
+        """Read `size` bytes of whole frames of `tag` from the pipe: (the bytes, frame lengths)."""
+        got, frames, buf = b"", [], b""
+        while len(got) < size:
+            chunk = os.read(self.r, 65536)
+            self.assertTrue(chunk, "the pipe ended early")
+            buf += chunk
+            while len(buf) >= 8:
+                t, n = struct.unpack("<II", buf[:8])
+                if len(buf) < 8 + n:
+                    break
+                self.assertEqual(t, tag)
+                self.assertTrue(1 <= n <= 1024 * 1024, n)
+                frames.append(n)
+                got += buf[8:8 + n]
+                buf = buf[8 + n:]
+        self.assertEqual(buf, b"", "a frame not read whole")
+        return got, frames
+
     def test_an_offered_pipe_carries_the_bytes_as_whole_frames(self):
         params = dict(INITIALIZE_PARAMS, bulk={"fd": self.w})
         self.assertIn("result", self.h.call("initialize", params))
@@ -93,21 +112,7 @@ class BulkPipe(unittest.TestCase):
         self.assertIs(op["params"].get("bulk"), True)
         self.h.answer(op, {"stream_id": "s-9", "max_chunk_bytes": 262144, "window": 8,
                            "bulk_tag": 7})
-        got, frames, buf = b"", [], b""
-        while len(got) < size:
-            chunk = os.read(self.r, 65536)
-            self.assertTrue(chunk, "the pipe ended early")
-            buf += chunk
-            while len(buf) >= 8:
-                tag, n = struct.unpack("<II", buf[:8])
-                if len(buf) < 8 + n:
-                    break
-                self.assertEqual(tag, 7)
-                self.assertTrue(1 <= n <= 1024 * 1024, n)
-                frames.append(n)
-                got += buf[8:8 + n]
-                buf = buf[8 + n:]
-        self.assertEqual(buf, b"")
+        got, frames = self.read_frames(size, 7)
         self.assertTrue(all(n <= ce.BULK_FRAME_BYTES for n in frames), frames)
         close = self.h.next_call()
         self.assertEqual(close["method"], "artifact.close")
@@ -127,17 +132,7 @@ class BulkPipe(unittest.TestCase):
         op = self.h.next_call()
         self.h.answer(op, {"stream_id": "s-4", "max_chunk_bytes": 262144, "window": 8,
                            "bulk_tag": 2, "sha256_optional": True})
-        got, buf = b"", b""
-        while len(got) < size:
-            chunk = os.read(self.r, 65536)
-            self.assertTrue(chunk, "the pipe ended early")
-            buf += chunk
-            while len(buf) >= 8:
-                tag, n = struct.unpack("<II", buf[:8])
-                if len(buf) < 8 + n:
-                    break
-                got += buf[8:8 + n]
-                buf = buf[8 + n:]
+        got, _ = self.read_frames(size, 2)
         close = self.h.next_call()
         self.assertEqual(close["params"], {"stream_id": "s-4", "size": size})
         digest = hashlib.sha256(got).hexdigest()
