@@ -527,9 +527,36 @@ mod tests {
         );
         assert_eq!(
             notes[1],
-            "artifact `a`: 9 bytes as chunks, size and sha256 verified"
+            "artifact `a`: 9 bytes as chunks, size and the package's sha256 verified"
         );
         assert_eq!(rig.host.calls()[ext::ARTIFACT_CHUNK], 3);
+        assert_eq!(rig.host.artifact_refusals().len(), 1, "run.log's");
+
+        // Without a digest at close: stored under the one the receiver computed, which the
+        // answer carries (docs/protocol.md §8).
+        let sid = rig
+            .call(ext::ARTIFACT_OPEN, json!({"name": "b"}))
+            .await
+            .unwrap()["stream_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        rig.call(
+            ext::ARTIFACT_CHUNK,
+            json!({"stream_id": sid, "seq": 0, "data": "bGluZSBvbmUK"}),
+        )
+        .await
+        .unwrap();
+        let stored = rig
+            .call(ext::ARTIFACT_CLOSE, json!({"stream_id": sid, "size": 9}))
+            .await
+            .unwrap();
+        assert_eq!(stored["sha256"], digest.as_str());
+        assert_eq!(stored["artifact_id"], format!("sha256:{digest}"));
+        assert_eq!(
+            rig.host.artifact_notes()[2],
+            "artifact `b`: 9 bytes as chunks, size verified, sha256 computed by the host (the package sent none)"
+        );
     }
 
     #[tokio::test]
