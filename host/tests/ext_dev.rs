@@ -430,6 +430,21 @@ fn on_the_running_daemon_it_is_shown_as_dev_and_ctrl_c_leaves_the_list_as_before
             .contains("development install"),
         "{check}"
     );
+    // The journal of calls: kept for a dev install only; a page of 1 to 1024.
+    let socket = f.state().join("run/conduit.sock");
+    let calls =
+        |q: &str| support::http::request(&socket, "GET", &format!("/v1/extensions/{q}"), None);
+    let (code, body) = calls("bystander/calls");
+    assert_eq!(
+        (code, &body["journaled"], &body["calls"]),
+        (200, &json!(false), &json!([]))
+    );
+    let (code, body) = calls("python-echo/calls?limit=1024");
+    assert_eq!((code, &body["journaled"]), (200, &json!(true)), "{body}");
+    assert_eq!(calls("python-echo/calls?limit=1").0, 200);
+    assert_eq!(calls("python-echo/calls?limit=0").0, 400);
+    assert_eq!(calls("python-echo/calls?limit=1025").0, 400);
+    assert_eq!(calls("nobody/calls").0, 404);
     // An install from the store does not replace it, and says why.
     let run = f.conduit(&["ext", "install", "--no-wait", pkg.to_str().unwrap()]);
     assert_ne!(run.code(), Some(0), "{}", run.context());

@@ -121,33 +121,46 @@ impl Drop for Build {
     }
 }
 
-/// Send each line of `r` (without its newline; cut at [`MAX_LINE`]) until EOF.
+/// Send each line of `r` (without its newline) until EOF. A line longer than [`MAX_LINE`] is
+/// sent cut (marked `…`) as soon as it is that long, and the rest of it is dropped up to its
+/// newline, so the buffer never holds more than a line's cap and a read.
 async fn read_lines(mut r: impl AsyncRead + Unpin, tx: mpsc::Sender<String>) {
     let mut buf = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
+    // Inside a line already sent cut: drop bytes until its newline.
+    let mut dropping = false;
     loop {
-        let n = match r.read(&mut chunk).await {
-            Ok(0) | Err(_) => 0,
-            Ok(n) => n,
-        };
+        let n = r.read(&mut chunk).await.unwrap_or(0);
         if n == 0 {
             if !buf.is_empty() {
                 let _ = tx.send(line_text(&buf)).await;
             }
             return;
         }
-        buf.extend_from_slice(&chunk[..n]);
-        while let Some(i) = buf.iter().position(|&b| b == b'\n') {
-            let rest = buf.split_off(i + 1);
-            buf.truncate(i);
+        let mut rest = &chunk[..n];
+        while !rest.is_empty() {
+            let Some(i) = rest.iter().position(|&b| b == b'\n') else {
+                if !dropping {
+                    buf.extend_from_slice(rest);
+                }
+                break;
+            };
+            if !dropping {
+                buf.extend_from_slice(&rest[..i]);
+                if tx.send(line_text(&buf)).await.is_err() {
+                    return;
+                }
+            }
+            buf.clear();
+            dropping = false;
+            rest = &rest[i + 1..];
+        }
+        if buf.len() > MAX_LINE {
             if tx.send(line_text(&buf)).await.is_err() {
                 return;
             }
-            buf = rest;
-        }
-        if buf.len() > MAX_LINE {
-            let _ = tx.send(line_text(&buf)).await;
             buf.clear();
+            dropping = true;
         }
     }
 }
@@ -199,14 +212,15 @@ mod tests {
         let cmd = format!("head -c {} /dev/zero | tr '\\0' x; echo", MAX_LINE * 2 + 10);
         let (lines, ok, ..) = finish(Build::start(&cmd, dir.path()).unwrap()).await;
         assert!(ok);
-        assert!(lines.iter().all(|l| l.len() <= MAX_LINE + '…'.len_utf8()));
-        assert_eq!(
-            lines
-                .iter()
-                .map(|l| l.trim_end_matches('…').len())
-                .sum::<usize>(),
-            MAX_LINE * 2 + 10
-        );
+        assert_eq!(lines.len(), 1, "one line, cut");
+        assert_eq!(lines[0].trim_end_matches('…').len(), MAX_LINE);
+        assert!(lines[0].ends_with('…'));
+        // At the cap exactly: whole, unmarked; then the next line is read as usual.
+        let cmd = format!("head -c {MAX_LINE} /dev/zero | tr '\\0' y; echo; echo next");
+        let (lines, ..) = finish(Build::start(&cmd, dir.path()).unwrap()).await;
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].len(), MAX_LINE);
+        assert_eq!(lines[1], "next");
     }
 
     #[tokio::test]
