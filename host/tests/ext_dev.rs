@@ -74,6 +74,20 @@ impl Dev {
         String::from_utf8_lossy(&self.raw.lock().unwrap()).replace('\r', "")
     }
 
+    /// `conduit ext dev PKG --standalone --json --debounce-ms 100`, and its `session` event.
+    fn standalone(pkg: &Path) -> (Dev, Value) {
+        let args = [
+            pkg.to_str().unwrap(),
+            "--standalone",
+            "--json",
+            "--debounce-ms",
+            "100",
+        ];
+        let dev = Dev::start(None, &args);
+        let (_, session) = dev.wait_event("the session", 0, |e| e["event"] == "session");
+        (dev, session)
+    }
+
     /// Every JSON event so far (a line may start with the terminal's echo of `^C`).
     fn events(&self) -> Vec<Value> {
         self.text()
@@ -208,17 +222,7 @@ fn wait_gone(pid: u32, what: &str) {
 fn an_edit_restarts_it_a_broken_one_stays_stopped_and_ctrl_c_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let pkg = python_echo(dir.path());
-    let mut dev = Dev::start(
-        None,
-        &[
-            pkg.to_str().unwrap(),
-            "--standalone",
-            "--json",
-            "--debounce-ms",
-            "100",
-        ],
-    );
-    let (_, session) = dev.wait_event("the session", 0, |e| e["event"] == "session");
+    let (mut dev, session) = Dev::standalone(&pkg);
     assert_eq!(session["daemon"], "standalone");
     let state = PathBuf::from(session["state_dir"].as_str().unwrap());
     let (i, first) = dev.wait_ready(0);
@@ -316,17 +320,7 @@ fn a_failed_build_keeps_the_last_good_version_running_and_shows_why() {
     let dir = tempfile::tempdir().unwrap();
     let pkg = built_package(dir.path());
     assert!(!pkg.join("echo.py").exists(), "built by the session");
-    let mut dev = Dev::start(
-        None,
-        &[
-            pkg.to_str().unwrap(),
-            "--standalone",
-            "--json",
-            "--debounce-ms",
-            "100",
-        ],
-    );
-    let (_, session) = dev.wait_event("the session", 0, |e| e["event"] == "session");
+    let (mut dev, session) = Dev::standalone(&pkg);
     let state = PathBuf::from(session["state_dir"].as_str().unwrap());
     dev.wait_event("the first build", 0, |e| {
         e["event"] == "build_finished" && e["ok"] == true

@@ -234,9 +234,7 @@ async fn main(args: Args, state_args: &StateArgs, quiet: bool) -> Result<ExitCod
         kept: args.keep && s.installed,
         scratch_removed,
     });
-    if let Err(e) = cleaned {
-        return Err(e);
-    }
+    cleaned?;
     match end {
         End::Signal(_) => Ok(ExitCode::SUCCESS),
         End::Failed(e) => Err(e),
