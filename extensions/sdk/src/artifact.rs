@@ -31,8 +31,8 @@ use conduit_protocol::bulk::{DEFAULT_BULK_FRAME_BYTES, MAX_BULK_FRAME_BYTES};
 use conduit_protocol::calls::{
     ArtifactAbort, ArtifactClose, ArtifactOpen, ArtifactOpened, ArtifactStored, ChunkAck, Empty,
 };
-use conduit_protocol::{ErrorCode, methods};
-use conduit_rpc::{BoxFuture, CallError, Peer};
+use conduit_protocol::{ErrorCode, JsonText, methods};
+use conduit_rpc::{BoxFuture, CallError, CallOptions, Peer};
 use futures::FutureExt as _;
 use futures::stream::{FuturesUnordered, StreamExt};
 use sha2::{Digest, Sha256};
@@ -239,11 +239,11 @@ impl ArtifactWriter {
         while let Some(ack) = self.in_flight.next().await {
             self.on_ack(ack).await?;
         }
-        let close = ArtifactClose {
-            stream_id: self.stream_id.clone(),
-            size: self.size,
-            sha256: hex::encode(std::mem::take(&mut self.hasher).finalize()),
-        };
+        let close = ArtifactClose::new(
+            self.stream_id.clone(),
+            self.size,
+            hex::encode(std::mem::take(&mut self.hasher).finalize()),
+        );
         match self
             .peer
             .call(methods::ext::ARTIFACT_CLOSE, &close, self.deadline)
@@ -268,9 +268,7 @@ impl ArtifactWriter {
             .peer
             .call(
                 methods::ext::ARTIFACT_ABORT,
-                &ArtifactAbort {
-                    stream_id: self.stream_id.clone(),
-                },
+                &ArtifactAbort::new(self.stream_id.clone()),
                 self.deadline,
             )
             .await?;
@@ -348,7 +346,11 @@ impl ArtifactWriter {
         let deadline = self.deadline;
         self.in_flight.push(Box::pin(async move {
             let raw = peer
-                .call_prebuilt(methods::ext::ARTIFACT_CHUNK, &params, deadline)
+                .request(
+                    methods::ext::ARTIFACT_CHUNK,
+                    &JsonText(&params),
+                    CallOptions::within(deadline),
+                )
                 .await?;
             serde_json::from_str::<ChunkAck>(raw.get()).map_err(|e| CallError::BadResult {
                 method: methods::ext::ARTIFACT_CHUNK.into(),
@@ -389,9 +391,7 @@ impl ArtifactWriter {
 
     async fn abort_now(&mut self) {
         self.status = StreamStatus::Failed;
-        let abort = ArtifactAbort {
-            stream_id: self.stream_id.clone(),
-        };
+        let abort = ArtifactAbort::new(self.stream_id.clone());
         let res: Result<Empty, _> = self
             .peer
             .call(methods::ext::ARTIFACT_ABORT, &abort, Some(ABORT_DEADLINE))
@@ -415,9 +415,7 @@ impl Drop for ArtifactWriter {
             return;
         };
         let peer = self.peer.clone();
-        let abort = ArtifactAbort {
-            stream_id: std::mem::take(&mut self.stream_id),
-        };
+        let abort = ArtifactAbort::new(std::mem::take(&mut self.stream_id));
         let name = std::mem::take(&mut self.name);
         rt.spawn(async move {
             let res: Result<Empty, _> = peer
@@ -458,11 +456,11 @@ mod tests {
             ("s", 99, &[0u8, 255, 10, 13][..]),
         ] {
             let ours: ArtifactChunk = serde_json::from_str(&chunk_params(id, seq, bytes)).unwrap();
-            let want = ArtifactChunk {
-                stream_id: id.into(),
+            let want = ArtifactChunk::new(
+                id,
                 seq,
-                data: base64::engine::general_purpose::STANDARD.encode(bytes),
-            };
+                base64::engine::general_purpose::STANDARD.encode(bytes),
+            );
             assert_eq!(ours, want);
         }
     }
