@@ -39,6 +39,7 @@ mod schema;
 mod store;
 mod timers;
 mod tx;
+mod views;
 mod waits;
 mod work;
 
@@ -56,5 +57,6 @@ pub use schema::MIGRATIONS;
 pub use store::Store;
 pub use timers::Timer;
 pub use tx::{ReadTx, WriteTx};
+pub use views::{ViewCounts, WorkCount, WorkFilter, WorkSummary};
 pub use waits::{Wait, WaitState};
 pub use work::{WorkRecord, WorkState};
