@@ -190,7 +190,7 @@ impl HostCallbacks for Daemon {
             })
             .await
             .map_err(store_fault)?;
-        Ok(ArtifactStored::new(format!("sha256:{sha}"), size))
+        Ok(ArtifactStored::new(sha, size))
     }
 
     async fn artifact_abort(&self, p: ArtifactAbort) -> Reply<Abort> {

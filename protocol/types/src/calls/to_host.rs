@@ -254,20 +254,33 @@ pub struct ArtifactOpened {
     /// stream then takes no `artifact.chunk`. Absent: send chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bulk_tag: Option<u32>,
+    /// The host computes the content's SHA-256 itself and answers it at close, so the close
+    /// may leave `sha256` out (docs/protocol.md §8). Absent (`false`, an older host): the close
+    /// must carry it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sha256_optional: bool,
 }
 
 impl ArtifactOpened {
+    /// An answer without a bulk tag that requires the close's `sha256` (as an older host's).
     pub fn new(stream_id: impl Into<String>, max_chunk_bytes: usize, window: usize) -> Self {
         ArtifactOpened {
             stream_id: stream_id.into(),
             max_chunk_bytes,
             window,
             bulk_tag: None,
+            sha256_optional: false,
         }
     }
 
     pub fn with_bulk_tag(mut self, bulk_tag: u32) -> Self {
         self.bulk_tag = Some(bulk_tag);
+        self
+    }
+
+    /// Say whether the close may leave `sha256` out (the host hashes what it receives).
+    pub fn with_sha256_optional(mut self, optional: bool) -> Self {
+        self.sha256_optional = optional;
         self
     }
 }
@@ -312,35 +325,61 @@ impl ChunkAck {
 pub struct ArtifactClose {
     pub stream_id: String,
     pub size: u64,
-    /// Lower-case hex.
-    pub sha256: String,
+    /// The content's SHA-256 as the sender computed or knew it, in hex; the host verifies it.
+    /// Optional where the open's answer said `sha256_optional` (docs/protocol.md §8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 impl ArtifactClose {
-    pub fn new(stream_id: impl Into<String>, size: u64, sha256: impl Into<String>) -> Self {
+    /// A close claiming `size` bytes and no digest (the host computes it).
+    pub fn new(stream_id: impl Into<String>, size: u64) -> Self {
         ArtifactClose {
             stream_id: stream_id.into(),
             size,
-            sha256: sha256.into(),
+            sha256: None,
         }
+    }
+
+    /// Claim the content's SHA-256 (lower-case hex), which the host then checks.
+    pub fn with_sha256(mut self, sha256: impl Into<String>) -> Self {
+        self.sha256 = Some(sha256.into());
+        self
     }
 }
 
-/// `artifact.close` result.
+/// `artifact.close` result: what the host stored, under the digest it computed.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ArtifactStored {
     /// `sha256:<hex>`.
     pub artifact_id: String,
     pub size: u64,
+    /// The SHA-256 of the bytes the host received, lower-case hex. Absent from an older
+    /// host's answer (read as empty): [`ArtifactStored::digest`] then reads it from
+    /// `artifact_id`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sha256: String,
 }
 
 impl ArtifactStored {
-    pub fn new(artifact_id: impl Into<String>, size: u64) -> Self {
+    /// The answer for content of `size` bytes whose SHA-256 is `sha256` (lower-case hex).
+    pub fn new(sha256: impl Into<String>, size: u64) -> Self {
+        let sha256 = sha256.into();
         ArtifactStored {
-            artifact_id: artifact_id.into(),
+            artifact_id: format!("sha256:{sha256}"),
             size,
+            sha256,
         }
+    }
+
+    /// The stored content's SHA-256 (lower-case hex), from `sha256` or, in an older host's
+    /// answer, from `artifact_id`; `None` when neither holds one.
+    pub fn digest(&self) -> Option<&str> {
+        if !self.sha256.is_empty() {
+            return Some(&self.sha256);
+        }
+        self.artifact_id.strip_prefix("sha256:")
     }
 }
 
