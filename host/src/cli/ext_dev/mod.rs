@@ -221,8 +221,9 @@ async fn main(args: Args, state_args: &StateArgs, quiet: bool) -> Result<ExitCod
         Some(sc) => Some(sc.stop().await),
         None => None,
     };
-    drop(lock);
+    // Unlinked while still held: a session that opened it meanwhile finds it locked.
     let _ = std::fs::remove_file(lock_path(&s.state, &name));
+    drop(lock);
     let by = match &end {
         End::Signal(sig) => (*sig).to_owned(),
         End::Failed(e) => format!("an error: {:#}", e.error),

@@ -56,7 +56,10 @@ impl Scratch {
             .env_remove("NOTIFY_SOCKET")
             .env_remove("INVOCATION_ID")
             .env_remove("CONDUIT_STATE_DIR")
-            .process_group(0);
+            .process_group(0)
+            // A session interrupted while the daemon starts drops this: the daemon (with no
+            // extension yet) goes with it, before its folder is deleted.
+            .kill_on_drop(true);
         // SAFETY: only async-signal-safe calls between fork and exec (prctl, getppid).
         unsafe {
             let parent = std::process::id();
