@@ -110,8 +110,17 @@ impl<T: Send + 'static> ExportThread<T> {
         until: Instant,
         ready: impl Fn(&T) -> bool,
     ) -> MutexGuard<'_, Guarded<T>> {
-        let mut g = self.lock();
-        while !ready(&g.data) && !g.closing {
+        self.wait_while(self.lock(), until, |g| !ready(&g.data) && !g.closing)
+    }
+
+    /// Wait on the condition while `waiting` holds and `until` has not come.
+    fn wait_while<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, Guarded<T>>,
+        until: Instant,
+        waiting: impl Fn(&Guarded<T>) -> bool,
+    ) -> MutexGuard<'a, Guarded<T>> {
+        while waiting(&g) {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -137,19 +146,7 @@ impl<T: Send + 'static> ExportThread<T> {
         let mut g = self.lock();
         g.closing = true;
         self.wake();
-        let end = Instant::now() + within;
-        while !g.done {
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            g = self
-                .0
-                .1
-                .wait_timeout(g, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        drop(self.wait_while(g, Instant::now() + within, |g| !g.done));
     }
 }
 
