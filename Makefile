@@ -33,13 +33,15 @@
 #                            (installs cargo-fuzz when missing; FUZZ_TARGETS picks targets)
 #   make fuzz-short          the same for 10 seconds each (part of `make check`)
 #   make doc                 API docs for the SDK and the protocol crates, warnings denied
+#   make semver              the public API of conduit-protocol, conduit-rpc and conduit-extension
+#                            against their last release (cargo-semver-checks; part of `make check`)
 
 CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-views
+.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-views
 
 build:
 	$(CARGO) build --workspace --bins
@@ -86,10 +88,21 @@ doc:
 
 # The fuzz run and the gate run in the recipe, after every prerequisite, so even `make -j check`
 # runs them alone.
-check: fmt-check clippy test doc
+check: fmt-check clippy test doc semver
 	$(MAKE) test-bench
 	$(MAKE) fuzz-short
 	$(MAKE) gate
+
+# The crates extension authors build on, against their last release: the newest tag `sdk-v*`
+# (tag each release so), or, until the first is made, SEMVER_BASELINE_COMMIT, the commit that
+# made their params and results `#[non_exhaustive]` with builders (extensions/sdk/CHANGELOG.md).
+# cargo-semver-checks fails on a breaking change the workspace version does not announce.
+# SEMVER_BASELINE=<rev> compares against another revision.
+SEMVER_BASELINE_COMMIT := 3a7d4162c94e70c3950bfdc51784c841e530f51b
+SEMVER_BASELINE ?= $(or $(shell git describe --tags --abbrev=0 --match 'sdk-v*' 2>/dev/null),$(SEMVER_BASELINE_COMMIT))
+semver:
+	@$(CARGO) semver-checks --version >/dev/null 2>&1 || { echo "make semver: cargo-semver-checks is missing; install it with: cargo install cargo-semver-checks --locked"; exit 2; }
+	$(CARGO) semver-checks check-release -p conduit-protocol -p conduit-rpc -p conduit-extension --baseline-rev $(SEMVER_BASELINE)
 
 gate:
 	$(CARGO) build -p conduit-example-notes -p conduit-bench
