@@ -9,6 +9,8 @@ conduit, example, n, debounce = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.
 work = tempfile.mkdtemp()
 pkg = os.path.join(work, "python-echo")
 shutil.copytree(example, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+# The repository keeps one copy of the SDK; a package carries its own.
+subprocess.run([os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor-sdk.sh"), "python", pkg], check=True)
 env = dict(os.environ)
 env.pop("CONDUIT_STATE_DIR", None)
 p = subprocess.Popen([conduit, "ext", "dev", pkg, "--standalone", "--json", "--debounce-ms", debounce],

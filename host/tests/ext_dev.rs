@@ -129,6 +129,21 @@ impl Dev {
         (i, e["pid"].as_u64().unwrap() as u32)
     }
 
+    /// The text once `pred` holds of it: the terminal's output may still be on its way when
+    /// the process has exited.
+    #[track_caller]
+    fn wait_text(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let text = self.text();
+            if pred(&text) {
+                return text;
+            }
+            assert!(start.elapsed() < PATIENCE, "never showed {what}:\n{text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Ctrl-C at the terminal.
     fn ctrl_c(&mut self) {
         self.writer.write_all(b"\x03").unwrap();
@@ -159,30 +174,9 @@ impl Drop for Dev {
     }
 }
 
-/// A copy of the python-echo example in `dir`, to edit.
+/// The python-echo example staged into `dir` (with its SDK beside it), to edit.
 fn python_echo(dir: &Path) -> PathBuf {
-    let pkg = dir.join("python-echo");
-    copy_tree(
-        &support::workspace_root().join("examples/python-echo"),
-        &pkg,
-    );
-    pkg
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name();
-        if name == "__pycache__" {
-            continue;
-        }
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &to.join(name));
-        } else {
-            std::fs::copy(e.path(), to.join(name)).unwrap();
-        }
-    }
+    support::stage_example("python-echo", dir)
 }
 
 /// Replace `from` with `to` in a file, written whole.
@@ -450,11 +444,7 @@ fn on_the_running_daemon_it_is_shown_as_dev_and_ctrl_c_leaves_the_list_as_before
     // A second session on the name is refused (exit 2), and changes nothing.
     let mut second = Dev::start(Some(&f.state()), &[pkg.to_str().unwrap()]);
     assert_eq!(second.wait_exit(), 2, "{}", second.text());
-    assert!(
-        second.text().contains("another `conduit ext dev`"),
-        "{}",
-        second.text()
-    );
+    second.wait_text("the refusal", |t| t.contains("another `conduit ext dev`"));
     assert_eq!(f.status("python-echo")["pid"], pid);
 
     dev.ctrl_c();
@@ -513,7 +503,7 @@ fn a_daemon_running_as_a_service_is_refused_unless_forced() {
     let pkg = python_echo(f.dir.path());
     let mut dev = Dev::start(Some(&f.state()), &[pkg.to_str().unwrap()]);
     assert_eq!(dev.wait_exit(), 2, "{}", dev.text());
-    let text = dev.text();
+    let text = dev.wait_text("the refusal", |t| t.contains("--force"));
     assert!(text.contains("systemd service"), "{text}");
     assert!(text.contains("INVOCATION_ID"), "{text}");
     assert!(
