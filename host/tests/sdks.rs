@@ -4,7 +4,9 @@
 //! refused),
 //! report a handler's exception as a non-retryable error, and carry an up-to-date copy of their
 //! SDK. `conduit ext new` skeletons of every
-//! language pass `ext check` as generated.
+//! language pass `ext check` as generated, and their own test commands (`python3 -B -m
+//! unittest`, `node --test`, `cargo test`: tests written with the SDK's test kit) pass in the
+//! scratch folder they were generated into.
 //!
 //! A test whose interpreter (`python3`, `node`) is missing says so on stderr and passes without
 //! checking; `.ci/run` installs both.
@@ -49,6 +51,25 @@ fn passes_check(pkg: &Path) {
         run.stdout().contains(": every rule passed"),
         "{}",
         run.context()
+    );
+}
+
+/// Runs a generated project's own test command in its folder; it must pass.
+#[track_caller]
+fn own_tests_pass(dir: &Path, program: &str, args: &[&str], env: &[(&str, &Path)]) {
+    let mut cmd = Command::new(program);
+    cmd.args(args).current_dir(dir).env_remove("CONDUIT_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the test command runs");
+    assert!(
+        out.status.success(),
+        "`{program} {}` failed in {}:\n{}\n{}",
+        args.join(" "),
+        dir.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -519,6 +540,8 @@ fn a_python_skeleton_passes_the_check_as_generated() {
     passes_check(&dir);
     // -B: checking it wrote no bytecode into the package folder.
     assert!(!dir.join("conduit_extension/__pycache__").exists());
+    own_tests_pass(&dir, "python3", &["-B", "-m", "unittest", "-v"], &[]);
+    assert!(!dir.join("__pycache__").exists(), "the tests ran with -B");
 }
 
 #[test]
@@ -547,6 +570,7 @@ fn a_node_skeleton_passes_the_check_as_generated() {
             .is_file()
     );
     passes_check(&dir);
+    own_tests_pass(&dir, "node", &["--test"], &[]);
 }
 
 /// Builds the crate against the SDK of this checkout (offline, with the workspace's lock file
@@ -576,6 +600,12 @@ fn a_rust_skeleton_passes_the_check_once_staged() {
         String::from_utf8_lossy(&out.stderr)
     );
     passes_check(&dir.join("package"));
+    own_tests_pass(
+        &dir,
+        "cargo",
+        &["test", "--offline"],
+        &[("CARGO_TARGET_DIR", &target)],
+    );
 }
 
 #[test]
