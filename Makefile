@@ -65,10 +65,11 @@ bench-telemetry: build
 test-python:
 	python3 -m unittest discover -s examples/python-echo -p 'test_*.py'
 
-# The SDKs' own tests (extensions/python, extensions/node) and the Node examples' tests.
+# The SDKs' own tests (extensions/python, extensions/node, their test kits among them) and the
+# Node examples' tests (written with the kit).
 test-sdks:
 	python3 -m unittest discover -s extensions/python/tests -p 'test_*.py'
-	node --test extensions/node/test/sdk.test.mjs examples/node-notes/test.mjs
+	node --test extensions/node/test/sdk.test.mjs extensions/node/test/testing.test.mjs examples/node-notes/test.mjs examples/node-notes/kit.test.mjs examples/node-echo/echo.test.mjs
 
 # The SDK examples carry a copy of their SDK (a package folder must run as installed, with
 # nothing outside it): run this after changing extensions/python or extensions/node. A test

@@ -166,6 +166,70 @@ fn every_vendored_sdk_copy_is_identical_to_its_source() {
     }
 }
 
+// ---- the test kits name the checker's rules -------------------------------------------------
+
+/// Every rule id a test kit reports (the Rust kit's `rules`, the Python and Node kits' `RULES`)
+/// is one of `conduit ext check`'s, with the same section of docs/protocol.md.
+#[test]
+fn the_test_kits_name_the_checkers_rules() {
+    let root = workspace_root();
+    let checker: std::collections::HashSet<&str> = conduit_host::check::RULES
+        .iter()
+        .map(|(id, _)| *id)
+        .collect();
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    let mut named: Vec<(String, String, &str)> = Vec::new();
+    // Rust: `id: "handshake",` then `section: "§4, §4.2",`.
+    let rust = read("extensions/sdk-testing/src/error.rs");
+    let mut lines = rust.lines().map(str::trim);
+    while let Some(l) = lines.next() {
+        if let Some(id) = l.strip_prefix("id: \"").and_then(|r| r.strip_suffix("\",")) {
+            let sec = lines.next().unwrap_or_default();
+            let sec = sec
+                .trim_start_matches("section: \"")
+                .trim_end_matches("\",");
+            named.push((id.to_owned(), sec.to_owned(), "the Rust kit"));
+        }
+    }
+    // Python and Node: `"handshake": "§4, §4.2",` inside RULES.
+    for (path, who) in [
+        (
+            "extensions/python/conduit_extension/testing.py",
+            "the Python kit",
+        ),
+        ("extensions/node/testing.js", "the Node kit"),
+    ] {
+        let text = read(path);
+        let table = text
+            .split("RULES = ")
+            .nth(1)
+            .unwrap()
+            .split('}')
+            .next()
+            .unwrap();
+        for l in table.lines().map(str::trim) {
+            if let Some((id, sec)) = l.split_once(": \"§") {
+                let id = id.trim_matches('"');
+                let sec = format!("§{}", sec.trim_end_matches("\",").trim_end_matches('"'));
+                named.push((id.to_owned(), sec, who));
+            }
+        }
+    }
+    assert!(named.len() >= 17, "{named:?}");
+    let doc = std::fs::read_to_string(root.join("docs/protocol.md")).unwrap();
+    for (id, sec, who) in &named {
+        assert!(
+            checker.contains(id.as_str()),
+            "{who} names `{id}`, which `conduit ext check` does not have"
+        );
+        let row = format!("| `{id}` | {sec} |");
+        assert!(
+            doc.contains(&row),
+            "{who}: `{id}` is {sec}, but docs/protocol.md's table has no row {row}"
+        );
+    }
+}
+
 // ---- under the daemon ----------------------------------------------------------------------
 
 /// A notes-like Python package on the vendored SDK: work kind `pynote` grouped by thread, a

@@ -6,9 +6,11 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { ErrorCode, Extension, RpcError } from "../index.js";
 import { Answered, DeadlineExceeded, RuleBroken, ScriptedHost } from "../testing.js";
 
@@ -162,4 +164,24 @@ test("the manifest must state what the handshake says", async () => {
   writeFileSync(path, 'name = "kit-sample"\nversion = "0.1.0"\nprotocol = 1\n');
   await assert.rejects(ScriptedHost.start(sample(), { manifest: path }), (e) => e instanceof RuleBroken && e.rule === "handshake" && e.message.includes("0.1.0"));
   rmSync(dir, { recursive: true });
+});
+
+test("the README's kit example runs", () => {
+  // Run as the tests it is, from a folder where `conduit-extension` is this SDK.
+  const sdk = join(dirname(fileURLToPath(import.meta.url)), "..");
+  const readme = readFileSync(join(sdk, "README.md"), "utf8");
+  const code = readme.split("## Testing your extension: the kit")[1].split("```js\n")[1].split("```")[0];
+  const dir = mkdtempSync(join(tmpdir(), "kit-readme-"));
+  try {
+    mkdirSync(join(dir, "node_modules"));
+    symlinkSync(sdk, join(dir, "node_modules", "conduit-extension"));
+    writeFileSync(join(dir, "readme.test.mjs"), code);
+    // A test run of its own, not a child reporting to this one.
+    const env = { ...process.env };
+    delete env.NODE_TEST_CONTEXT;
+    const out = execFileSync(process.execPath, ["--test", "readme.test.mjs"], { cwd: dir, encoding: "utf8", env });
+    assert.match(out, /# pass 3\n# fail 0/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

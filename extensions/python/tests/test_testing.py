@@ -190,6 +190,23 @@ class Kit(unittest.TestCase):
             self.assertIn("0.1.0", str(cm.exception))
 
 
+class Readme(unittest.TestCase):
+    def test_the_readme_example_runs(self):
+        """The README's kit example, run as the tests it is."""
+        readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+        with open(readme, encoding="utf-8") as f:
+            text = f.read()
+        section = text.split("## Testing your extension: the kit", 1)[1]
+        code = section.split("```python\n", 1)[1].split("```", 1)[0]
+        module = type(sys)("readme_kit_example")
+        exec(compile(code, readme, "exec"), module.__dict__)
+        suite = unittest.defaultTestLoader.loadTestsFromModule(module)
+        self.assertEqual(suite.countTestCases(), 3)
+        result = unittest.TestResult()
+        suite.run(result)
+        self.assertEqual((result.failures, result.errors), ([], []))
+
+
 def _poll(get, seconds=10.0):
     import time
     end = time.monotonic() + seconds

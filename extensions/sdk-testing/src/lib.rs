@@ -55,6 +55,12 @@
 //! Invariant: every wait is bounded (the deadlines, and [`HostBuilder::patience`] for what a
 //! test waits on at the end), so a broken extension fails its test instead of hanging it.
 
+// The README's examples are compiled as doc tests (their `#[tokio::test]` functions are not run
+// there; the same calls run in tests/kit.rs).
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 mod artifacts;
 mod error;
 mod script;
