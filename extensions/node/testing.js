@@ -411,6 +411,7 @@ export class ScriptedHost {
     const rfd = openSync(fifo, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK);
     const wfd = openSync(fifo, fsConstants.O_WRONLY | fsConstants.O_NONBLOCK);
     this._bulkSock = new Socket({ fd: rfd, readable: true, writable: false });
+    this._bulkSock.unref(); // a test that fails before finish() must not hang the runner on it
     let buf = Buffer.alloc(0);
     this._bulkSock.on("data", (chunk) => {
       buf = Buffer.concat([buf, chunk]);
