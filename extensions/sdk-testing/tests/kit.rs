@@ -93,9 +93,7 @@ fn ext() -> Extension {
 
 #[tokio::test]
 async fn the_handshake_carries_the_chosen_limits_and_artifacts_keep_them() {
-    let mut limits = Limits::default();
-    limits.max_artifact_chunk_bytes = 1000;
-    limits.artifact_window = 2;
+    let limits: Limits = from_json(json!({"max_artifact_chunk_bytes": 1000, "artifact_window": 2}));
     let host = ScriptedHost::builder()
         .limits(limits)
         .start(ext())
@@ -141,8 +139,7 @@ async fn a_late_in_transaction_answer_is_deadline_exceeded_and_the_handler_is_ca
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicU64::new(0)),
     );
-    let mut deadlines = Deadlines::default();
-    deadlines.in_transaction_ms = 100;
+    let deadlines: Deadlines = from_json(json!({"in_transaction_ms": 100}));
     let host = ScriptedHost::builder()
         .deadlines(deadlines)
         .start(sample(saw_cancel.clone(), saw_remaining.clone()))
