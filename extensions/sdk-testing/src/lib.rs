@@ -73,8 +73,8 @@ use std::time::{Duration, Instant};
 
 use conduit_extension::{ExitReason, Extension};
 use conduit_protocol::handshake::{Capabilities, Deadlines, InitializeResult, Limits};
-use conduit_protocol::{PROTOCOL_VERSIONS, RpcError, meta, methods};
-use conduit_rpc::{CallError, Peer, Session, SessionConfig};
+use conduit_protocol::{PROTOCOL_VERSIONS, RpcError, methods};
+use conduit_rpc::{CallError, CallOptions, Peer, Session, SessionConfig};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -415,13 +415,7 @@ impl ScriptedHost {
         params: &P,
         deadline: Option<Duration>,
     ) -> PendingCall {
-        let text = serde_json::to_string(params).expect("params serialize");
-        // `_meta.remaining_ms` as the host writes it: the whole deadline, when the call is made.
-        let text = match deadline {
-            Some(d) => meta::with_remaining_ms(&text, d.as_millis() as u64).unwrap_or(text),
-            None => text,
-        };
-        let raw = RawValue::from_string(text).expect("serialized params are JSON");
+        let raw = serde_json::value::to_raw_value(params).expect("params serialize");
         let in_tx = methods::host::IN_TRANSACTION.contains(&method);
         if in_tx {
             self.side.in_transaction.fetch_add(1, Ordering::SeqCst);
@@ -443,9 +437,12 @@ impl ScriptedHost {
             method.to_owned(),
         );
         let task = tokio::spawn(async move {
-            let r = peer
-                .call_raw_cancellable(&m, &raw, deadline, Some(&token))
-                .await;
+            // `_meta.remaining_ms` carried as the host carries it (the whole deadline, written
+            // into the params by the session's one writer of `_meta`).
+            let opts = CallOptions::within(deadline)
+                .carrying_deadline()
+                .cancelled_by(&token);
+            let r = peer.request(&m, &*raw, opts).await;
             if in_tx {
                 side.in_transaction.fetch_sub(1, Ordering::SeqCst);
             }
