@@ -21,7 +21,7 @@ pub struct Rule {
 
 /// The rules a kit test can see broken (ids as `conduit ext check` reports them).
 pub mod rules {
-    use super::Rule;
+    use crate::error::Rule;
 
     /// `initialize` is answered in time with a well-formed result.
     pub const HANDSHAKE: Rule = Rule {
