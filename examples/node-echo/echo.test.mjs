@@ -1,10 +1,10 @@
 // node-echo tested with the kit (conduit-extension/testing): echo.mjs's `ext` behind a scripted
-// host, on the SDK's own session, with no daemon. Run: node --test examples/node-echo/
+// host, on the SDK's own session, with no daemon. Run in the staged package (`make stage`):
+// node --test target/packages/node-echo/echo.test.mjs
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
-// The kit is part of the SDK in extensions/node; the vendored copy carries no test tools.
-import { Answered, DeadlineExceeded, ScriptedHost } from "../../extensions/node/testing.js";
+import { Answered, DeadlineExceeded, ScriptedHost } from "conduit-extension/testing";
 import { ErrorCode } from "conduit-extension";
 import { ext } from "./echo.mjs";
 

@@ -7,14 +7,13 @@
 //   stream aborted, nothing stored);
 // - `export`'s artifact received whole, on the bulk pipe, with its digest.
 //
-// Run: node --test examples/node-notes/
+// Run in the staged package (`make stage`, which puts the SDK and its kit beside it):
+// node --test target/packages/node-notes/kit.test.mjs
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { fileURLToPath } from "node:url";
-// The kit is part of the SDK in extensions/node; the copy vendored in node_modules is what the
-// installed package runs, without its tests' tools.
-import { Answered, DeadlineExceeded, ScriptedHost } from "../../extensions/node/testing.js";
+import { Answered, DeadlineExceeded, ScriptedHost } from "conduit-extension/testing";
 import { ErrorCode, RpcError } from "conduit-extension";
 import { extension } from "./notes.mjs";
 

@@ -1,24 +1,16 @@
 """python-echo tested with the kit (conduit_extension.testing): echo.py's `ext` behind a scripted
 host, on the SDK's own session, with no daemon.
 
-Run from the repository root:
+Run in the staged package (`make stage`; staging puts the SDK and its kit beside echo.py):
 
-    python3 -m unittest discover -s examples/python-echo -p 'test_*.py'
+    python3 -B -m unittest discover -s target/packages/python-echo -p 'test_*.py'
 """
 import os
 import sys
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SDK = os.path.join(HERE, "..", "..", "extensions", "python")
-sys.path.insert(0, SDK)
-sys.path.insert(1, HERE)
-
-import conduit_extension  # noqa: E402
-
-# The kit lives in extensions/python; a copy of the SDK vendored here (what the installed package
-# runs) carries no test tools, so the kit is found beside it.
-conduit_extension.__path__.append(os.path.join(SDK, "conduit_extension"))
+sys.path.insert(0, HERE)  # the SDK, with its kit, beside echo.py where staging puts it
 
 from conduit_extension import ErrorCode  # noqa: E402
 from conduit_extension.testing import Answered, DeadlineExceeded, ScriptedHost  # noqa: E402
