@@ -41,7 +41,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-views
+.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-views
 
 build:
 	$(CARGO) build --workspace --bins
@@ -64,20 +64,17 @@ endif
 bench-telemetry: build
 	$(CARGO) test -p conduit-host --test telemetry -- --ignored --nocapture bench_export_cost
 
+# The SDK examples run as staged (scripts/stage-examples.sh puts their SDK beside them), so
+# their tests run in the staged folders.
 test-python:
-	python3 -m unittest discover -s examples/python-echo -p 'test_*.py'
+	scripts/stage-examples.sh dev $(PACKAGES) python-echo
+	python3 -B -m unittest discover -s $(PACKAGES)/python-echo -p 'test_*.py'
 
 # The SDKs' own tests (extensions/python, extensions/node) and the Node examples' tests.
 test-sdks:
+	scripts/stage-examples.sh dev $(PACKAGES) node-notes
 	python3 -m unittest discover -s extensions/python/tests -p 'test_*.py'
-	node --test extensions/node/test/sdk.test.mjs examples/node-notes/test.mjs
-
-# The SDK examples carry a copy of their SDK (a package folder must run as installed, with
-# nothing outside it): run this after changing extensions/python or extensions/node. A test
-# (host/tests/sdks.rs) fails while a copy differs from its source.
-vendor-sdks:
-	for d in examples/python-echo; do rm -rf $$d/conduit_extension && mkdir -p $$d/conduit_extension && cp extensions/python/conduit_extension/__init__.py extensions/python/conduit_extension/py.typed $$d/conduit_extension/; done
-	for d in examples/node-echo examples/node-notes; do rm -rf $$d/node_modules/conduit-extension && mkdir -p $$d/node_modules/conduit-extension && cp extensions/node/index.js extensions/node/index.d.ts extensions/node/package.json $$d/node_modules/conduit-extension/; done
+	node --test extensions/node/test/sdk.test.mjs $(PACKAGES)/node-notes/test.mjs
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
