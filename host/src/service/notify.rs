@@ -166,7 +166,8 @@ pub fn status_line(views: &[ExtensionView], figures: &LoopFigures) -> String {
             State::Refused => 5,
             State::Stopping => 6,
             State::Stopped => 7,
-            State::Disabled => 8,
+            State::Idle => 8,
+            State::Disabled => 9,
         };
         by_state
             .entry(order)

@@ -19,6 +19,7 @@ use crate::backoff::{Jitter, RestartTracker, RunFacts};
 use crate::cgroup;
 use crate::enforce::{Enforcer, mechanism};
 use crate::extension::{Cmd, Extension};
+use crate::lifecycle::format_idle_stop_after;
 use crate::limits;
 use crate::log::LogFile;
 use crate::process::ExitInfo;
@@ -31,15 +32,28 @@ use crate::spec::ExtensionSpec;
 use crate::status::{Resources, State, now_ms};
 use crate::tree::{CpuClock, Ledger, TRACK_INTERVAL, TRACK_INTERVAL_QUIET};
 
-/// The callback handler of one extension, shared by the sessions of all its runs.
-struct SharedHandler(Arc<dyn Handler>);
+/// The callback handler of one extension, shared by the sessions of all its runs. With an
+/// idle stop configured, each callback's start and end count as calls for the idle decision.
+struct SharedHandler {
+    handler: Arc<dyn Handler>,
+    ext: Option<Extension>,
+}
 
 impl Handler for SharedHandler {
     fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
-        self.0.request(req)
+        let Some(ext) = &self.ext else {
+            return self.handler.request(req);
+        };
+        ext.touch();
+        let (ext, call) = (ext.clone(), self.handler.request(req));
+        Box::pin(async move {
+            let res = call.await;
+            ext.touch();
+            res
+        })
     }
     fn notification(&self, method: &str, params: Option<&RawValue>, peer: &Peer) {
-        self.0.notification(method, params, peer)
+        self.handler.notification(method, params, peer)
     }
 }
 
@@ -62,8 +76,23 @@ pub(crate) async fn actor(
     let mut tracker = RestartTracker::default();
     let mut jitter = Jitter::default();
     let log = LogFile::new(&spec.log_path);
-    let mut runs = 0u32;
+    // Whether the next run waits for a need first (an on-demand extension, or one stopped for
+    // idleness), and why the next run starts: the reason shown, and whether it counts as a
+    // restart (a failure or an operator's restart does; a first start or a need does not).
+    let mut awaiting = spec.lifecycle.on_demand() && !spec.start_now;
+    let mut next = (spec.start_reason.clone(), false);
     loop {
+        if awaiting {
+            ext.enter_idle();
+            let Some(why) = await_demand(&mut cmds, &shutdown).await else {
+                break;
+            };
+            tracing::info!(extension = %spec.name, reason = %why, "starting the extension on demand");
+            ext.leave_idle();
+            ext.update(|s| s.demand_starts += 1);
+            next = (why, false);
+            awaiting = false;
+        }
         // The preflight may hash a whole package: off the runtime's workers, and at most one
         // per CPU at once, so a thousand extensions starting together take a few blocking
         // threads rather than one each (and none waits behind a thousand hashes for a CPU).
@@ -80,31 +109,55 @@ pub(crate) async fn actor(
         };
         if let Some(Err(e)) = preflight {
             tracing::error!(extension = %spec.name, error = %e, "refusing to start");
+            ext.update(|s| s.first_run = false);
             match hold(&ext, State::Refused, e, &mut cmds, &shutdown).await {
-                Cmd::Restart => continue,
+                Cmd::Restart | Cmd::Demand(_) => {
+                    next = ("restarted on request".into(), true);
+                    continue;
+                }
                 Cmd::Stop => break,
             }
         }
-        // Every start after the first is a restart, whatever asked for it.
-        if runs > 0 {
-            ext.update(|s| s.restarts += 1);
-        }
-        runs += 1;
+        let (why, restart) = std::mem::replace(&mut next, (String::new(), true));
+        ext.update(|s| {
+            if restart {
+                s.restarts += 1;
+            }
+            s.first_run = !restart;
+            s.start_reason = Some(why);
+        });
         let outcome = run_once(&ext, &spec, &handler, &log, &mut cmds, &shutdown, &resting).await;
         ext.set_peer(None);
         match outcome {
             Outcome::Stop => break,
+            // Not a failure and not a restart: the restart policy does not count it.
+            Outcome::Idle => {
+                ext.update(|s| s.idle_stops += 1);
+                awaiting = true;
+            }
             Outcome::Restart => {
                 spec.policy.reset(&mut tracker);
-                continue;
+                next = ("restarted on request".into(), true);
             }
             Outcome::Incompatible(msg) => {
+                ext.update(|s| s.first_run = false);
                 match hold(&ext, State::Incompatible, msg, &mut cmds, &shutdown).await {
-                    Cmd::Restart => continue,
+                    Cmd::Restart | Cmd::Demand(_) => {
+                        next = ("restarted on request".into(), true);
+                    }
                     Cmd::Stop => break,
                 }
             }
             Outcome::Failed { ready_at, error } => {
+                if ext.retiring() {
+                    // A newer version is starting beside it, from files that may be that
+                    // version's already: this one is not started again.
+                    tracing::warn!(extension = %spec.name, error = %error.as_deref().unwrap_or("exited"), "the version being replaced failed; it is not restarted");
+                    if error.is_some() {
+                        ext.update(|s| s.last_error = error);
+                    }
+                    break;
+                }
                 let decision = spec.policy.on_failure(
                     &mut tracker,
                     RunFacts {
@@ -125,6 +178,7 @@ pub(crate) async fn actor(
                 let restart_span = tracing::debug_span!("extension.restart", extension = %spec.name, cause, delay_ms, failures = decision.failures, state = %state);
                 ext.update(|s| {
                     s.state = state;
+                    s.first_run = false;
                     s.pid = None;
                     s.ready_since_ms = None;
                     s.spawn_to_ready_ms = None;
@@ -135,13 +189,27 @@ pub(crate) async fn actor(
                     s.next_start_at_ms = Some(now_ms() + decision.delay.as_millis() as i64);
                     s.backoff_ms = Some(delay_ms);
                 });
-                tokio::select! {
-                    () = tokio::time::sleep(decision.delay) => {}
-                    cmd = cmds.recv() => match cmd {
-                        Some(Cmd::Restart) => spec.policy.reset(&mut tracker),
-                        Some(Cmd::Stop) | None => break,
-                    },
-                    () = shutdown.cancelled() => break,
+                next = ("restarted after it failed".into(), true);
+                let sleep = tokio::time::sleep(decision.delay);
+                tokio::pin!(sleep);
+                let stop = loop {
+                    tokio::select! {
+                        () = &mut sleep => break false,
+                        cmd = cmds.recv() => match cmd {
+                            Some(Cmd::Restart) => {
+                                spec.policy.reset(&mut tracker);
+                                next = ("restarted on request".into(), true);
+                                break false;
+                            }
+                            // A need does not cut a backoff short.
+                            Some(Cmd::Demand(_)) => continue,
+                            Some(Cmd::Stop) | None => break true,
+                        },
+                        () = shutdown.cancelled() => break true,
+                    }
+                };
+                if stop {
+                    break;
                 }
                 ext.update(|s| {
                     s.next_start_at_ms = None;
@@ -160,6 +228,22 @@ pub(crate) async fn actor(
         s.backoff_ms = None;
         s.descendants.clear();
     });
+}
+
+/// Wait, idle, for something to need the extension: the reason it gives, or `None` to stop.
+/// An operator's restart starts it too.
+async fn await_demand(
+    cmds: &mut mpsc::UnboundedReceiver<Cmd>,
+    shutdown: &CancellationToken,
+) -> Option<String> {
+    tokio::select! {
+        cmd = cmds.recv() => match cmd {
+            Some(Cmd::Demand(why)) => Some(why),
+            Some(Cmd::Restart) => Some("started by a restart request".into()),
+            Some(Cmd::Stop) | None => None,
+        },
+        () = shutdown.cancelled() => None,
+    }
 }
 
 /// Show `state` and why, with no process, until the operator restarts or stops the
@@ -197,9 +281,15 @@ async fn wait_for_operator(
     cmds: &mut mpsc::UnboundedReceiver<Cmd>,
     shutdown: &CancellationToken,
 ) -> Cmd {
-    tokio::select! {
-        cmd = cmds.recv() => cmd.unwrap_or(Cmd::Stop),
-        () = shutdown.cancelled() => Cmd::Stop,
+    loop {
+        tokio::select! {
+            cmd = cmds.recv() => match cmd {
+                // A need does not start what only an operator can cure.
+                Some(Cmd::Demand(_)) => continue,
+                cmd => return cmd.unwrap_or(Cmd::Stop),
+            },
+            () = shutdown.cancelled() => return Cmd::Stop,
+        }
     }
 }
 
@@ -277,7 +367,10 @@ async fn run_once(
     let session = Session::new(
         stdout,
         stdin,
-        SharedHandler(handler.clone()),
+        SharedHandler {
+            handler: handler.clone(),
+            ext: spec.lifecycle.idle_stop_after.map(|_| ext.clone()),
+        },
         SessionConfig {
             counters: ext.session_counters(),
             ..SessionConfig::named(&spec.name)
@@ -322,7 +415,7 @@ async fn run_once(
                 () = shutdown.cancelled() => { Box::pin(stop_run(ext, run, spec.stop_grace, "the daemon stopping")).await; return Outcome::Stop; }
                 // A stop or restart asked for during the handshake is not kept waiting for it.
                 cmd = cmds.recv() => {
-                    let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
+                    let (outcome, why) = match cmd { Some(Cmd::Demand(_)) => continue, Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
                     Box::pin(stop_run(ext, run, spec.stop_grace, why)).await;
                     return outcome;
                 }
@@ -400,6 +493,13 @@ async fn run_once(
         s.capabilities = Some(std::sync::Arc::new(result.capabilities.clone()));
         s.last_error = None;
     });
+    // The idle period starts at ready.
+    ext.touch();
+    if let Some(told) = &spec.on_ready {
+        told(ext);
+    }
+    let idle_after = spec.lifecycle.idle_stop_after;
+    let mut idle_at = tokio::time::Instant::now() + idle_after.unwrap_or(Duration::from_secs(3600));
 
     // Crash detection: stdout EOF or child exit, whichever comes first; meanwhile the tree is
     // read and recorded every TRACK_INTERVAL.
@@ -459,10 +559,23 @@ async fn run_once(
                 };
             }
             cmd = cmds.recv() => {
+                let (outcome, why) = match cmd { Some(Cmd::Demand(_)) => continue, Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
                 ext.set_peer(None);
-                let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
                 Box::pin(stop_run(ext, run, spec.stop_grace, why)).await;
                 return outcome;
+            }
+            () = tokio::time::sleep_until(idle_at), if idle_after.is_some() => {
+                let after = idle_after.expect("looked at only with an idle stop");
+                let streams = spec.open_streams.as_ref().map_or(0, |n| n());
+                match ext.close_if_idle(after, streams, Instant::now()) {
+                    Ok(()) => {
+                        let why = format!("{} without calls", format_idle_stop_after(idle_after));
+                        tracing::info!(extension = %spec.name, pid = run.pid, idle_for = %format_idle_stop_after(idle_after), "stopping the extension: it is idle");
+                        Box::pin(stop_run(ext, run, spec.stop_grace, &why)).await;
+                        return Outcome::Idle;
+                    }
+                    Err(at) => idle_at = tokio::time::Instant::from_std(at),
+                }
             }
             () = shutdown.cancelled() => {
                 ext.set_peer(None);

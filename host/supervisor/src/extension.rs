@@ -72,10 +72,20 @@ impl ExtCallError {
     }
 }
 
+/// A call awaiting an answer.
+struct InFlight {
+    method: Box<str>,
+    since: Instant,
+    /// Until when it may wait (its deadline), if it has one.
+    until: Option<Instant>,
+}
+
 /// What the actor is asked to do, by the handle and the registry.
 pub(crate) enum Cmd {
     Restart,
     Stop,
+    /// Something needs the extension (why, for its status): start it if it is idle.
+    Demand(String),
 }
 
 struct Inner {
@@ -85,8 +95,9 @@ struct Inner {
     status: Mutex<Status>,
     /// Every process seen in the current child's tree (see [`crate::tree`]).
     recorded: Mutex<BTreeSet<ProcId>>,
-    /// Calls awaiting an answer: id → (method, since when).
-    in_flight: Mutex<HashMap<u64, (Box<str>, Instant)>>,
+    /// Calls awaiting an answer, by id. Taken before the peer is read, so that a run closed
+    /// for idleness (`close_if_idle`) never has a call begin on it unseen.
+    in_flight: Mutex<HashMap<u64, InFlight>>,
     next_call: std::sync::atomic::AtomicU64,
     peer: watch::Sender<Option<Peer>>,
     stats: stats::Stats,
@@ -98,16 +109,30 @@ struct Inner {
     cmds: mpsc::UnboundedSender<Cmd>,
     /// Sends every state change, for waiters (tests, the CLI's "wait until ready").
     changes: watch::Sender<State>,
+    /// When a call to it or a callback from it last began or ended, in ms since `born`.
+    last_call_ms: std::sync::atomic::AtomicU64,
+    born: Instant,
+    /// A demand was sent to the idle actor and not yet taken up: one is enough.
+    demanded: std::sync::atomic::AtomicBool,
+    /// The current run was closed for idleness and is being stopped: calls that find no peer
+    /// now wait for a need to start it again (they are not failures of a running extension).
+    idling: std::sync::atomic::AtomicBool,
+    /// A newer version is being started beside this one: a failed run of this one is not
+    /// restarted (its files may already be the new version's).
+    retiring: std::sync::atomic::AtomicBool,
+    /// The version that replaced this one: every call made through this handle goes there.
+    successor: Mutex<Option<Extension>>,
 }
 
-/// What [`Extension::run_brief`] reads: the current run's state, pid, restarts and whether its
-/// handshake was accepted.
+/// What [`Extension::run_brief`] reads: the current run's state, pid, restarts, whether its
+/// handshake was accepted, and whether it is a first run (see [`Status::first_run`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunBrief {
     pub state: State,
     pub pid: Option<u32>,
     pub restarts: u32,
     pub handshaken: bool,
+    pub first_run: bool,
 }
 
 /// A handle on one supervised extension. Cheap to clone.
@@ -142,12 +167,24 @@ impl Extension {
                 tail: Mutex::new(Tail::default()),
                 cmds,
                 changes: watch::Sender::new(state),
+                last_call_ms: std::sync::atomic::AtomicU64::new(0),
+                born: Instant::now(),
+                demanded: std::sync::atomic::AtomicBool::new(false),
+                idling: std::sync::atomic::AtomicBool::new(false),
+                retiring: std::sync::atomic::AtomicBool::new(false),
+                successor: Mutex::new(None),
             }),
         }
     }
 
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// Whether `other` is a handle on this very run of the registry (not another version of
+    /// the same package).
+    pub fn is(&self, other: &Extension) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// The status without its call statistics and stderr tail: cheap enough for a caller that
@@ -169,6 +206,7 @@ impl Extension {
             pid: s.pid,
             restarts: s.restarts,
             handshaken: s.protocol_version.is_some(),
+            first_run: s.first_run,
         }
     }
 
@@ -219,18 +257,16 @@ impl Extension {
     }
 
     /// Call `method`; fails at once if the extension is not ready. Latency is recorded per method.
+    /// Once a newer version has replaced this one, the call goes to it.
     pub async fn call_raw(
         &self,
         method: &str,
         params: &RawValue,
         deadline: Option<Duration>,
     ) -> Result<Box<RawValue>, ExtCallError> {
-        let Some(peer) = self.peer() else {
-            return Err(ExtCallError::NotRunning {
-                ext: self.inner.name.clone(),
-                state: self.state(),
-            });
-        };
+        if let Some(next) = self.successor() {
+            return Box::pin(next.call_raw(method, params, deadline)).await;
+        }
         // One span per call, fields not text; `debug`, so with no export configured the call
         // site is disabled and costs nothing (docs/operations.md, "Telemetry").
         let span = tracing::debug_span!(
@@ -250,12 +286,41 @@ impl Extension {
             .inner
             .next_call
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner
-            .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, (method.into(), t));
-        // Removed however the call ends, dropped by its caller included.
+        // The peer is read under the in-flight lock: a run being closed for idleness either
+        // sees this call (and stays) or has already taken its peer away (and this call fails
+        // as not running).
+        let peer = {
+            let mut in_flight = self
+                .inner
+                .in_flight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let Some(peer) = self.peer() else {
+                drop(in_flight);
+                return Err(ExtCallError::NotRunning {
+                    ext: self.inner.name.clone(),
+                    state: self.state(),
+                });
+            };
+            in_flight.insert(
+                id,
+                InFlight {
+                    method: method.into(),
+                    since: t,
+                    until: deadline.map(|d| t + d),
+                },
+            );
+            peer
+        };
+        self.touch();
+        // Removed however the call ends, dropped by its caller included; its end counts as a
+        // call for the idle decision.
+        struct Touch<'a>(&'a Extension);
+        impl Drop for Touch<'_> {
+            fn drop(&mut self) {
+                self.0.touch();
+            }
+        }
         struct Done<'a>(&'a Inner, u64);
         impl Drop for Done<'_> {
             fn drop(&mut self) {
@@ -267,6 +332,7 @@ impl Extension {
             }
         }
         let done = Done(&self.inner, id);
+        let _touch = Touch(self);
         // The request carries its remaining time (docs/protocol.md §11), written into the
         // params' text; `initialize` is not sent from here. The insertion keeps valid JSON
         // valid, so the text goes out as built, without a second parse.
@@ -390,7 +456,7 @@ impl Extension {
             .in_flight
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<(Instant, &str)> = map.values().map(|(m, t)| (*t, &**m)).collect();
+        let mut v: Vec<(Instant, &str)> = map.values().map(|c| (c.since, &*c.method)).collect();
         v.sort();
         v.into_iter()
             .map(|(t, m)| InFlightCall {
@@ -398,6 +464,192 @@ impl Extension {
                 age_ms: t.elapsed().as_millis() as u64,
             })
             .collect()
+    }
+
+    /// Something needs this extension (`why` is shown as its start reason: `started by event
+    /// 1234 of kind note.posted`): an idle one is started; one that runs or is starting is left
+    /// as it is. Cheap to call every pass: one demand is sent per idle period.
+    pub fn demand(&self, why: impl FnOnce() -> String) {
+        use std::sync::atomic::Ordering;
+        if self.state() == State::Idle && !self.inner.demanded.swap(true, Ordering::SeqCst) {
+            let _ = self.inner.cmds.send(Cmd::Demand(why()));
+        }
+    }
+
+    /// Whether calls to it now wait for a need to start it rather than fail: it is idle (never
+    /// started, or stopped for idleness), or its run is being stopped for idleness.
+    pub fn awaits_demand(&self) -> bool {
+        self.state() == State::Idle || self.inner.idling.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Start it if it is idle (`why` becomes its start reason) and wait until it is ready, at
+    /// most `timeout`. Fails with [`ExtCallError::NotRunning`] when it does not get there: a
+    /// start that failed, a stop, or the time running out.
+    pub async fn ensure_ready(
+        &self,
+        why: impl FnOnce() -> String,
+        timeout: Duration,
+    ) -> Result<(), ExtCallError> {
+        if let Some(next) = self.successor() {
+            return Box::pin(next.ensure_ready(why, timeout)).await;
+        }
+        if self.peer().is_some() {
+            return Ok(());
+        }
+        self.demand(why);
+        let settled = |s: State| {
+            !matches!(s, State::Idle | State::Starting)
+                || (s == State::Idle
+                    && !self
+                        .inner
+                        .demanded
+                        .load(std::sync::atomic::Ordering::SeqCst))
+        };
+        match self.wait_for(timeout, settled).await {
+            Ok(State::Ready) if self.peer().is_some() => Ok(()),
+            Ok(state) | Err(state) => Err(ExtCallError::NotRunning {
+                ext: self.inner.name.clone(),
+                state,
+            }),
+        }
+    }
+
+    /// A call to it or a callback from it began or ended now.
+    pub(crate) fn touch(&self) {
+        let ms = self.inner.born.elapsed().as_millis() as u64;
+        self.inner
+            .last_call_ms
+            .fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Close the run to new calls if it is still idle at `now` (no call in flight, none for
+    /// `after`, nothing else open): `Ok` once closed (calls from now on find it not running and
+    /// wait for a need), else when to look again. Decided and applied under the in-flight lock
+    /// that `call_raw` takes before it reads the peer, so no call slips in between.
+    pub(crate) fn close_if_idle(
+        &self,
+        after: Duration,
+        streams_open: usize,
+        now: Instant,
+    ) -> Result<(), Instant> {
+        let in_flight = self
+            .inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let last = self
+            .inner
+            .last_call_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let activity = crate::lifecycle::Activity {
+            calls_in_flight: in_flight.len(),
+            callbacks_in_flight: self.peer().map_or(0, |p| p.incoming_in_flight()),
+            streams_open,
+            last_call: self.inner.born + Duration::from_millis(last),
+        };
+        match crate::lifecycle::idle_deadline(after, &activity) {
+            Some(at) if at <= now => {
+                self.inner
+                    .idling
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                self.set_peer(None);
+                drop(in_flight);
+                Ok(())
+            }
+            Some(at) => Err(at),
+            None => Err(now + after),
+        }
+    }
+
+    /// Show it idle, waiting for a need (after an idle stop, or before its first start).
+    pub(crate) fn enter_idle(&self) {
+        use std::sync::atomic::Ordering;
+        self.update(|s| {
+            s.state = State::Idle;
+            s.pid = None;
+            s.spawn_to_ready_ms = None;
+            s.handshake_ms = None;
+            s.next_start_at_ms = None;
+            s.backoff_ms = None;
+            s.descendants.clear();
+            if s.idle_since_ms.is_none() {
+                s.idle_since_ms = Some(crate::status::now_ms());
+            }
+        });
+        self.inner.idling.store(false, Ordering::SeqCst);
+        self.inner.demanded.store(false, Ordering::SeqCst);
+    }
+
+    /// A need was taken up: it is no longer idle.
+    pub(crate) fn leave_idle(&self) {
+        // Starting first: a caller waiting for it (`ensure_ready`) must never see it idle with
+        // its demand taken.
+        self.update(|s| {
+            s.state = State::Starting;
+            s.idle_since_ms = None;
+        });
+        self.inner
+            .demanded
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Mark this version as being replaced (its failed runs are not restarted), or no longer.
+    pub(crate) fn set_retiring(&self, on: bool) {
+        self.inner
+            .retiring
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn retiring(&self) -> bool {
+        self.inner
+            .retiring
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Send every call made through this handle from now on to `next`.
+    pub(crate) fn set_successor(&self, next: Extension) {
+        *self
+            .inner
+            .successor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(next);
+    }
+
+    /// The version that replaced this one, if one has.
+    pub fn successor(&self) -> Option<Extension> {
+        self.inner
+            .successor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// How long the calls in flight may still wait, at most (a call without a deadline counts
+    /// `default`): how long a replaced version is given to finish them.
+    pub(crate) fn longest_wait(&self, default: Duration, now: Instant) -> Duration {
+        self.inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|c| {
+                c.until
+                    .unwrap_or(c.since + default)
+                    .saturating_duration_since(now)
+            })
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Calls awaiting an answer and callbacks being served now.
+    pub(crate) fn busy(&self) -> bool {
+        !self
+            .inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+            || self.peer().is_some_and(|p| p.incoming_in_flight() > 0)
     }
 
     /// Whether `id` is a process of this extension's current or last child, as recorded.

@@ -34,6 +34,7 @@ pub mod child;
 mod enforce;
 mod extension;
 mod forker;
+pub mod lifecycle;
 pub mod limits;
 pub mod log;
 pub mod process;
@@ -51,9 +52,12 @@ pub mod tree;
 pub mod usage;
 
 pub use crate::extension::{ExtCallError, Extension, RunBrief};
-pub use crate::spec::{BulkSink, CallbackHandlers, ExtensionSpec, no_callbacks};
+pub use crate::lifecycle::{Lifecycle, StartMode};
+pub use crate::spec::{
+    BulkSink, CallbackHandlers, DEFAULT_START_TIMEOUT, ExtensionSpec, ReadyHook, no_callbacks,
+};
 pub use crate::stats::{LatencyHistogram, MethodStats, Traffic};
 pub use crate::status::{
     ExitCause, ExitRecord, InFlightCall, RECENT_EXITS, Resources, State, Status, now_ms,
 };
-pub use crate::supervisor::Supervisor;
+pub use crate::supervisor::{Overlap, Supervisor};

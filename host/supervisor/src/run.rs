@@ -38,6 +38,8 @@ pub(crate) enum Outcome {
     Incompatible(String),
     /// An operator asked for a restart; start again at once.
     Restart,
+    /// Stopped gracefully after its idle time without calls; started again when needed.
+    Idle,
     /// Stop for good.
     Stop,
 }

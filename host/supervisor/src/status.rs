@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use conduit_protocol::Capabilities;
 use serde::Serialize;
 
+use crate::lifecycle::StartMode;
 use crate::limits::{self, Limits};
 use crate::process::ExitInfo;
 use crate::sandbox::SandboxStatus;
@@ -33,6 +34,9 @@ pub enum State {
     Stopping,
     Stopped,
     Disabled,
+    /// Not running, and started when something needs it: an on-demand extension not started
+    /// yet, or a run stopped after `idle_stop_after` without calls.
+    Idle,
 }
 
 impl State {
@@ -47,6 +51,7 @@ impl State {
             State::Stopping => "stopping",
             State::Stopped => "stopped",
             State::Disabled => "disabled",
+            State::Idle => "idle",
         }
     }
 }
@@ -98,6 +103,30 @@ pub struct Status {
     /// The limits and sandbox in force and the current use; absent for a child with none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
+    /// When it is started: `always` or `on-demand`.
+    #[serde(default)]
+    pub start: StartMode,
+    /// After how long without a call a ready run is stopped (ms); absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_stop_after_ms: Option<u64>,
+    /// Since when it has been `idle` (unix ms): never started, or stopped for idleness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since_ms: Option<i64>,
+    /// Why the current (or last) run was started: `started with the daemon`, `started by event
+    /// 1234 of kind note.posted`, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_reason: Option<String>,
+    /// Starts asked for by a need (an event, a timer, a call, …) since the daemon started it.
+    #[serde(default)]
+    pub demand_starts: u64,
+    /// Runs stopped after `idle_stop_after` without calls (not crashes, not restarts).
+    #[serde(default)]
+    pub idle_stops: u64,
+    /// Whether the current run is the first since the extension was started (by the daemon,
+    /// an install, an enable or a need) with no failure since: the host loop waits for such a
+    /// run instead of giving fallbacks.
+    #[serde(skip)]
+    pub first_run: bool,
 }
 
 /// The limits and sandbox of an extension, how they are enforced, and what it uses now.
@@ -227,6 +256,13 @@ impl Status {
             descendants: Vec::new(),
             recent_exits: Vec::new(),
             resources: None,
+            start: StartMode::Always,
+            idle_stop_after_ms: None,
+            idle_since_ms: None,
+            start_reason: None,
+            demand_starts: 0,
+            idle_stops: 0,
+            first_run: true,
         }
     }
 
@@ -245,6 +281,8 @@ impl Status {
         if let (Some(now), Some(then)) = (&mut self.resources, &earlier.resources) {
             now.limit_stops = now.limit_stops.max(then.limit_stops);
         }
+        self.demand_starts = self.demand_starts.max(earlier.demand_starts);
+        self.idle_stops = self.idle_stops.max(earlier.idle_stops);
     }
 
     pub(crate) fn record_exit(&mut self, rec: ExitRecord) {
