@@ -20,73 +20,13 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, watch};
 
+use crate::call::{ExtCallError, InFlight, Meta, WithMeta};
+use crate::life::{Cmd, Life};
 use crate::log::Tail;
 use crate::stats::{self, LatencyHistogram, Traffic};
-use crate::status::{InFlightCall, State, Status};
+use crate::status::{InFlightCall, RunBrief, State, Status};
 use crate::tree::{self, ProcId, ProcStat};
 use crate::usage::Usage;
-
-/// Params with the request's remaining time first (docs/protocol.md §11).
-#[derive(Serialize)]
-struct WithMeta<'a, P: ?Sized> {
-    #[serde(rename = "_meta")]
-    meta: Meta,
-    #[serde(flatten)]
-    params: &'a P,
-}
-
-#[derive(Serialize)]
-struct Meta {
-    remaining_ms: u64,
-}
-
-/// Why a call to an extension failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ExtCallError {
-    #[error("extension `{ext}` is not running (it is {state}); see `conduit ext status {ext}`")]
-    NotRunning { ext: String, state: State },
-    #[error("extension `{ext}`: {source}")]
-    Call { ext: String, source: CallError },
-}
-
-impl ExtCallError {
-    /// The error code it is reported as.
-    pub fn code(&self) -> i32 {
-        match self {
-            ExtCallError::NotRunning { .. } => ErrorCode::ExtensionExited.number(),
-            ExtCallError::Call { source, .. } => source.code(),
-        }
-    }
-
-    pub fn is(&self, code: ErrorCode) -> bool {
-        self.code() == code.number()
-    }
-
-    /// How to read the failure (docs/protocol.md §12; `conduit_protocol::classify`).
-    pub fn class(&self) -> conduit_protocol::ErrorClass {
-        match self {
-            ExtCallError::NotRunning { .. } => conduit_protocol::ErrorClass::Retryable,
-            ExtCallError::Call { source, .. } => source.class(),
-        }
-    }
-}
-
-/// A call awaiting an answer.
-struct InFlight {
-    method: Box<str>,
-    since: Instant,
-    /// Until when it may wait (its deadline), if it has one.
-    until: Option<Instant>,
-}
-
-/// What the actor is asked to do, by the handle and the registry.
-pub(crate) enum Cmd {
-    Restart,
-    Stop,
-    /// Something needs the extension (why, for its status): start it if it is idle.
-    Demand(String),
-}
 
 struct Inner {
     name: String,
@@ -109,30 +49,21 @@ struct Inner {
     cmds: mpsc::UnboundedSender<Cmd>,
     /// Sends every state change, for waiters (tests, the CLI's "wait until ready").
     changes: watch::Sender<State>,
-    /// When a call to it or a callback from it last began or ended, in ms since `born`.
-    last_call_ms: std::sync::atomic::AtomicU64,
-    born: Instant,
-    /// A demand was sent to the idle actor and not yet taken up: one is enough.
-    demanded: std::sync::atomic::AtomicBool,
-    /// The current run was closed for idleness and is being stopped: calls that find no peer
-    /// now wait for a need to start it again (they are not failures of a running extension).
-    idling: std::sync::atomic::AtomicBool,
-    /// A newer version is being started beside this one: a failed run of this one is not
-    /// restarted (its files may already be the new version's).
-    retiring: std::sync::atomic::AtomicBool,
+    /// On demand, idle stops, replacement (see `life.rs`).
+    life: Life,
     /// The version that replaced this one: every call made through this handle goes there.
     successor: Mutex<Option<Extension>>,
 }
 
-/// What [`Extension::run_brief`] reads: the current run's state, pid, restarts, whether its
-/// handshake was accepted, and whether it is a first run (see [`Status::first_run`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RunBrief {
-    pub state: State,
-    pub pid: Option<u32>,
-    pub restarts: u32,
-    pub handshaken: bool,
-    pub first_run: bool,
+/// Keeps a ready run from being stopped for idleness while it lives
+/// ([`Extension::keep_awake`]).
+#[derive(Debug)]
+pub struct Awake(Extension);
+
+impl Drop for Awake {
+    fn drop(&mut self) {
+        self.0.inner.life.unwake();
+    }
 }
 
 /// A handle on one supervised extension. Cheap to clone.
@@ -167,11 +98,7 @@ impl Extension {
                 tail: Mutex::new(Tail::default()),
                 cmds,
                 changes: watch::Sender::new(state),
-                last_call_ms: std::sync::atomic::AtomicU64::new(0),
-                born: Instant::now(),
-                demanded: std::sync::atomic::AtomicBool::new(false),
-                idling: std::sync::atomic::AtomicBool::new(false),
-                retiring: std::sync::atomic::AtomicBool::new(false),
+                life: Life::default(),
                 successor: Mutex::new(None),
             }),
         }
@@ -470,8 +397,7 @@ impl Extension {
     /// 1234 of kind note.posted`): an idle one is started; one that runs or is starting is left
     /// as it is. Cheap to call every pass: one demand is sent per idle period.
     pub fn demand(&self, why: impl FnOnce() -> String) {
-        use std::sync::atomic::Ordering;
-        if self.state() == State::Idle && !self.inner.demanded.swap(true, Ordering::SeqCst) {
+        if self.state() == State::Idle && self.inner.life.send_demand() {
             let _ = self.inner.cmds.send(Cmd::Demand(why()));
         }
     }
@@ -479,7 +405,7 @@ impl Extension {
     /// Whether calls to it now wait for a need to start it rather than fail: it is idle (never
     /// started, or stopped for idleness), or its run is being stopped for idleness.
     pub fn awaits_demand(&self) -> bool {
-        self.state() == State::Idle || self.inner.idling.load(std::sync::atomic::Ordering::SeqCst)
+        self.state() == State::Idle || self.inner.life.idling()
     }
 
     /// Start it if it is idle (`why` becomes its start reason) and wait until it is ready, at
@@ -497,13 +423,11 @@ impl Extension {
             return Ok(());
         }
         self.demand(why);
-        let settled = |s: State| {
-            !matches!(s, State::Idle | State::Starting)
-                || (s == State::Idle
-                    && !self
-                        .inner
-                        .demanded
-                        .load(std::sync::atomic::Ordering::SeqCst))
+        let life = &self.inner.life;
+        let settled = |s: State| match s {
+            State::Starting => false,
+            State::Idle => !life.demanded() && !life.idling(),
+            _ => true,
         };
         match self.wait_for(timeout, settled).await {
             Ok(State::Ready) if self.peer().is_some() => Ok(()),
@@ -516,10 +440,7 @@ impl Extension {
 
     /// A call to it or a callback from it began or ended now.
     pub(crate) fn touch(&self) {
-        let ms = self.inner.born.elapsed().as_millis() as u64;
-        self.inner
-            .last_call_ms
-            .fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+        self.inner.life.touch();
     }
 
     /// Close the run to new calls if it is still idle at `now` (no call in flight, none for
@@ -532,38 +453,40 @@ impl Extension {
         streams_open: usize,
         now: Instant,
     ) -> Result<(), Instant> {
-        let in_flight = self
-            .inner
-            .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let last = self
-            .inner
-            .last_call_ms
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let in_flight = self.lock_in_flight();
         let activity = crate::lifecycle::Activity {
             calls_in_flight: in_flight.len(),
             callbacks_in_flight: self.peer().map_or(0, |p| p.incoming_in_flight()),
             streams_open,
-            last_call: self.inner.born + Duration::from_millis(last),
+            kept_awake: self.inner.life.kept_awake(),
+            last_call: self.inner.life.last_call(),
         };
-        match crate::lifecycle::idle_deadline(after, &activity) {
-            Some(at) if at <= now => {
-                self.inner
-                    .idling
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-                self.set_peer(None);
-                drop(in_flight);
-                Ok(())
-            }
-            Some(at) => Err(at),
-            None => Err(now + after),
-        }
+        crate::lifecycle::idle_decision(after, &activity, now)?;
+        self.inner.life.set_idling(true);
+        self.set_peer(None);
+        drop(in_flight);
+        Ok(())
+    }
+
+    /// Keep a ready run from being stopped for idleness while the guard lives, without counting
+    /// as a call (a host-loop pass that may call it): `None` when it is not ready (it does not
+    /// run, or its idle stop has begun). Taken under the in-flight lock, as a call is.
+    pub fn keep_awake(&self) -> Option<Awake> {
+        let _in_flight = self.lock_in_flight();
+        self.peer()?;
+        self.inner.life.wake();
+        Some(Awake(self.clone()))
+    }
+
+    fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<u64, InFlight>> {
+        self.inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Show it idle, waiting for a need (after an idle stop, or before its first start).
     pub(crate) fn enter_idle(&self) {
-        use std::sync::atomic::Ordering;
         self.update(|s| {
             s.state = State::Idle;
             s.pid = None;
@@ -572,12 +495,10 @@ impl Extension {
             s.next_start_at_ms = None;
             s.backoff_ms = None;
             s.descendants.clear();
-            if s.idle_since_ms.is_none() {
-                s.idle_since_ms = Some(crate::status::now_ms());
-            }
+            s.idle_since_ms.get_or_insert_with(crate::status::now_ms);
         });
-        self.inner.idling.store(false, Ordering::SeqCst);
-        self.inner.demanded.store(false, Ordering::SeqCst);
+        self.inner.life.set_idling(false);
+        self.inner.life.clear_demand();
     }
 
     /// A need was taken up: it is no longer idle.
@@ -588,22 +509,16 @@ impl Extension {
             s.state = State::Starting;
             s.idle_since_ms = None;
         });
-        self.inner
-            .demanded
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.inner.life.clear_demand();
     }
 
     /// Mark this version as being replaced (its failed runs are not restarted), or no longer.
     pub(crate) fn set_retiring(&self, on: bool) {
-        self.inner
-            .retiring
-            .store(on, std::sync::atomic::Ordering::SeqCst);
+        self.inner.life.set_retiring(on);
     }
 
     pub(crate) fn retiring(&self) -> bool {
-        self.inner
-            .retiring
-            .load(std::sync::atomic::Ordering::SeqCst)
+        self.inner.life.retiring()
     }
 
     /// Send every call made through this handle from now on to `next`.

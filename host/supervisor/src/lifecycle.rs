@@ -4,7 +4,7 @@
 //!
 //! Here are the settings ([`Lifecycle`], [`StartMode`]), the one parser of their values (the
 //! manifest's `[lifecycle]` table and the operator's `conduit ext set` both call it), and the
-//! pure decision of when a ready run is idle long enough to stop ([`idle_deadline`], over
+//! pure decision of when a ready run is idle long enough to stop ([`idle_decision`], over
 //! recorded facts and an injected `now`, as `backoff.rs` decides restarts).
 //!
 //! Invariant: nothing here does I/O or reads the clock; a time is always an argument.
@@ -137,18 +137,31 @@ pub struct Activity {
     pub callbacks_in_flight: usize,
     /// Artifact streams it has open.
     pub streams_open: usize,
+    /// Holders keeping it awake (a host-loop pass that may call it); not calls.
+    pub kept_awake: usize,
     /// When a call to it or a callback from it last began or ended (or the run became ready).
     pub last_call: Instant,
 }
 
-/// When a ready run with `activity` is to be stopped for idleness, given `idle_stop_after`:
-/// `None` while anything is in flight or open (it is looked at again after `after`), else
-/// `after` past its last call (a time at or before `now` means now).
-pub fn idle_deadline(after: Duration, activity: &Activity) -> Option<Instant> {
+/// How soon a run that is busy (something in flight, open or keeping it awake) is looked at
+/// again.
+pub const IDLE_RECHECK: Duration = Duration::from_secs(1);
+
+/// Whether a ready run with `activity` is stopped for idleness at `now`, given
+/// `idle_stop_after` (`after`): `Ok` once `after` has passed since its last call with nothing in
+/// flight, open or keeping it awake; else `Err` with when to look again (the deadline, or
+/// within [`IDLE_RECHECK`] while it is busy).
+pub fn idle_decision(after: Duration, activity: &Activity, now: Instant) -> Result<(), Instant> {
     let busy = activity.calls_in_flight > 0
         || activity.callbacks_in_flight > 0
-        || activity.streams_open > 0;
-    (!busy).then(|| activity.last_call + after)
+        || activity.streams_open > 0
+        || activity.kept_awake > 0;
+    let due = activity.last_call + after;
+    match busy {
+        true => Err(now + after.min(IDLE_RECHECK)),
+        false if due <= now => Ok(()),
+        false => Err(due),
+    }
 }
 
 #[cfg(test)]
@@ -208,16 +221,22 @@ mod tests {
     }
 
     #[test]
-    fn a_run_is_idle_only_with_nothing_in_flight_or_open() {
+    fn a_run_is_idle_only_with_nothing_in_flight_open_or_keeping_it_awake() {
         let t0 = Instant::now();
         let after = Duration::from_secs(30);
         let quiet = Activity {
             calls_in_flight: 0,
             callbacks_in_flight: 0,
             streams_open: 0,
+            kept_awake: 0,
             last_call: t0,
         };
-        assert_eq!(idle_deadline(after, &quiet), Some(t0 + after));
+        // Not yet; at the deadline exactly; past it.
+        let just_before = t0 + after - Duration::from_millis(1);
+        assert_eq!(idle_decision(after, &quiet, just_before), Err(t0 + after));
+        assert_eq!(idle_decision(after, &quiet, t0 + after), Ok(()));
+        assert_eq!(idle_decision(after, &quiet, t0 + 2 * after), Ok(()));
+        let late = t0 + 2 * after;
         for busy in [
             Activity {
                 calls_in_flight: 1,
@@ -231,17 +250,32 @@ mod tests {
                 streams_open: 1,
                 ..quiet
             },
+            Activity {
+                kept_awake: 1,
+                ..quiet
+            },
         ] {
-            assert_eq!(idle_deadline(after, &busy), None, "{busy:?}");
+            assert_eq!(
+                idle_decision(after, &busy, late),
+                Err(late + IDLE_RECHECK),
+                "{busy:?}"
+            );
         }
+        // A short idle time is looked at again within itself.
+        let busy = Activity {
+            calls_in_flight: 1,
+            ..quiet
+        };
+        let short = Duration::from_millis(400);
+        assert_eq!(idle_decision(short, &busy, late), Err(late + short));
         // A later call moves the deadline with it.
         let later = Activity {
             last_call: t0 + Duration::from_secs(5),
             ..quiet
         };
         assert_eq!(
-            idle_deadline(after, &later),
-            Some(t0 + Duration::from_secs(35))
+            idle_decision(after, &later, t0 + after),
+            Err(t0 + Duration::from_secs(35))
         );
     }
 }

@@ -62,6 +62,17 @@ impl std::fmt::Display for State {
     }
 }
 
+/// What `Extension::run_brief` reads: the current run's state, pid, restarts, whether its
+/// handshake was accepted, and whether it is a first run (see [`Status::first_run`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunBrief {
+    pub state: State,
+    pub pid: Option<u32>,
+    pub restarts: u32,
+    pub handshaken: bool,
+    pub first_run: bool,
+}
+
 /// A snapshot of one extension.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Status {

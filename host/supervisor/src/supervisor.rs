@@ -246,8 +246,9 @@ impl Supervisor {
     /// starts beside the one that serves (which is not restarted meanwhile, should it fail),
     /// and once its handshake is done every new call goes to it; the old one finishes the calls
     /// it has in flight (at most until the longest of their deadlines), then gets the usual
-    /// stop. If the new one does not become ready (its first start fails, or it takes longer
-    /// than its start timeout and a minute), it is stopped and the old one serves on; see
+    /// stop. If the new one does not become ready (it is crash-looping, incompatible or
+    /// refused, or takes longer than twice its start timeout and a minute), it is stopped and
+    /// the old one serves on; see
     /// [`Supervisor::overlap`]. Returns the new version's handle, or `None` when no ready
     /// version serves (then [`Supervisor::start`] is the way).
     pub fn replace(&self, mut spec: ExtensionSpec) -> Option<Extension> {
@@ -283,6 +284,15 @@ impl Supervisor {
         };
         self.upgrades.spawn(see_through.run(new.clone(), limit));
         Some(new)
+    }
+
+    /// Forget the failed replacement of `name` unless it was started from `origin`: the
+    /// registry no longer asks for it (it was rolled back), so it is history.
+    pub fn forget_failed(&self, name: &str, origin: &str) {
+        let mut slots = self.lock();
+        if slots.failed.get(name).is_some_and(|(_, o)| o != origin) {
+            slots.failed.remove(name);
+        }
     }
 
     /// Give up the new version of `name` starting beside the one that serves (which serves
@@ -423,8 +433,19 @@ struct SeeThrough {
 
 impl SeeThrough {
     async fn run(self, new: Extension, limit: Duration) {
+        // A first failure may be cured by the restart, as for any start: it is given up only
+        // in a state that waiting cannot cure (the fifth failure in a row among them).
         let settled = tokio::select! {
-            r = new.wait_for(limit, |s| !matches!(s, State::Starting | State::Idle)) => r,
+            r = new.wait_for(limit, |s| {
+                matches!(
+                    s,
+                    State::Ready
+                        | State::CrashLooping
+                        | State::Incompatible
+                        | State::Refused
+                        | State::Stopped
+                )
+            }) => r,
             () = self.shutdown.cancelled() => return,
         };
         let ready = matches!(settled, Ok(State::Ready));

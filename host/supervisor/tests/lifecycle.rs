@@ -231,7 +231,7 @@ async fn a_new_version_that_crashes_at_start_leaves_the_old_one_serving() {
         unreachable!()
     };
     assert_eq!(status.version, "0.0.2");
-    assert_eq!(status.state, State::BackingOff, "{status:?}");
+    assert_eq!(status.state, State::CrashLooping, "{status:?}");
     let seen = load.ok.load(Ordering::Relaxed);
     until("calls still answered", || {
         load.ok.load(Ordering::Relaxed) > seen + 10
