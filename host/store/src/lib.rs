@@ -31,6 +31,7 @@ mod error;
 mod events;
 mod ingress;
 mod limits;
+mod pending;
 mod pool;
 mod rows;
 mod schema;
@@ -48,6 +49,7 @@ pub use events::{Accepted, EventRecord};
 pub use limits::{
     BUSY_TIMEOUT, MAX_PAGE, MAX_READERS, READER_CHECKOUT_TIMEOUT, TEST_MAX_PAGE_COUNT_ENV,
 };
+pub use pending::Owned;
 pub use schema::MIGRATIONS;
 pub use store::Store;
 pub use timers::Timer;

@@ -1,6 +1,7 @@
 //! Waits: a dependency on a future Event, decided by an extension's filter.
 //!
-//! A Wait is `active` until an Event satisfies it. Its cursor is the last Event id its filter
+//! A Wait is `active` until an Event satisfies it (or an operator drops it with the pending work
+//! of its extension: `cancelled`). Its cursor is the last Event id its filter
 //! has been asked about, so each pass offers it only newer Events (`events_after(cursor)`). The
 //! host loop finds active Waits through the partial index `waits_active`.
 //!
@@ -22,6 +23,8 @@ use crate::tx::{ReadTx, WriteTx};
 pub enum WaitState {
     Active,
     Satisfied,
+    /// Dropped by an operator with its extension's pending work; never active again.
+    Cancelled,
 }
 
 impl WaitState {
@@ -30,6 +33,7 @@ impl WaitState {
         match self {
             WaitState::Active => "active",
             WaitState::Satisfied => "satisfied",
+            WaitState::Cancelled => "cancelled",
         }
     }
 
@@ -37,6 +41,7 @@ impl WaitState {
         match s {
             "active" => Some(WaitState::Active),
             "satisfied" => Some(WaitState::Satisfied),
+            "cancelled" => Some(WaitState::Cancelled),
             _ => None,
         }
     }
