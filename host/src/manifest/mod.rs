@@ -15,6 +15,9 @@
 //! [sandbox]                  # optional; paths beyond the defaults, granted by the operator
 //! read = ["~/.config/notes"] # absolute, or under the home folder with `~/`
 //! write = ["/var/cache/notes"]
+//! [lifecycle]                # optional; the operator's `conduit ext set` wins
+//! start = "on-demand"        # "always" (the default) or "on-demand": started when first needed
+//! idle_stop_after = "10m"    # stop a run this long without calls ("off", the default: never)
 //! ```
 //!
 //! Unlike the wire types, which ignore unknown fields so the protocol can grow, the manifest
@@ -39,9 +42,9 @@ mod validate;
 
 pub use error::ManifestError;
 pub use types::{
-    CAPABILITY_KEYS, LIMIT_KEYS, MANIFEST_FILE, MAX_DESCRIPTION_CHARS, MAX_MANIFEST_BYTES,
-    MAX_NAME_LEN, Manifest, ResolvedCommand, SANDBOX_KEYS, SandboxAsk, TOP_LEVEL_KEYS,
-    WORK_KIND_KEYS, read_capped,
+    CAPABILITY_KEYS, LIFECYCLE_KEYS, LIMIT_KEYS, MANIFEST_FILE, MAX_DESCRIPTION_CHARS,
+    MAX_MANIFEST_BYTES, MAX_NAME_LEN, Manifest, ResolvedCommand, SANDBOX_KEYS, SandboxAsk,
+    TOP_LEVEL_KEYS, WORK_KIND_KEYS, read_capped,
 };
 
 #[cfg(test)]

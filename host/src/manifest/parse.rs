@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use conduit_protocol::Capabilities;
+use conduit_supervisor::Lifecycle;
 use conduit_supervisor::limits::LimitSet;
 
 use super::error::ManifestError;
@@ -77,6 +78,10 @@ impl Manifest {
             None => SandboxAsk::default(),
             Some(sb) => v.sandbox(sb)?,
         };
+        let lifecycle = match table.get("lifecycle") {
+            None => Lifecycle::default(),
+            Some(l) => v.lifecycle(l)?,
+        };
         Ok(Manifest {
             name,
             version,
@@ -86,6 +91,7 @@ impl Manifest {
             capabilities,
             limits,
             sandbox,
+            lifecycle,
         })
     }
 }

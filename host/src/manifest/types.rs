@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use conduit_protocol::Capabilities;
+use conduit_supervisor::Lifecycle;
 use conduit_supervisor::limits::LimitSet;
 
 /// The manifest's file name inside a package folder.
@@ -41,6 +42,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "capabilities",
     "limits",
     "sandbox",
+    "lifecycle",
 ];
 
 /// The keys of `[limits]` (see `conduit_supervisor::limits`).
@@ -48,6 +50,9 @@ pub const LIMIT_KEYS: &[&str] = &["memory", "cpu", "tasks", "open_files"];
 
 /// The keys of `[sandbox]`.
 pub const SANDBOX_KEYS: &[&str] = &["read", "write"];
+
+/// The keys of `[lifecycle]` (see `conduit_supervisor::lifecycle`).
+pub const LIFECYCLE_KEYS: &[&str] = &["start", "idle_stop_after"];
 
 /// The keys of `[capabilities]`.
 pub const CAPABILITY_KEYS: &[&str] = &[
@@ -81,6 +86,9 @@ pub struct Manifest {
     pub limits: LimitSet,
     /// Paths beyond the sandbox's defaults the package asks for, as written (`/abs` or `~/rel`).
     pub sandbox: SandboxAsk,
+    /// When the package is started and whether an idle run is stopped (`[lifecycle]`); the
+    /// operator's settings win.
+    pub lifecycle: Lifecycle,
 }
 
 /// What a package's `[sandbox]` asks for; nothing is granted until the operator says so.
