@@ -76,7 +76,12 @@ fn views(state_args: &StateArgs) -> Result<(bool, Vec<ExtensionView>), CliError>
             Ok((
                 false,
                 recs.iter()
-                    .map(|r| ExtensionView::offline(r, false))
+                    .map(|r| {
+                        let lifecycle = packages::settings::for_package(&state, &r.name)
+                            .unwrap_or_default()
+                            .lifecycle(&r.manifest.lifecycle);
+                        ExtensionView::offline(r, false, lifecycle)
+                    })
                     .collect(),
             ))
         }
@@ -88,7 +93,7 @@ fn healthy(v: &ExtensionView) -> bool {
         .health
         .as_ref()
         .is_none_or(|h| h.condition == Condition::Healthy);
-    matches!(v.status.state, State::Ready | State::Disabled) && calls_flow
+    matches!(v.status.state, State::Ready | State::Disabled | State::Idle) && calls_flow
 }
 
 /// `ready`, or `ready, degraded` / `ready, unresponsive` when its in-transaction calls wait.
@@ -103,8 +108,8 @@ fn state_text(v: &ExtensionView) -> String {
 
 fn table(list: &[ExtensionView]) -> String {
     let mut out = format!(
-        "{:<20} {:<12} {:<14} {:>8} {:>8}  {}\n",
-        "NAME", "VERSION", "STATE", "PID", "RESTARTS", "LAST EXIT"
+        "{:<20} {:<12} {:<14} {:<9} {:>8} {:>8} {:>8} {:>6}  {}\n",
+        "NAME", "VERSION", "STATE", "START", "PID", "RESTARTS", "DEMANDED", "IDLED", "LAST EXIT"
     );
     for v in list {
         let s = &v.status;
@@ -112,12 +117,15 @@ fn table(list: &[ExtensionView]) -> String {
         let exit = s.last_exit.map_or("-".to_owned(), |e| e.to_string());
         let _ = writeln!(
             out,
-            "{:<20} {:<12} {:<14} {:>8} {:>8}  {}",
+            "{:<20} {:<12} {:<14} {:<9} {:>8} {:>8} {:>8} {:>6}  {}",
             s.name,
             s.version,
             state_text(v),
+            s.start.as_str(),
             pid,
             s.restarts,
+            s.demand_starts,
+            s.idle_stops,
             exit
         );
     }
@@ -187,7 +195,55 @@ fn detail(out: &mut String, v: &ExtensionView) {
     if let Some(pid) = s.pid {
         let _ = writeln!(out, "  pid           {pid}");
     }
+    let idle_stop = s.idle_stop_after_ms.map(std::time::Duration::from_millis);
+    let _ = writeln!(
+        out,
+        "  start         {}; idle stop {}",
+        s.start,
+        conduit_supervisor::lifecycle::format_idle_stop_after(idle_stop)
+    );
+    if let Some(at) = s.idle_since_ms {
+        let ago = (now_ms() - at).max(0) as f64 / 1000.0;
+        let _ = writeln!(out, "  idle since    {} ago", secs(ago));
+    }
+    if let Some(why) = &s.start_reason {
+        let _ = writeln!(out, "  last start    {why}");
+    }
+    if s.demand_starts > 0 || s.idle_stops > 0 {
+        let _ = writeln!(
+            out,
+            "  on demand     {} start{} on demand, {} idle stop{}",
+            s.demand_starts,
+            if s.demand_starts == 1 { "" } else { "s" },
+            s.idle_stops,
+            if s.idle_stops == 1 { "" } else { "s" }
+        );
+    }
     let _ = writeln!(out, "  restarts      {}", s.restarts);
+    if let Some(o) = &v.overlap {
+        let other = &o.status;
+        let pid = other.pid.map_or(String::new(), |p| format!(" (pid {p})"));
+        let line = match o.phase.as_str() {
+            "starting" => format!(
+                "{} {}{pid} is starting beside it ({}); it takes over once ready",
+                other.version, other.state, "an upgrade without a gap"
+            ),
+            "draining" => format!(
+                "{} {}{pid}, replaced by it, is finishing its calls in flight",
+                other.version, other.state
+            ),
+            _ => format!(
+                "{} did not become ready ({}{}); this version serves on",
+                other.version,
+                other.state,
+                other
+                    .last_error
+                    .as_deref()
+                    .map_or(String::new(), |e| format!(": {e}"))
+            ),
+        };
+        let _ = writeln!(out, "  upgrade       {line}");
+    }
     if let Some(h) = v
         .health
         .as_ref()

@@ -264,6 +264,7 @@ mod tests {
             installed_at_ms: 0,
             description: None,
             health: None,
+            overlap: None,
         }
     }
 

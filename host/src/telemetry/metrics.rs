@@ -20,7 +20,7 @@ use crate::daemon::handle::{Daemon, ExtensionView};
 /// The content type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-const STATES: [State; 9] = [
+const STATES: [State; 10] = [
     State::Starting,
     State::Ready,
     State::BackingOff,
@@ -30,6 +30,7 @@ const STATES: [State; 9] = [
     State::Stopping,
     State::Stopped,
     State::Disabled,
+    State::Idle,
 ];
 
 fn u(v: u64) -> f64 {
@@ -84,6 +85,7 @@ pub fn gather(d: &Daemon) -> anyhow::Result<Snapshot> {
         &exts,
         &live,
         &d.core().stats,
+        d.core().dropped.snapshot(),
         counts.as_ref(),
         d.started_at_ms(),
         now,
@@ -99,6 +101,7 @@ fn build(
     exts: &[ExtensionView],
     live: &[Live],
     stats: &crate::core::LoopStats,
+    dropped: crate::core::pending::Pending,
     counts: Option<&conduit_store::Counts>,
     started_at_ms: i64,
     now: i64,
@@ -141,6 +144,33 @@ fn build(
     );
     for e in exts {
         f.num(&[("extension", &name(e))], e.status.restarts);
+    }
+    let f = s.family(
+        "conduit_extension_on_demand",
+        Kind::Gauge,
+        "1 when the extension is started on demand (when something first needs it), 0 when with the daemon.",
+    );
+    for e in exts {
+        f.num(
+            &[("extension", &name(e))],
+            u8::from(e.status.start == conduit_supervisor::StartMode::OnDemand),
+        );
+    }
+    let f = s.family(
+        "conduit_extension_demand_starts_total",
+        Kind::Counter,
+        "Starts of the extension asked for by a need (an event, a timer, a wait, an emission, an ingress poll, a call) since the daemon started.",
+    );
+    for e in exts {
+        f.num(&[("extension", &name(e))], e.status.demand_starts as f64);
+    }
+    let f = s.family(
+        "conduit_extension_idle_stops_total",
+        Kind::Counter,
+        "Runs of the extension stopped after its idle time without calls since the daemon started (not crashes, not restarts).",
+    );
+    for e in exts {
+        f.num(&[("extension", &name(e))], e.status.idle_stops as f64);
     }
     let f = s.family(
         "conduit_extension_degraded",
@@ -301,6 +331,20 @@ fn build(
         ),
     ] {
         s.family(fam, kind, help).num(&[], v);
+    }
+
+    let f = s.family(
+        "conduit_pending_dropped_total",
+        Kind::Counter,
+        "Work that waited for a disabled extension and an operator dropped (`--drop-pending`), by record: events routed to no Work, timers stopped, waits cancelled, emissions failed.",
+    );
+    for (record, n) in [
+        ("event", dropped.events),
+        ("timer", dropped.timers),
+        ("wait", dropped.waits),
+        ("emission", dropped.emissions),
+    ] {
+        f.num(&[("record", record)], u(n));
     }
 
     if let Some(c) = counts {

@@ -18,6 +18,11 @@
 //! work kind is marked routed to no Work. Nothing is routed before the package registry has
 //! been applied at start: until then no kind's owner is known.
 //!
+//! Extensions not running but about to (on a first start, or idle: `decide::settling`) and
+//! disabled ones are *held*: their work waits, durably. An idle one is started by what needs it
+//! (`Extension::demand`); no pass waits for that start: a later one takes the work up. A pass
+//! keeps ready extensions from idle stops while it runs (`calls::keep_awake`).
+//!
 //! Isolation: an extension that misses a deadline or fails a call is degraded (`health.rs`):
 //! its in-transaction calls are not made for the rest of the pass and until a probe off the
 //! writer answers; what it would have been called for waits where it is (events unrouted,
@@ -31,7 +36,7 @@
 //! (`ingress.rs`). Polls are not in-transaction calls: they run as tasks on the runtime.
 
 mod calls;
-mod decide;
+pub(crate) mod decide;
 mod ingress;
 pub(crate) mod poll;
 
@@ -53,7 +58,9 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 pub use calls::failure_text;
-pub use decide::{RECURRENCE_FALLBACK_MS, fallback_groups, trigger_verdict, work_kind_of};
+pub use decide::{
+    RECURRENCE_FALLBACK_MS, event_owner, fallback_groups, trigger_verdict, work_kind_of,
+};
 pub use ingress::INGRESS_LIMIT;
 pub use poll::INGRESS_INTERVAL;
 
@@ -65,6 +72,11 @@ use decide::{Commit, Outcome, StartFacts};
 /// The live extensions of a pass and their capabilities, by name (ordered: the pass visits
 /// them, and settles a work kind two of them declare, in name order).
 type Exts = BTreeMap<String, (Extension, Arc<conduit_protocol::Capabilities>)>;
+
+/// The names and capabilities of `exts`.
+fn caps_of(exts: &Exts) -> Vec<(&str, &conduit_protocol::Capabilities)> {
+    exts.iter().map(|(n, (_, c))| (n.as_str(), &**c)).collect()
+}
 
 /// How many unrouted events one routing step reads (and one trigger call carries).
 pub const ROUTE_BATCH: u32 = 200;
@@ -100,6 +112,8 @@ pub struct HostLoop {
     /// Extensions whose in-transaction calls this pass does not make: degraded when it began,
     /// or failed during it.
     skip: RefCell<HashSet<String>>,
+    /// Installed but disabled extensions and what they declare, as of this pass: held.
+    dormant: RefCell<Arc<super::shared::Dormant>>,
 }
 
 impl HostLoop {
@@ -115,6 +129,7 @@ impl HostLoop {
             poll,
             shutdown,
             skip: RefCell::new(HashSet::new()),
+            dormant: RefCell::new(Arc::default()),
         }
     }
 
@@ -238,8 +253,10 @@ impl HostLoop {
             all.iter()
                 .map(|(name, (e, _))| (name.as_str(), StartFacts::of(&e.run_brief()))),
         );
-        let (settling, exts): (Exts, Exts) =
+        let (mut settling, mut exts): (Exts, Exts) =
             all.into_iter().partition(|(name, _)| names.contains(name));
+        let _awake = calls::keep_awake(&mut exts, &mut settling);
+        *self.dormant.borrow_mut() = self.core.dormant();
         self.tend_health(&exts);
         if let Err(e) = self.route(&exts, &settling, &mut r) {
             r.errors.push(format!("routing: {e}"));
@@ -254,7 +271,16 @@ impl HostLoop {
             r.errors.push(format!("emissions: {e}"));
         }
         ingress::start_polls(&self.core, &self.rt, &exts);
+        ingress::demand_polls(settling.values().map(|(e, c)| (e, &**c)));
         r
+    }
+
+    /// Something in this pass needs `ext`: if it is held because it is idle, start it (`why` is
+    /// its start reason). The pass does not wait for it.
+    fn demand(&self, settling: &Exts, ext: &str, why: impl FnOnce() -> String) {
+        if let Some((e, _)) = settling.get(ext) {
+            e.demand(why);
+        }
     }
 
     /// Bring each extension's health up to date and apply what `health::tend` decides: start
@@ -299,10 +325,10 @@ impl HostLoop {
         !self.skip.borrow().contains(ext)
     }
 
-    /// Whether `ext`'s timers, waits and emissions wait this pass: it is settling, or this
-    /// pass does not call it (degraded).
+    /// Whether `ext`'s timers, waits and emissions wait this pass: it is settling or idle, it
+    /// is installed but disabled, or this pass does not call it (degraded).
     fn held(&self, settling: &Exts, ext: &str) -> bool {
-        settling.contains_key(ext) || !self.callable(ext)
+        settling.contains_key(ext) || self.dormant.borrow().contains_key(ext) || !self.callable(ext)
     }
 
     /// Make one in-transaction call and read its answer with `check` (the method's rule, and
@@ -405,7 +431,9 @@ impl HostLoop {
         settling: &Exts,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
-        let waiting = decide::waiting_kinds(settling.values().map(|(_, c)| &**c));
+        let dormant = self.dormant.borrow();
+        let held_too = dormant.iter().map(|(n, c)| (n.as_str(), &**c));
+        let waiting = decide::waiting_kinds(caps_of(exts), caps_of(settling), held_too);
         let kinds = decide::owners(exts.values().map(|(e, c)| (e, &**c)));
         let callable = |e: &Extension| self.callable(e.name());
         // Events wait (unrouted) behind a starting or degraded owner; later events of other
@@ -425,6 +453,10 @@ impl HostLoop {
                 if let Some(kind) = decide::batch_of(&e.kind, &kinds, &waiting, callable) {
                     let kind = kind.to_owned();
                     by_kind.entry(kind).or_default().push(e);
+                } else if let Some(owner) = decide::waiting_for(&e.kind, &kinds, &waiting) {
+                    self.demand(settling, owner, || {
+                        format!("started by event {} of kind {}", e.id, e.kind)
+                    });
                 }
             }
             for (kind, inputs) in by_kind {
@@ -508,6 +540,9 @@ impl HostLoop {
                 return Ok(());
             }
             if self.held(settling, &t.extension) {
+                self.demand(settling, &t.extension, || {
+                    format!("started by timer {} of recurrence {}", t.id, t.recurrence)
+                });
                 continue;
             }
             let ext = exts.get(&t.extension).map(|(e, _)| e);
@@ -561,6 +596,8 @@ impl HostLoop {
                 continue;
             }
             if self.held(settling, &w.extension) {
+                let why = || format!("started by wait {} of filter {}", w.id, w.filter);
+                self.demand(settling, &w.extension, why);
                 continue;
             }
             r.waits_checked += 1;
@@ -622,6 +659,9 @@ impl HostLoop {
                 return Ok(());
             }
             if self.held(settling, &em.extension) {
+                self.demand(settling, &em.extension, || {
+                    format!("started by emission {} ({}) to commit", em.id, em.emission)
+                });
                 continue;
             }
             let ext = exts.get(&em.extension).map(|(e, _)| e);
