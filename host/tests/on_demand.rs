@@ -326,11 +326,17 @@ fn flaky(f: &mut Fixture) -> (i64, i64) {
 fn disable_keeps_the_events_that_wait_and_enable_routes_them() {
     let mut f = Fixture::new();
     let (a, b) = flaky(&mut f);
+    // A timer of its recurrence waits too (it is degraded, so nothing fires it).
+    let timer = f.json(&["timers", "add", "tick", "every 3600000", "--json"])["timer_id"]
+        .as_i64()
+        .unwrap();
     let run = f.conduit(&["ext", "disable", "flaky"]);
     run.expect_code(0);
     assert!(
         run.stdout().contains("flaky disabled")
-            && run.stdout().contains("2 events wait for it, kept"),
+            && run
+                .stdout()
+                .contains("2 events and 1 timer wait for it, kept"),
         "{}",
         run.context()
     );
@@ -343,13 +349,30 @@ fn disable_keeps_the_events_that_wait_and_enable_routes_them() {
             f.context()
         );
     }
+    let show = |id: i64| f.json(&["timers", "show", &id.to_string(), "--json"]);
+    assert!(
+        show(timer)["last_fired_at_ms"].is_null(),
+        "the timer fired while its extension was disabled: {:#}",
+        show(timer)
+    );
     let pending = f.json(&["ext", "disable", "flaky", "--json"]);
     assert_eq!(pending["pending"]["events"], 2, "{pending:#}");
+    assert_eq!(pending["pending"]["timers"], 1, "{pending:#}");
     std::fs::write(f.state().join("data/flaky/answer"), "").unwrap();
     f.conduit(&["ext", "enable", "flaky"]).expect_code(0);
     for id in [a, b] {
         assert!(routed(&f, id)["work_id"].is_i64(), "{}", f.context());
     }
+    // Taken up with the extension's own answer, not the fallback's minute.
+    let fired = f.wait_until("the timer to fire", || {
+        let t = show(timer);
+        t["last_fired_at_ms"].is_i64().then_some(t)
+    });
+    assert_eq!(
+        fired["next_at_ms"].as_i64().unwrap() - fired["last_fired_at_ms"].as_i64().unwrap(),
+        3_600_000,
+        "{fired:#}"
+    );
 }
 
 #[test]
