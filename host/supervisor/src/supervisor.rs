@@ -10,7 +10,7 @@
 //! that lock, and from then on every call made through the old version's handle goes to the
 //! new one ([`Extension::successor`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,12 +39,13 @@ struct Running {
 /// Every supervised run, by package name, in the slots described at the top of the file.
 #[derive(Default)]
 struct Slots {
-    /// The version that serves.
-    running: HashMap<String, Running>,
+    /// The version that serves, in name order (what `list` gives every host-loop pass).
+    running: BTreeMap<String, Running>,
     /// A new version starting beside the one that serves.
     incoming: HashMap<String, Running>,
-    /// A replaced version finishing its calls in flight.
-    draining: HashMap<String, Running>,
+    /// Replaced versions finishing their calls in flight (more than one only when upgrades
+    /// follow each other faster than calls finish).
+    draining: HashMap<String, Vec<Running>>,
     /// The last replacement of each package that did not become ready (its last status), until
     /// the next start or replacement of the package.
     failed: HashMap<String, (Status, String)>,
@@ -98,7 +99,7 @@ fn reap_once(map: &SlotMap) -> bool {
             .running
             .values()
             .chain(slots.incoming.values())
-            .chain(slots.draining.values())
+            .chain(slots.draining.values().flatten())
             .map(|r| r.ext.clone())
             .collect()
     };
@@ -322,7 +323,7 @@ impl Supervisor {
                 .incoming
                 .remove(name)
                 .into_iter()
-                .chain(slots.draining.remove(name))
+                .chain(slots.draining.remove(name).into_iter().flatten())
                 .collect();
             (slots.running.remove(name), others)
         };
@@ -350,7 +351,7 @@ impl Supervisor {
         if let Some(r) = slots.incoming.get(name) {
             return Some(Overlap::Starting(r.ext.clone()));
         }
-        if let Some(r) = slots.draining.get(name) {
+        if let Some(r) = slots.draining.get(name).and_then(|v| v.first()) {
             return Some(Overlap::Draining(r.ext.clone()));
         }
         slots
@@ -363,12 +364,11 @@ impl Supervisor {
     /// ([`ExtensionSpec::origin`]), by name.
     pub fn origins(&self) -> (HashMap<String, String>, HashMap<String, String>) {
         let slots = self.lock();
-        let of = |m: &HashMap<String, Running>| {
-            m.iter()
-                .map(|(k, r)| (k.clone(), r.origin.clone()))
-                .collect()
-        };
-        (of(&slots.running), of(&slots.incoming))
+        let of = |(k, r): (&String, &Running)| (k.clone(), r.origin.clone());
+        (
+            slots.running.iter().map(of).collect(),
+            slots.incoming.iter().map(of).collect(),
+        )
     }
 
     /// How many extensions rest now: idle, watched by their CPU clock alone (see the
@@ -379,14 +379,11 @@ impl Supervisor {
 
     /// Every serving extension, by name.
     pub fn list(&self) -> Vec<Extension> {
-        let mut v: Vec<Extension> = self
-            .lock()
+        self.lock()
             .running
             .values()
             .map(|r| r.ext.clone())
-            .collect();
-        v.sort_by(|a, b| a.name().cmp(b.name()));
-        v
+            .collect()
     }
 
     /// Stop every extension gracefully, all at once, and wait for them; then kill whatever
@@ -395,9 +392,9 @@ impl Supervisor {
         self.shutdown.cancel();
         let all: Vec<Running> = {
             let mut slots = self.lock();
-            let mut all: Vec<Running> = slots.running.drain().map(|(_, r)| r).collect();
+            let mut all: Vec<Running> = std::mem::take(&mut slots.running).into_values().collect();
             all.extend(slots.incoming.drain().map(|(_, r)| r));
-            all.extend(slots.draining.drain().map(|(_, r)| r));
+            all.extend(slots.draining.drain().flat_map(|(_, r)| r));
             all
         };
         for r in all {
@@ -493,7 +490,9 @@ impl SeeThrough {
         let old_ext = old.ext.clone();
         lock_slots(&self.slots)
             .draining
-            .insert(self.name.clone(), old);
+            .entry(self.name.clone())
+            .or_default()
+            .push(old);
         // Its calls in flight finish, bounded by the longest of their deadlines.
         let until = Instant::now()
             + old_ext.longest_wait(conduit_protocol::DEFAULT_CALL_DEADLINE, Instant::now());
@@ -503,10 +502,15 @@ impl SeeThrough {
         old_ext.ask_to_stop();
         let taken = {
             let mut slots = lock_slots(&self.slots);
-            match slots.draining.get(&self.name) {
-                Some(r) if r.ext.is(&old_ext) => slots.draining.remove(&self.name),
-                _ => None,
+            let runs = slots.draining.entry(self.name.clone()).or_default();
+            let taken = runs
+                .iter()
+                .position(|r| r.ext.is(&old_ext))
+                .map(|i| runs.remove(i));
+            if runs.is_empty() {
+                slots.draining.remove(&self.name);
             }
+            taken
         };
         if let Some(old) = taken {
             let _ = old.task.await;

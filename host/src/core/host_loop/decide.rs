@@ -9,7 +9,7 @@
 //!
 //! Invariant: nothing here does I/O or reads the clock; a time is always an argument.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use conduit_protocol::Capabilities;
 use conduit_protocol::calls::{Record, TriggerGroup, TriggerResult};
@@ -68,31 +68,18 @@ impl StartFacts {
     }
 }
 
-/// The extensions a pass waits for rather than gives fallbacks: those on a first start, and
-/// the idle ones. Their work stays where it is until their handshake is done or fails, which
-/// the start timeout bounds (an idle one's is started by the need).
-pub(super) fn settling<'a>(
-    exts: impl IntoIterator<Item = (&'a str, StartFacts)>,
-) -> BTreeSet<String> {
-    exts.into_iter()
-        .filter(|(_, f)| f.settling())
-        .map(|(name, _)| name.to_owned())
-        .collect()
-}
-
 /// The work kinds whose events wait, unrouted, each with the extension it waits for: every
-/// kind a held extension (`held`: settling or idle; `dormant`: installed but disabled) would
-/// own. As in [`owners`], the first name that declares a kind owns it, so a kind a live
-/// extension owns does not wait for a held one.
+/// kind a `held` extension (settling, idle, or installed but disabled) would own. As in
+/// [`owners`], the first name that declares a kind owns it, so a kind a `live` extension owns
+/// does not wait for a held one.
 pub(super) fn waiting_kinds<'a>(
-    live: Vec<(&'a str, &'a Capabilities)>,
-    held: Vec<(&'a str, &'a Capabilities)>,
-    dormant: impl IntoIterator<Item = (&'a str, &'a Capabilities)>,
+    live: impl IntoIterator<Item = (&'a str, &'a Capabilities)>,
+    held: impl IntoIterator<Item = (&'a str, &'a Capabilities)>,
 ) -> HashMap<&'a str, &'a str> {
     let mut all: Vec<(&str, &Capabilities, bool)> = live
         .into_iter()
         .map(|(n, c)| (n, c, false))
-        .chain(held.into_iter().chain(dormant).map(|(n, c)| (n, c, true)))
+        .chain(held.into_iter().map(|(n, c)| (n, c, true)))
         .collect();
     all.sort_by(|a, b| a.0.cmp(b.0));
     let mut first: HashMap<&'a str, (&'a str, bool)> = HashMap::new();
@@ -274,17 +261,20 @@ mod tests {
 
     #[test]
     fn a_first_start_and_an_idle_extension_settle() {
-        let exts = [
-            ("fresh", facts(State::Starting, true)),
-            ("restarting", facts(State::Starting, false)),
-            ("ready", facts(State::Ready, true)),
-            ("backing-off", facts(State::BackingOff, true)),
-            ("idle", facts(State::Idle, false)),
-            ("stopping", facts(State::Stopping, true)),
-            ("also-fresh", facts(State::Starting, true)),
-        ];
-        let got: Vec<String> = settling(exts).into_iter().collect();
-        assert_eq!(got, ["also-fresh", "fresh", "idle"]);
+        for (state, first_run, settles) in [
+            (State::Starting, true, true),
+            (State::Starting, false, false),
+            (State::Ready, true, false),
+            (State::BackingOff, true, false),
+            (State::Idle, false, true),
+            (State::Stopping, true, false),
+        ] {
+            assert_eq!(
+                facts(state, first_run).settling(),
+                settles,
+                "{state} first_run={first_run}"
+            );
+        }
     }
 
     #[test]
@@ -295,13 +285,13 @@ mod tests {
             caps(&[("job", true), ("mail", true)]),
         );
         // `a` and `c` are held; `b` sorts before `c`, so `job` is `b`'s and does not wait.
-        let got = waiting_kinds(vec![("b", &b)], vec![("a", &a)], [("c", &c)]);
+        let got = waiting_kinds([("b", &b)], [("a", &a), ("c", &c)]);
         let mut got: Vec<(&str, &str)> = got.into_iter().collect();
         got.sort_unstable();
         assert_eq!(got, [("mail", "c"), ("note", "a"), ("note.x", "a")]);
-        assert!(waiting_kinds(vec![], vec![], []).is_empty());
+        assert!(waiting_kinds([], []).is_empty());
         // A held extension that sorts first holds a kind a live one declares too.
-        let got = waiting_kinds(vec![("b", &b)], vec![], [("a", &c)]);
+        let got = waiting_kinds([("b", &b)], [("a", &c)]);
         assert_eq!(got.get("job"), Some(&"a"));
     }
 

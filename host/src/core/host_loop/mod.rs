@@ -73,11 +73,6 @@ use decide::{Commit, Outcome, StartFacts};
 /// them, and settles a work kind two of them declare, in name order).
 type Exts = BTreeMap<String, (Extension, Arc<conduit_protocol::Capabilities>)>;
 
-/// The names and capabilities of `exts`.
-fn caps_of(exts: &Exts) -> Vec<(&str, &conduit_protocol::Capabilities)> {
-    exts.iter().map(|(n, (_, c))| (n.as_str(), &**c)).collect()
-}
-
 /// How many unrouted events one routing step reads (and one trigger call carries).
 pub const ROUTE_BATCH: u32 = 200;
 /// How many due timers, active waits and planned emissions one pass handles of each.
@@ -112,7 +107,7 @@ pub struct HostLoop {
     /// Extensions whose in-transaction calls this pass does not make: degraded when it began,
     /// or failed during it.
     skip: RefCell<HashSet<String>>,
-    /// Installed but disabled extensions and what they declare, as of this pass: held.
+    /// Installed but disabled extensions and what they declare (their work is held).
     dormant: RefCell<Arc<super::shared::Dormant>>,
 }
 
@@ -247,14 +242,11 @@ impl HostLoop {
             .into_iter()
             .map(|(e, c)| (e.name().to_owned(), (e, c)))
             .collect();
-        // An extension on its first start is waited for rather than given fallbacks: its work
-        // stays where it is until its handshake is done or fails (`decide::settling`).
-        let names = decide::settling(
-            all.iter()
-                .map(|(name, (e, _))| (name.as_str(), StartFacts::of(&e.run_brief()))),
-        );
-        let (mut settling, mut exts): (Exts, Exts) =
-            all.into_iter().partition(|(name, _)| names.contains(name));
+        // An extension on its first start, or idle, is waited for rather than given fallbacks
+        // (`StartFacts::settling`): its work stays where it is until its handshake is done.
+        let (mut settling, mut exts): (Exts, Exts) = all
+            .into_iter()
+            .partition(|(_, (e, _))| StartFacts::of(&e.run_brief()).settling());
         let _awake = calls::keep_awake(&mut exts, &mut settling);
         *self.dormant.borrow_mut() = self.core.dormant();
         self.tend_health(&exts);
@@ -275,8 +267,7 @@ impl HostLoop {
         r
     }
 
-    /// Something in this pass needs `ext`: if it is held because it is idle, start it (`why` is
-    /// its start reason). The pass does not wait for it.
+    /// Something in this pass needs `ext`: start it if it is idle, `why` its start reason.
     fn demand(&self, settling: &Exts, ext: &str, why: impl FnOnce() -> String) {
         if let Some((e, _)) = settling.get(ext) {
             e.demand(why);
@@ -432,9 +423,8 @@ impl HostLoop {
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
         let dormant = self.dormant.borrow();
-        let held_too = dormant.iter().map(|(n, c)| (n.as_str(), &**c));
-        let waiting = decide::waiting_kinds(caps_of(exts), caps_of(settling), held_too);
-        let kinds = decide::owners(exts.values().map(|(e, c)| (e, &**c)));
+        // Who owns what, worked out once there is something to route (most passes have none).
+        let mut owners = None;
         let callable = |e: &Extension| self.callable(e.name());
         // Events wait (unrouted) behind a starting or degraded owner; later events of other
         // kinds are read past them, page by page, so they never block anyone else.
@@ -447,13 +437,25 @@ impl HostLoop {
             let n = events.len();
             if let Some(last) = events.last() {
                 after = last.id;
+            } else {
+                return Ok(());
             }
+            let (waiting, kinds) = owners.get_or_insert_with(|| {
+                let held = settling.iter().map(|(n, (_, c))| (n.as_str(), &**c));
+                let held = held.chain(dormant.iter().map(|(n, c)| (n.as_str(), &**c)));
+                let live = exts.iter().map(|(n, (_, c))| (n.as_str(), &**c));
+                let waiting = decide::waiting_kinds(live, held);
+                (
+                    waiting,
+                    decide::owners(exts.values().map(|(e, c)| (e, &**c))),
+                )
+            });
             let mut by_kind: BTreeMap<String, Vec<Event>> = BTreeMap::new();
             for e in events {
-                if let Some(kind) = decide::batch_of(&e.kind, &kinds, &waiting, callable) {
+                if let Some(kind) = decide::batch_of(&e.kind, kinds, waiting, callable) {
                     let kind = kind.to_owned();
                     by_kind.entry(kind).or_default().push(e);
-                } else if let Some(owner) = decide::waiting_for(&e.kind, &kinds, &waiting) {
+                } else if let Some(owner) = decide::waiting_for(&e.kind, kinds, waiting) {
                     self.demand(settling, owner, || {
                         format!("started by event {} of kind {}", e.id, e.kind)
                     });
