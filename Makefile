@@ -20,6 +20,10 @@
 #                            time, all ready, RSS, threads, idle CPU, echo p50 (a few minutes)
 #   make bench-scale-on-demand  1,000 on-demand extensions: daemon start to all idle, RSS, idle
 #                            CPU; then 10 started by their first event (cold start vs routing)
+#   make bench-views         the operator views at 1,000 extensions and 1,000,000 events: conduit
+#                            web's pages and the API lists behind them (p50/p90/p99), conduit
+#                            top's CPU; results in target/bench-views/results.json (minutes the
+#                            first time: the fixture is kept for the next run)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
 #   make bench-telemetry     1,000 calls through the API with export (spans, metrics) off, against a collector
@@ -37,7 +41,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-scale-on-demand
+.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-scale-on-demand bench-views
 
 build:
 	$(CARGO) build --workspace --bins
@@ -131,6 +135,12 @@ bench-scale-on-demand:
 
 bench-history:
 	$(CARGO) bench -p conduit-store --bench history
+
+# The operator views at scale (docs/perf-log/2026-12-04-views.md). BENCH_VIEWS_ARGS passes
+# options (e.g. --extensions 100 --events 100000, or --fresh to make the fixture anew).
+bench-views:
+	$(CARGO) build --release -p conduit-host -p conduit-example-echo -p conduit-bench --bin conduit --bin conduit-echo --bin bench-views
+	$(TARGET_DIR)/release/bench-views --json $(TARGET_DIR)/bench-views/results.json $(BENCH_VIEWS_ARGS)
 
 bench-roundtrip:
 	$(CARGO) run --release -p conduit-bench --bin roundtrip -- --regime both

@@ -116,20 +116,17 @@ fn run(args: &Args) -> anyhow::Result<()> {
         args.extensions >= 1 && args.small >= 1,
         "sizes must be at least 1"
     );
-    let exe = std::env::current_exe().context("this executable's path")?;
-    let bin = exe.parent().context("this executable's folder")?;
-    let conduit = bin.join("conduit");
     if args.on_demand {
-        return on_demand(args, &conduit, &bin.join("ondemand-ext"));
+        let [conduit, ext] = conduit_bench::daemon::siblings(
+            ["conduit", "ondemand-ext"],
+            "make bench-scale-on-demand",
+        )?;
+        return on_demand(args, &conduit, &ext);
     }
-    let echo = bin.join("conduit-echo");
-    for p in [&conduit, &echo] {
-        ensure!(
-            p.is_file(),
-            "{} is missing: build it first (`cargo build --release -p conduit-host -p conduit-example-echo`, or `make bench-scale`)",
-            p.display()
-        );
-    }
+    let [conduit, echo] = conduit_bench::daemon::siblings(
+        ["conduit", "conduit-echo"],
+        "cargo build --release -p conduit-host -p conduit-example-echo`, or `make bench-scale",
+    )?;
     let machine = Machine::this();
     println!(
         "bench-scale: {} and {} echo extensions; commit {}, {} build; {} CPUs, {}; load {:?}",
@@ -594,13 +591,6 @@ struct OnDemandFigures {
 
 /// `--on-demand`: see the file's documentation.
 fn on_demand(args: &Args, conduit: &Path, ext: &Path) -> anyhow::Result<()> {
-    for p in [conduit, ext] {
-        ensure!(
-            p.is_file(),
-            "{} is missing: build it first (`make bench-scale-on-demand` does)",
-            p.display()
-        );
-    }
     ensure!(
         args.drive <= args.extensions,
         "--drive may not exceed --extensions"

@@ -57,13 +57,14 @@ too. The data folder is always left for you to delete.
 Work that waits for it (events of its kinds not yet routed, its timers, waits and planned
 emissions) would have no one to serve it once it is gone, so remove refuses while any waits:
 keep it installed but disabled (`conduit ext disable NAME`) until something can serve that work,
-or pass --drop-pending to drop it (events routed to no Work, timers stopped, waits cancelled,
+or pass --drop-pending to drop it (events routed to no Work, timers deleted, waits cancelled,
 emissions failed; logged and counted).
 
 Exit codes: 0 removed; 1 registry or disk failure; 2 no such package, or work waits for it and
 --drop-pending was not given (nothing changed)")]
 pub(crate) struct RemoveArgs {
     /// The package's name (`conduit ext list` shows them).
+    #[arg(add = super::common::package_names())]
     name: String,
     /// Delete its logs too.
     #[arg(long)]
@@ -82,11 +83,12 @@ pub(crate) struct RemoveArgs {
 Work that waits for it (events of its kinds not yet routed, its timers, waits and planned
 emissions) stays where it is, durably, and is taken up when it is enabled again; the command
 says how much waits. --drop-pending drops it instead: its events are routed to no Work, its
-timers stopped, its waits cancelled, its planned emissions failed (logged and counted).
+timers deleted, its waits cancelled, its planned emissions failed (logged and counted).
 
 Exit codes: 0 disabled (or already disabled); 1 registry or store failure; 2 no such package")]
 pub(crate) struct DisableArgs {
     /// The package's name (`conduit ext list` shows them).
+    #[arg(add = super::common::package_names())]
     name: String,
     /// Drop the work that waits for it.
     #[arg(long)]
@@ -104,6 +106,7 @@ Exit codes: 0 enabled (and ready, with --wait); 1 registry failure, or it did no
 2 no such package; 3 --wait was given and no daemon runs")]
 pub(crate) struct EnableArgs {
     /// The package's name (`conduit ext list` shows them).
+    #[arg(add = super::common::package_names())]
     name: String,
     #[command(flatten)]
     wait: WaitArgs,
@@ -123,6 +126,7 @@ Exit codes: 0 rolled back (and ready, when waited for); 1 registry or disk failu
 become ready; 2 no such package, or no previous version is kept")]
 pub(crate) struct RollbackArgs {
     /// The package's name.
+    #[arg(add = super::common::package_names())]
     name: String,
     #[command(flatten)]
     wait: WaitArgs,

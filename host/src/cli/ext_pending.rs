@@ -98,7 +98,7 @@ pub(crate) fn drop(
     Ok(dropped)
 }
 
-/// `dropped 2 events (routed to no Work) and 1 timer (stopped) that waited for flaky`.
+/// `dropped 2 events (routed to no Work) and 1 timer (deleted) that waited for flaky`.
 pub(crate) fn dropped_line(name: &str, p: &Pending) -> String {
     if p.total() == 0 {
         return format!("nothing waited for {name}; nothing dropped");

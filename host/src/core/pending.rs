@@ -7,8 +7,9 @@
 //! extension owns an event's kind is the host loop's own rule (`host_loop::event_owner`), over
 //! every installed extension's capabilities, disabled ones included.
 //!
-//! Invariant: dropping deletes nothing; events are routed to no Work, timers stopped, waits
-//! cancelled, emissions failed with [`DROPPED`] as the reason, in one transaction.
+//! Invariant: dropping erases nothing; events are routed to no Work, timers deleted and waits
+//! cancelled as by hand (kept, with when), emissions failed with [`DROPPED`] as the reason, in
+//! one transaction.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -45,7 +46,7 @@ impl Pending {
         self.sentence(false)
     }
 
-    /// What dropping did to each: `2 events (routed to no Work) and 1 timer (stopped)`.
+    /// What dropping did to each: `2 events (routed to no Work) and 1 timer (deleted)`.
     pub fn describe_dropped(&self) -> String {
         self.sentence(true)
     }
@@ -53,7 +54,7 @@ impl Pending {
     fn sentence(&self, dropped: bool) -> String {
         let parts: Vec<String> = [
             (self.events, "event", "routed to no Work"),
-            (self.timers, "timer", "stopped"),
+            (self.timers, "timer", "deleted"),
             (self.waits, "wait", "cancelled"),
             (self.emissions, "emission", "failed"),
         ]
@@ -124,8 +125,8 @@ pub fn drop_pending(
     }
     Ok(Pending {
         events,
-        timers: tx.stop_timers_of(ext)?,
-        waits: tx.cancel_waits_of(ext)?,
+        timers: tx.delete_timers_of(ext, now)?,
+        waits: tx.cancel_waits_of(ext, now)?,
         emissions: tx.fail_emissions_of(ext, DROPPED, now)?,
     })
 }
@@ -191,7 +192,7 @@ mod tests {
         assert_eq!(p(2, 0, 3, 1).total(), 6);
         assert_eq!(
             p(2, 1, 0, 0).describe_dropped(),
-            "2 events (routed to no Work) and 1 timer (stopped)"
+            "2 events (routed to no Work) and 1 timer (deleted)"
         );
     }
 

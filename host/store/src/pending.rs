@@ -3,8 +3,9 @@
 //!
 //! Which Event kinds an extension owns is the host's question (its capabilities), so Events are
 //! counted and dropped by kind here; Timers, Waits and Emissions carry their extension.
-//! Dropping routes Events to no Work, stops Timers (the row is kept), cancels Waits and fails
-//! Emissions, each with the reason given: nothing is deleted, so what was dropped stays visible.
+//! Dropping routes Events to no Work, deletes Timers and cancels Waits as an operator's hand
+//! would (kept, with when), and fails Emissions with the reason given: no row goes, so what
+//! was dropped stays visible.
 //!
 //! Invariant: each read goes through the live set's partial index (`events_unrouted`,
 //! `timers_due`, `waits_active`, `emissions_planned`), so its cost follows what waits, not the
@@ -82,25 +83,27 @@ impl WriteTx<'_> {
             .with_context(|| format!("route the events of kind {kind} to no Work"))
     }
 
-    /// Stops every active Timer of `extension` (it will not fire again; the row is kept);
-    /// how many.
-    pub fn stop_timers_of(&mut self, extension: &str) -> Result<u64, StoreError> {
+    /// Deletes every active Timer of `extension` at `now` (it never fires again; the row is
+    /// kept, with when); how many.
+    pub fn delete_timers_of(&mut self, extension: &str, now: i64) -> Result<u64, StoreError> {
         self.conn()
             .prepare_cached(
-                "UPDATE timers SET next_at = NULL WHERE next_at IS NOT NULL AND extension = ?1",
+                "UPDATE timers SET next_at = NULL, deleted_at = ?2 \
+                 WHERE next_at IS NOT NULL AND extension = ?1",
             )
-            .and_then(|mut stmt| stmt.execute([extension]))
+            .and_then(|mut stmt| stmt.execute(params![extension, now]))
             .map(|n| n as u64)
             .with_context(|| format!("stop the timers of {extension}"))
     }
 
-    /// Cancels every active Wait of `extension`; how many.
-    pub fn cancel_waits_of(&mut self, extension: &str) -> Result<u64, StoreError> {
+    /// Cancels every active Wait of `extension` at `now`; how many.
+    pub fn cancel_waits_of(&mut self, extension: &str, now: i64) -> Result<u64, StoreError> {
         self.conn()
             .prepare_cached(
-                "UPDATE waits SET state = 'cancelled' WHERE state = 'active' AND extension = ?1",
+                "UPDATE waits SET state = 'cancelled', cancelled_at = ?2 \
+                 WHERE state = 'active' AND extension = ?1",
             )
-            .and_then(|mut stmt| stmt.execute([extension]))
+            .and_then(|mut stmt| stmt.execute(params![extension, now]))
             .map(|n| n as u64)
             .with_context(|| format!("cancel the waits of {extension}"))
     }

@@ -30,7 +30,7 @@ use crate::run::{
     track,
 };
 use crate::spec::ExtensionSpec;
-use crate::status::{Resources, State, now_ms};
+use crate::status::{Requester, Resources, State, StopRequest, now_ms};
 use crate::tree::{CpuClock, Ledger, TRACK_INTERVAL, TRACK_INTERVAL_QUIET};
 
 /// The callback handler of one extension, shared by the sessions of all its runs. With an
@@ -79,7 +79,7 @@ pub(crate) async fn actor(
     let log = LogFile::new(&spec.log_path);
     // Whether the next run waits for a need first (an on-demand extension, or one stopped for
     // idleness), and why the next run starts: the reason shown, and whether it counts as a
-    // restart (a failure or an operator's restart does; a first start or a need does not).
+    // restart (a failure or a requested restart does; a first start or a need does not).
     let mut awaiting = spec.lifecycle.on_demand() && !spec.start_now;
     let mut next = (spec.start_reason.clone(), false);
     loop {
@@ -112,11 +112,12 @@ pub(crate) async fn actor(
             tracing::error!(extension = %spec.name, error = %e, "refusing to start");
             ext.update(|s| s.first_run = false);
             match hold(&ext, State::Refused, e, &mut cmds, &shutdown).await {
-                Cmd::Restart | Cmd::Demand(_) => {
-                    next = ("restarted on request".into(), true);
+                Cmd::Restart(req) => {
+                    forget_failures(&ext, &spec, &mut tracker, &req);
+                    next = (restarted(&req), true);
                     continue;
                 }
-                Cmd::Stop => break,
+                Cmd::Stop | Cmd::Demand(_) => break,
             }
         }
         let (why, restart) = std::mem::replace(&mut next, (String::new(), true));
@@ -136,17 +137,18 @@ pub(crate) async fn actor(
                 ext.update(|s| s.idle_stops += 1);
                 awaiting = true;
             }
-            Outcome::Restart => {
-                spec.policy.reset(&mut tracker);
-                next = ("restarted on request".into(), true);
+            Outcome::Restart(req) => {
+                forget_failures(&ext, &spec, &mut tracker, &req);
+                next = (restarted(&req), true);
             }
             Outcome::Incompatible(msg) => {
                 ext.update(|s| s.first_run = false);
                 match hold(&ext, State::Incompatible, msg, &mut cmds, &shutdown).await {
-                    Cmd::Restart | Cmd::Demand(_) => {
-                        next = ("restarted on request".into(), true);
+                    Cmd::Restart(req) => {
+                        forget_failures(&ext, &spec, &mut tracker, &req);
+                        next = (restarted(&req), true);
                     }
-                    Cmd::Stop => break,
+                    Cmd::Stop | Cmd::Demand(_) => break,
                 }
             }
             Outcome::Failed { ready_at, error } => {
@@ -180,6 +182,8 @@ pub(crate) async fn actor(
                 ext.update(|s| {
                     s.state = state;
                     s.first_run = false;
+                    s.failing_since_ms.get_or_insert_with(now_ms);
+                    s.failing_as = Some(state);
                     s.pid = None;
                     s.ready_since_ms = None;
                     s.spawn_to_ready_ms = None;
@@ -197,9 +201,9 @@ pub(crate) async fn actor(
                     tokio::select! {
                         () = &mut sleep => break false,
                         cmd = cmds.recv() => match cmd {
-                            Some(Cmd::Restart) => {
-                                spec.policy.reset(&mut tracker);
-                                next = ("restarted on request".into(), true);
+                            Some(Cmd::Restart(req)) => {
+                                forget_failures(&ext, &spec, &mut tracker, &req);
+                                next = (restarted(&req), true);
                                 break false;
                             }
                             // A need does not cut a backoff short.
@@ -212,10 +216,8 @@ pub(crate) async fn actor(
                 if stop {
                     break;
                 }
-                ext.update(|s| {
-                    s.next_start_at_ms = None;
-                    s.backoff_ms = None;
-                });
+                // The delay stays shown until the state changes (`run_once` or `hold` clear it
+                // in the same update), so no one reads `backing-off` without its delay.
                 drop(restart_span);
             }
         }
@@ -231,8 +233,16 @@ pub(crate) async fn actor(
     });
 }
 
+/// The start reason of the run a requested restart begins.
+fn restarted(req: &StopRequest) -> String {
+    match req.by {
+        Requester::Operator => "restarted at an operator's request".into(),
+        _ => format!("restarted by the host: {}", req.why),
+    }
+}
+
 /// Wait, idle, for something to need the extension: the reason it gives, or `None` to stop.
-/// An operator's restart starts it too.
+/// A requested restart starts it too.
 async fn await_demand(
     cmds: &mut mpsc::UnboundedReceiver<Cmd>,
     shutdown: &CancellationToken,
@@ -240,10 +250,28 @@ async fn await_demand(
     tokio::select! {
         cmd = cmds.recv() => match cmd {
             Some(Cmd::Demand(why)) => Some(why),
-            Some(Cmd::Restart) => Some("started by a restart request".into()),
+            Some(Cmd::Restart(req)) => Some(restarted(&req)),
             Some(Cmd::Stop) | None => None,
         },
         () = shutdown.cancelled() => None,
+    }
+}
+
+/// After a requested restart: an operator's forgets the failures counted so far and the
+/// failing streak (the operator has seen it); the host's keeps both, so a restart for being
+/// unresponsive never hides since when the extension has been in trouble.
+fn forget_failures(
+    ext: &Extension,
+    spec: &ExtensionSpec,
+    tracker: &mut RestartTracker,
+    req: &StopRequest,
+) {
+    if req.by == Requester::Operator {
+        spec.policy.reset(tracker);
+        ext.update(|s| {
+            s.failing_since_ms = None;
+            s.failing_as = None;
+        });
     }
 }
 
@@ -258,7 +286,10 @@ async fn hold(
 ) -> Cmd {
     ext.update(|s| {
         s.state = state;
+        s.failing_since_ms.get_or_insert_with(now_ms);
         s.last_error = Some(why);
+        s.next_start_at_ms = None;
+        s.backoff_ms = None;
         s.pid = None;
         s.spawn_to_ready_ms = None;
         s.handshake_ms = None;
@@ -268,13 +299,12 @@ async fn hold(
 
 /// End a run whose handshake found no protocol both sides speak: stopped, not restarted.
 async fn incompatible(ext: &Extension, run: Run, spec: &ExtensionSpec, msg: String) -> Outcome {
-    Box::pin(stop_run(
-        ext,
-        run,
-        spec.stop_grace,
-        "an incompatible handshake",
-    ))
-    .await;
+    let req = StopRequest {
+        by: Requester::Host,
+        restart: false,
+        why: "an incompatible handshake".into(),
+    };
+    Box::pin(stop_run(ext, run, spec.stop_grace, &req)).await;
     Outcome::Incompatible(msg)
 }
 
@@ -305,6 +335,8 @@ async fn run_once(
 ) -> Outcome {
     ext.update(|s| {
         s.state = State::Starting;
+        s.next_start_at_ms = None;
+        s.backoff_ms = None;
         s.pid = None;
         s.descendants.clear();
         s.spawn_to_ready_ms = None;
@@ -413,13 +445,12 @@ async fn run_once(
                     let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
                     return Box::pin(finish_failed(ext, run, exit, None, "exited during the handshake".into())).await;
                 }
-                () = shutdown.cancelled() => { Box::pin(stop_run(ext, run, spec.stop_grace, "the daemon stopping")).await; return Outcome::Stop; }
+                () = shutdown.cancelled() => { Box::pin(stop_run(ext, run, spec.stop_grace, &StopRequest::shutdown())).await; return Outcome::Stop; }
                 // A stop or restart asked for during the handshake is not kept waiting for it.
-                cmd = cmds.recv() => {
-                    let (outcome, why) = match cmd { Some(Cmd::Demand(_)) => continue, Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
-                    Box::pin(stop_run(ext, run, spec.stop_grace, why)).await;
-                    return outcome;
-                }
+                cmd = cmds.recv() => match cmd {
+                    Some(Cmd::Demand(_)) => continue,
+                    cmd => return Box::pin(end_on_request(ext, run, spec, cmd)).await,
+                },
                 () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() => {
                     let e = enforcer.as_mut().expect("sampled only with an enforcer");
                     if let Some(why) = e.sample(ext, run.pid) {
@@ -500,7 +531,8 @@ async fn run_once(
         told(ext);
     }
     let idle_after = spec.lifecycle.idle_stop_after;
-    let mut idle_at = tokio::time::Instant::now() + idle_after.unwrap_or(Duration::from_secs(3600));
+    let mut idle_at =
+        tokio::time::Instant::now() + idle_after.unwrap_or(Duration::from_secs(3600));
 
     // Crash detection: stdout EOF or child exit, whichever comes first; meanwhile the tree is
     // read and recorded every TRACK_INTERVAL.
@@ -515,6 +547,8 @@ async fn run_once(
     // REST_LOOK_EVERY): meanwhile neither the tracking nor the sampling timer runs.
     let clock = CpuClock::of(run.pid);
     let mut rest: Option<(tokio::sync::oneshot::Receiver<()>, tokio::time::Instant)> = None;
+    let stable_at = tokio::time::Instant::from_std(ready_at + spec.policy.stable_after);
+    let mut stable = false;
     // In a cgroup the kernel enforces memory.max itself: its OOM kills are counted there.
     let ooms = spec
         .confine
@@ -560,19 +594,20 @@ async fn run_once(
                 };
             }
             cmd = cmds.recv() => {
-                let (outcome, why) = match cmd { Some(Cmd::Demand(_)) => continue, Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
+                if matches!(cmd, Some(Cmd::Demand(_))) {
+                    continue;
+                }
                 ext.set_peer(None);
-                Box::pin(stop_run(ext, run, spec.stop_grace, why)).await;
-                return outcome;
+                return Box::pin(end_on_request(ext, run, spec, cmd)).await;
             }
             () = tokio::time::sleep_until(idle_at), if idle_after.is_some() => {
                 let after = idle_after.expect("looked at only with an idle stop");
                 let streams = spec.open_streams.as_ref().map_or(0, |n| n());
                 match ext.close_if_idle(after, streams, Instant::now()) {
                     Ok(()) => {
-                        let why = format!("{} without calls", format_idle_stop_after(idle_after));
                         tracing::info!(extension = %spec.name, pid = run.pid, idle_for = %format_idle_stop_after(idle_after), "stopping the extension: it is idle");
-                        Box::pin(stop_run(ext, run, spec.stop_grace, &why)).await;
+                        let req = StopRequest::idle(&format_idle_stop_after(idle_after));
+                        Box::pin(stop_run(ext, run, spec.stop_grace, &req)).await;
                         return Outcome::Idle;
                     }
                     Err(at) => idle_at = tokio::time::Instant::from_std(at),
@@ -580,8 +615,17 @@ async fn run_once(
             }
             () = shutdown.cancelled() => {
                 ext.set_peer(None);
-                Box::pin(stop_run(ext, run, spec.stop_grace, "the daemon stopping")).await;
+                Box::pin(stop_run(ext, run, spec.stop_grace, &StopRequest::shutdown())).await;
                 return Outcome::Stop;
+            }
+            // A run that stays ready this long ends the failing streak (as the restart policy
+            // starts its count again after it).
+            () = tokio::time::sleep_until(stable_at), if !stable => {
+                stable = true;
+                ext.update(|s| {
+                    s.failing_since_ms = None;
+                    s.failing_as = None;
+                });
             }
             () = tokio::time::sleep_until(next_track), if rest.is_none() => {
                 // Read before the tree: whatever the tree does after this moves the clock.
@@ -606,6 +650,25 @@ async fn run_once(
                 }
             }
         }
+    }
+}
+
+/// End a run because `cmd` asked (a channel closed is a stop): the graceful stop, recorded
+/// with who asked; then restart at once or stop.
+async fn end_on_request(
+    ext: &Extension,
+    run: Run,
+    spec: &ExtensionSpec,
+    cmd: Option<Cmd>,
+) -> Outcome {
+    let req = match &cmd {
+        Some(Cmd::Restart(req)) => req.clone(),
+        Some(Cmd::Stop | Cmd::Demand(_)) | None => StopRequest::operator_stop(),
+    };
+    stop_run(ext, run, spec.stop_grace, &req).await;
+    match cmd {
+        Some(Cmd::Restart(req)) => Outcome::Restart(req),
+        Some(Cmd::Stop | Cmd::Demand(_)) | None => Outcome::Stop,
     }
 }
 

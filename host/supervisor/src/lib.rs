@@ -64,8 +64,11 @@ pub use crate::lifecycle::{Lifecycle, StartMode};
 pub use crate::spec::{
     BulkSink, CallbackHandlers, DEFAULT_START_TIMEOUT, ExtensionSpec, ReadyHook, no_callbacks,
 };
-pub use crate::stats::{LatencyHistogram, MethodStats, Traffic};
+pub use crate::stats::{
+    CallSummary, LatencyHistogram, MethodStats, RATE_BUCKET, RATE_BUCKETS, Traffic,
+};
 pub use crate::status::{
-    ExitCause, ExitRecord, InFlightCall, RECENT_EXITS, Resources, RunBrief, State, Status, now_ms,
+    ExitCause, ExitGlance, ExitRecord, Glance, InFlightCall, RECENT_EXITS, Requester, Resources,
+    RunBrief, State, Status, StopRequest, now_ms,
 };
 pub use crate::supervisor::{Overlap, Supervisor};

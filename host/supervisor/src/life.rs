@@ -11,9 +11,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::status::StopRequest;
+
 /// What the actor is asked to do, by the handle and the registry.
 pub(crate) enum Cmd {
-    Restart,
+    /// End the current run as the request says, then start again at once.
+    Restart(StopRequest),
     Stop,
     /// Something needs the extension (why, for its status): start it if it is idle.
     Demand(String),
