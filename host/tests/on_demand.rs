@@ -96,8 +96,33 @@ fn an_on_demand_extension_is_idle_until_an_event_of_its_kind_starts_it() {
         (s["demand_starts"].as_u64(), s["idle_stops"].as_u64()),
         (Some(0), Some(0))
     );
-    // `ext status` counts idle as fine.
+    // Idle is no trouble: `ext status` exits 0, the health and doctor count it as idle, the
+    // overview (`conduit top`, `conduit web`) lists it as such.
     f.conduit(&["ext", "status", "lazy"]).expect_code(0);
+    let health = http::get(&socket(&f), "/v1/health");
+    assert_eq!(health["status"], "ok", "{health:#}");
+    assert_eq!(health["extensions"]["idle"], 1, "{health:#}");
+    let overview = http::get(&socket(&f), "/v1/overview?filter=lazy");
+    let row = &overview["extensions"]["rows"][0];
+    assert_eq!(row["state"], "idle", "{overview:#}");
+    assert_eq!(
+        overview["extensions"]["by_state"]["idle"], 1,
+        "{overview:#}"
+    );
+    let doctor: Value =
+        serde_json::from_str(f.conduit(&["doctor", "--json"]).stdout().as_str()).unwrap();
+    let ext = doctor["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "extensions"))
+        .unwrap_or_else(|| panic!("no extensions check: {doctor:#}"));
+    assert_eq!(ext["status"], "ok", "{doctor:#}");
+    assert!(
+        ext["found"]
+            .as_str()
+            .unwrap()
+            .contains("1 idle (on demand)"),
+        "{doctor:#}"
+    );
     // Passes come and go without a need: it stays idle.
     wait_passes(&f, 3);
     assert_eq!(f.status("lazy")["state"], "idle");
@@ -349,6 +374,38 @@ fn disable_keeps_the_events_that_wait_and_enable_routes_them() {
             f.context()
         );
     }
+    // `events list` says what they wait for, and a push of its kind says it will wait too.
+    let list = f.conduit(&["events", "list"]);
+    let waiting = list
+        .stdout()
+        .lines()
+        .filter(|l| l.contains("waits for flaky (disabled)"))
+        .count();
+    assert_eq!(waiting, 2, "{}", list.context());
+    let late = f.conduit(&[
+        "events",
+        "push",
+        "--source",
+        "test",
+        "--delivery-id",
+        "w3",
+        "--kind",
+        "job",
+        "--payload",
+        "{}",
+        "--json",
+    ]);
+    late.expect_code(0);
+    let c = serde_json::from_str::<Value>(&late.stdout()).unwrap()["event_id"]
+        .as_i64()
+        .unwrap();
+    assert!(
+        late.stderr().contains(
+            "`flaky` does, but is disabled, so it waits until `conduit ext enable flaky`"
+        ),
+        "{}",
+        late.context()
+    );
     let show = |id: i64| f.json(&["timers", "show", &id.to_string(), "--json"]);
     assert!(
         show(timer)["last_fired_at_ms"].is_null(),
@@ -356,11 +413,11 @@ fn disable_keeps_the_events_that_wait_and_enable_routes_them() {
         show(timer)
     );
     let pending = f.json(&["ext", "disable", "flaky", "--json"]);
-    assert_eq!(pending["pending"]["events"], 2, "{pending:#}");
+    assert_eq!(pending["pending"]["events"], 3, "{pending:#}");
     assert_eq!(pending["pending"]["timers"], 1, "{pending:#}");
     std::fs::write(f.state().join("data/flaky/answer"), "").unwrap();
     f.conduit(&["ext", "enable", "flaky"]).expect_code(0);
-    for id in [a, b] {
+    for id in [a, b, c] {
         assert!(routed(&f, id)["work_id"].is_i64(), "{}", f.context());
     }
     // Taken up with the extension's own answer, not the fallback's minute.

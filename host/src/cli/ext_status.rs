@@ -131,7 +131,15 @@ fn table(list: &[ExtensionView]) -> String {
     use super::table::Align::{Left, Right};
     super::table::render(
         &[
-            "NAME", "VERSION", "STATE", "START", "PID", "RESTARTS", "DEMANDED", "IDLED", "LAST EXIT",
+            "NAME",
+            "VERSION",
+            "STATE",
+            "START",
+            "PID",
+            "RESTARTS",
+            "DEMANDED",
+            "IDLED",
+            "LAST EXIT",
         ],
         &[Left, Left, Left, Left, Right, Right, Right, Right, Left],
         &rows,

@@ -531,8 +531,7 @@ async fn run_once(
         told(ext);
     }
     let idle_after = spec.lifecycle.idle_stop_after;
-    let mut idle_at =
-        tokio::time::Instant::now() + idle_after.unwrap_or(Duration::from_secs(3600));
+    let mut idle_at = tokio::time::Instant::now() + idle_after.unwrap_or(Duration::from_secs(3600));
 
     // Crash detection: stdout EOF or child exit, whichever comes first; meanwhile the tree is
     // read and recorded every TRACK_INTERVAL.
