@@ -235,6 +235,124 @@ fn an_idle_run_stops_as_idle_and_the_next_event_starts_it_again() {
 }
 
 #[test]
+fn a_call_a_wait_an_emission_and_an_ingress_source_each_start_it() {
+    let mut f = Fixture::new();
+    let lifecycle = format!("{ON_DEMAND}\nidle_stop_after = \"1s\"");
+    install(&f, &f.lifecycle_ext("lazy", "ok", "0.1.0", &lifecycle));
+    // One that declares an ingress source: being polled is a need, so it starts at once.
+    let fed = f.lifecycle_ext("fed", "ok", "0.1.0", ON_DEMAND);
+    let manifest = fed.join("conduit-extension.toml");
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap()
+        .replace("\"job\", \"no-ingress\"", "\"feed.job\"")
+        .replace(
+            "{ name = \"job\", trigger = true }",
+            "{ name = \"feed.job\", trigger = true }",
+        )
+        .replace("methods = [", "ingress = [\"feed\"]\nmethods = [");
+    std::fs::write(&manifest, text).unwrap();
+    install(&f, &fed);
+    f.start_daemon();
+    f.wait_for("lazy", PATIENCE, |s| s["idle_since_ms"].is_i64());
+
+    // A management call starts it and is answered once it is ready.
+    let run = f.conduit(&["ext", "call", "lazy", "open-streams", r#"{"n":0}"#]);
+    run.expect_code(0);
+    assert_eq!(run.stdout().trim(), "[]", "{}", run.context());
+    let s = f.status("lazy");
+    assert_eq!(
+        s["start_reason"], "started by a management call of `open-streams`",
+        "{s:#}"
+    );
+    assert_eq!(s["demand_starts"], 1, "{s:#}");
+
+    // Idle again; a wait of its filter with an event to look at starts it, and is satisfied.
+    f.wait_for("lazy", PATIENCE, |s| s["idle_stops"] == 1);
+    let wait = f.json(&[
+        "waits",
+        "add",
+        "match",
+        "dora",
+        "--extension",
+        "lazy",
+        "--json",
+    ])["wait_id"]
+        .as_i64()
+        .unwrap();
+    f.push("test", "m1", "chat", r#"{"text":"hello dora"}"#);
+    let shown = f.wait_until("the wait to be satisfied", || {
+        let w = f.json(&["waits", "show", &wait.to_string(), "--json"]);
+        (w["state"] == "satisfied").then_some(w)
+    });
+    assert!(shown["satisfied_by_event_id"].is_i64(), "{shown:#}");
+    let s = f.wait_for("lazy", PATIENCE, |s| s["demand_starts"] == 2);
+    assert_eq!(
+        s["start_reason"],
+        format!("started by wait {wait} of filter match"),
+        "{s:#}"
+    );
+    assert_eq!(s["restarts"], 0, "{s:#}");
+
+    // Idle again; a planned emission of it to commit starts it, and is committed.
+    f.wait_for("lazy", PATIENCE, |s| s["idle_stops"] == 2);
+    let em = f.json(&[
+        "emissions",
+        "add",
+        "note",
+        r#"{"n":1}"#,
+        "--extension",
+        "lazy",
+        "--json",
+    ])["emission_id"]
+        .as_i64()
+        .unwrap();
+    f.wait_until("the emission to be committed", || {
+        let (_, e) = http::request(&socket(&f), "GET", &format!("/v1/emissions/{em}"), None);
+        (e["state"] == "committed").then_some(())
+    });
+    let s = f.wait_for("lazy", PATIENCE, |s| s["demand_starts"] == 3);
+    assert_eq!(
+        s["start_reason"],
+        format!("started by emission {em} (note) to commit"),
+        "{s:#}"
+    );
+
+    let s = f.wait_for("fed", PATIENCE, |s| s["demand_starts"] == 1);
+    assert_eq!(
+        s["start_reason"], "started to poll its ingress source feed",
+        "{s:#}"
+    );
+}
+
+/// An artifact stream left open keeps the run from its idle stop: three times its idle time
+/// pass (a host-loop pass each second) and it is still ready, not stopped once.
+#[test]
+fn an_open_artifact_stream_keeps_it_from_its_idle_stop() {
+    let mut f = Fixture::new();
+    let lifecycle = format!("{ON_DEMAND}\nidle_stop_after = \"1s\"");
+    install(&f, &f.lifecycle_ext("streamer", "ok", "0.1.0", &lifecycle));
+    f.start_daemon();
+    f.wait_for("streamer", PATIENCE, |s| s["idle_since_ms"].is_i64());
+    let run = f.conduit(&["ext", "call", "streamer", "open-streams", r#"{"n":1}"#]);
+    run.expect_code(0);
+    let pid = f.status("streamer")["pid"].as_i64().unwrap();
+    let from = Instant::now();
+    while from.elapsed() < Duration::from_secs(3) {
+        wait_passes(&f, 1);
+    }
+    let s = f.status("streamer");
+    assert_eq!(
+        (
+            s["state"].as_str(),
+            s["pid"].as_i64(),
+            s["idle_stops"].as_u64()
+        ),
+        (Some("ready"), Some(pid), Some(0)),
+        "{s:#}"
+    );
+}
+
+#[test]
 fn ext_set_makes_a_running_extension_on_demand_with_an_idle_stop() {
     let mut f = Fixture::new();
     install(&f, &f.lifecycle_ext("switch", "ok", "0.1.0", ""));
