@@ -406,7 +406,16 @@ fn print_run(label: &str, n: usize, r: &RunFigures) {
     );
 }
 
-async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<RunFigures> {
+/// Spawn the daemon and poll its list every 20 ms until all of `size`'s extensions are `what`
+/// (as `is` says) or `--ready-timeout-s` passes: the daemon, how many were, and the seconds
+/// from the spawn. A timeout is reported and measuring goes on: how far it got is a figure too.
+async fn start_until_all(
+    args: &Args,
+    conduit: &Path,
+    size: &Size,
+    what: &str,
+    is: impl Fn(&serde_json::Value) -> bool,
+) -> anyhow::Result<(Daemon, usize, f64)> {
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs(args.ready_timeout_s);
     let daemon = Daemon::start(
@@ -415,26 +424,30 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
         Duration::from_secs(args.ready_timeout_s),
     )
     .await?;
-    let pid = daemon.pid();
-    let client = daemon.client.clone();
-    let ready = loop {
-        let list = client.get("/v1/extensions").await?;
+    let n = loop {
+        let list = daemon.client.get("/v1/extensions").await?;
         let exts = list["extensions"].as_array().cloned().unwrap_or_default();
-        let ready = exts.iter().filter(|e| e["state"] == "ready").count();
-        if ready == size.n {
-            break ready;
+        let n = exts.iter().filter(|e| is(e)).count();
+        if n == size.n {
+            break n;
         }
         if Instant::now() > deadline {
-            // Go on and measure the rest: how far it got is a figure too.
             eprintln!(
-                "  only {ready} of {} extensions ready after {} s",
+                "  only {n} of {} extensions {what} after {} s",
                 size.n, args.ready_timeout_s
             );
-            break ready;
+            break n;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let ready_s = t0.elapsed().as_secs_f64();
+    Ok((daemon, n, t0.elapsed().as_secs_f64()))
+}
+
+async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<RunFigures> {
+    let (daemon, ready, ready_s) =
+        start_until_all(args, conduit, size, "ready", |e| e["state"] == "ready").await?;
+    let pid = daemon.pid();
+    let client = daemon.client.clone();
     let (rss_ready_mib, threads_ready) = proc_status(pid)?;
 
     let Idle {
@@ -696,38 +709,14 @@ async fn on_demand_run(
     conduit: &Path,
     size: &Size,
 ) -> anyhow::Result<OnDemandFigures> {
-    let t0 = Instant::now();
-    let deadline = t0 + Duration::from_secs(args.ready_timeout_s);
-    let daemon = Daemon::start(
-        conduit,
-        &size.state,
-        Duration::from_secs(args.ready_timeout_s),
-    )
+    // Idle and supervised: listed with the time it went idle (a package the daemon has not
+    // taken up yet has none).
+    let (daemon, idle, ready_s) = start_until_all(args, conduit, size, "idle", |e| {
+        e["state"] == "idle" && e["idle_since_ms"].is_i64()
+    })
     .await?;
     let pid = daemon.pid();
     let client = daemon.client.clone();
-    // Idle and supervised: listed with the time it went idle (a package the daemon has not
-    // taken up yet has none).
-    let idle = loop {
-        let list = client.get("/v1/extensions").await?;
-        let exts = list["extensions"].as_array().cloned().unwrap_or_default();
-        let idle = exts
-            .iter()
-            .filter(|e| e["state"] == "idle" && e["idle_since_ms"].is_i64())
-            .count();
-        if idle == size.n {
-            break idle;
-        }
-        if Instant::now() > deadline {
-            eprintln!(
-                "  only {idle} of {} extensions idle after {} s",
-                size.n, args.ready_timeout_s
-            );
-            break idle;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let ready_s = t0.elapsed().as_secs_f64();
     let (rss_ready_mib, threads_ready) = proc_status(pid)?;
     // The host loop's passes and their time over the idle window, from `/v1/health` (a small
     // answer: a metrics scrape at this size would leave megabytes in the daemon's heap).

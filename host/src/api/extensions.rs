@@ -233,14 +233,7 @@ async fn drop_pending(State(d): State<Arc<Daemon>>, UrlPath(name): UrlPath<Strin
         })
         .await?;
     d.core().dropped.add(&dropped);
-    tracing::warn!(
-        extension = %name,
-        events = dropped.events,
-        timers = dropped.timers,
-        waits = dropped.waits,
-        emissions = dropped.emissions,
-        "dropped the work that waited for a disabled extension, as the operator asked (--drop-pending)"
-    );
+    dropped.log_dropped(&name);
     Ok(Json(json!({ "name": name, "dropped": dropped })).into_response())
 }
 

@@ -29,25 +29,38 @@ fn store(state: &StateDir) -> Result<Option<conduit_store::Store>, CliError> {
         .map_err(CliError::failure)
 }
 
+/// Ask the running daemon, if one runs, for the `Pending` under `key` of its answer to
+/// `method path`; `None` without a daemon.
+fn ask_daemon(
+    rt: &tokio::runtime::Runtime,
+    state: &StateDir,
+    method: hyper::Method,
+    path: &str,
+    key: &str,
+) -> Result<Option<Pending>, CliError> {
+    let Some(client) = daemon(rt, state) else {
+        return Ok(None);
+    };
+    let (code, v) = rt
+        .block_on(client.request(method, path, None))
+        .map_err(CliError::failure)?;
+    if !code.is_success() {
+        return Err(api_error(code, &v));
+    }
+    serde_json::from_value(v[key].clone())
+        .map(Some)
+        .map_err(|e| CliError::failure(anyhow::anyhow!("the daemon's answer: {e}")))
+}
+
 /// What waits for `name` now.
 pub(crate) fn count(
     rt: &tokio::runtime::Runtime,
     state: &StateDir,
     name: &str,
 ) -> Result<Pending, CliError> {
-    if let Some(client) = daemon(rt, state) {
-        let (code, v) = rt
-            .block_on(client.request(
-                hyper::Method::GET,
-                &format!("/v1/extensions/{name}/pending"),
-                None,
-            ))
-            .map_err(CliError::failure)?;
-        if !code.is_success() {
-            return Err(api_error(code, &v));
-        }
-        return serde_json::from_value(v["pending"].clone())
-            .map_err(|e| CliError::failure(anyhow::anyhow!("the daemon's answer: {e}")));
+    let path = format!("/v1/extensions/{name}/pending");
+    if let Some(p) = ask_daemon(rt, state, hyper::Method::GET, &path, "pending")? {
+        return Ok(p);
     }
     let Some(store) = store(state)? else {
         return Ok(Pending::default());
@@ -65,19 +78,9 @@ pub(crate) fn drop(
     state: &StateDir,
     name: &str,
 ) -> Result<Pending, CliError> {
-    if let Some(client) = daemon(rt, state) {
-        let (code, v) = rt
-            .block_on(client.request(
-                hyper::Method::POST,
-                &format!("/v1/extensions/{name}/drop-pending"),
-                None,
-            ))
-            .map_err(CliError::failure)?;
-        if !code.is_success() {
-            return Err(api_error(code, &v));
-        }
-        return serde_json::from_value(v["dropped"].clone())
-            .map_err(|e| CliError::failure(anyhow::anyhow!("the daemon's answer: {e}")));
+    let path = format!("/v1/extensions/{name}/drop-pending");
+    if let Some(p) = ask_daemon(rt, state, hyper::Method::POST, &path, "dropped")? {
+        return Ok(p);
     }
     let Some(store) = store(state)? else {
         return Ok(Pending::default());
@@ -87,14 +90,7 @@ pub(crate) fn drop(
     let dropped = store
         .write(move |tx| pending::drop_pending(tx, &ext, &owners, conduit_host::core::now_ms()))
         .map_err(CliError::failure)?;
-    tracing::warn!(
-        extension = %name,
-        events = dropped.events,
-        timers = dropped.timers,
-        waits = dropped.waits,
-        emissions = dropped.emissions,
-        "dropped the work that waited for a disabled extension, as the operator asked (--drop-pending)"
-    );
+    dropped.log_dropped(name);
     Ok(dropped)
 }
 

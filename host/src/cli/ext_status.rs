@@ -26,7 +26,8 @@ pub(crate) struct ListArgs {
 /// Show one package's status in detail (or every package's, without NAME).
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Exit codes: 0 every package shown is ready (and not degraded or unresponsive) or disabled; 1 one
+Exit codes: 0 every package shown is ready (and not degraded or unresponsive), idle (on demand,
+not running: the next need starts it) or disabled; 1 one
 is not (starting, backing-off, crash-looping, incompatible, refused, stopping, stopped, or ready
 but degraded or unresponsive), or the registry or the daemon's answer cannot be read; 2 no such
 package, or the state directory is unusable")]

@@ -46,6 +46,19 @@ impl Pending {
         self.sentence(false)
     }
 
+    /// The log line of a drop, once it is committed: one wording and one set of fields for the
+    /// daemon's API and the CLI without a daemon.
+    pub fn log_dropped(&self, extension: &str) {
+        tracing::warn!(
+            extension,
+            events = self.events,
+            timers = self.timers,
+            waits = self.waits,
+            emissions = self.emissions,
+            "dropped the work that waited for a disabled extension, as the operator asked (--drop-pending)"
+        );
+    }
+
     /// What dropping did to each: `2 events (routed to no Work) and 1 timer (deleted)`.
     pub fn describe_dropped(&self) -> String {
         self.sentence(true)

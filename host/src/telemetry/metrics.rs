@@ -133,32 +133,36 @@ fn build(
     for e in exts {
         f.num(&[("extension", &name(e))], e.status.restarts);
     }
-    let f = s.family(
-        "conduit_extension_on_demand",
-        Kind::Gauge,
-        "1 when the extension is started on demand (when something first needs it), 0 when with the daemon.",
-    );
-    for e in exts {
-        f.num(
-            &[("extension", &name(e))],
-            u8::from(e.status.start == conduit_supervisor::StartMode::OnDemand),
-        );
-    }
-    let f = s.family(
-        "conduit_extension_demand_starts_total",
-        Kind::Counter,
-        "Starts of the extension asked for by a need (an event, a timer, a wait, an emission, an ingress poll, a call) since the daemon started.",
-    );
-    for e in exts {
-        f.num(&[("extension", &name(e))], e.status.demand_starts as f64);
-    }
-    let f = s.family(
-        "conduit_extension_idle_stops_total",
-        Kind::Counter,
-        "Runs of the extension stopped after its idle time without calls since the daemon started (not crashes, not restarts).",
-    );
-    for e in exts {
-        f.num(&[("extension", &name(e))], e.status.idle_stops as f64);
+    // The on-demand lifecycle: one series per extension each.
+    let lifecycle: [(&str, Kind, &str, fn(&ExtensionView) -> f64); 3] = [
+        (
+            "conduit_extension_on_demand",
+            Kind::Gauge,
+            "1 when the extension is started on demand (when something first needs it), 0 when with the daemon.",
+            |e| {
+                f64::from(u8::from(
+                    e.status.start == conduit_supervisor::StartMode::OnDemand,
+                ))
+            },
+        ),
+        (
+            "conduit_extension_demand_starts_total",
+            Kind::Counter,
+            "Starts of the extension asked for by a need (an event, a timer, a wait, an emission, an ingress poll, a call) since the daemon started.",
+            |e| e.status.demand_starts as f64,
+        ),
+        (
+            "conduit_extension_idle_stops_total",
+            Kind::Counter,
+            "Runs of the extension stopped after its idle time without calls since the daemon started (not crashes, not restarts).",
+            |e| e.status.idle_stops as f64,
+        ),
+    ];
+    for (family, kind, help, value) in lifecycle {
+        let f = s.family(family, kind, help);
+        for e in exts {
+            f.num(&[("extension", &name(e))], value(e));
+        }
     }
     let f = s.family(
         "conduit_extension_degraded",
