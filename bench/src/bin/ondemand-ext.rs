@@ -13,13 +13,8 @@ fn main() {
     let ext = Extension::new(name, env!("CARGO_PKG_VERSION")).work_kind(
         kind,
         |_cx: Ctx, p: TriggerParams| async move {
-            Ok(TriggerResult {
-                groups: vec![TriggerGroup {
-                    key: "all".into(),
-                    event_ids: p.inputs.iter().map(|e| e.id).collect(),
-                    start: true,
-                }],
-            })
+            let ids = p.inputs.iter().map(|e| e.id).collect();
+            Ok(TriggerResult::new(vec![TriggerGroup::new("all", ids)]))
         },
     );
     std::process::exit(conduit_extension::run(ext));

@@ -178,16 +178,9 @@ mod tests {
     use super::*;
 
     fn caps(kinds: &[&str]) -> Capabilities {
-        Capabilities {
-            work_kinds: kinds
-                .iter()
-                .map(|k| WorkKind {
-                    name: (*k).into(),
-                    trigger: true,
-                })
-                .collect(),
-            ..Capabilities::default()
-        }
+        let mut c = Capabilities::default();
+        c.work_kinds = kinds.iter().map(|k| WorkKind::new(*k, true)).collect();
+        c
     }
 
     #[test]

@@ -130,10 +130,8 @@ fn a_record_keeps_the_lifecycle_and_a_handshake_counts_only_for_its_install() {
         handshakes::capabilities(&state, &read).recurrences,
         ["tick"]
     );
-    let said = Capabilities {
-        recurrences: vec!["tock".into()],
-        ..Capabilities::default()
-    };
+    let mut said = Capabilities::default();
+    said.recurrences = vec!["tock".into()];
     let mut kept = handshakes::HandshakeRecord {
         version: read.version.clone(),
         installed_at_ms: read.installed_at_ms,

@@ -1,28 +1,13 @@
-//! What a call to an extension carries and how it fails: the params with their remaining
-//! time ([`WithMeta`]), the error a caller gets ([`ExtCallError`]), and the record of a call
-//! awaiting its answer ([`InFlight`]). Plain data; the handle in `extension.rs` makes the calls.
+//! How a call to an extension fails and what is kept of it while it waits: the error a caller
+//! gets ([`ExtCallError`]) and the record of a call awaiting its answer ([`InFlight`]). Plain
+//! data; the handle in `extension.rs` makes the calls.
 
 use std::time::Instant;
 
 use conduit_protocol::ErrorCode;
 use conduit_rpc::CallError;
-use serde::Serialize;
 
 use crate::status::State;
-
-/// Params with the request's remaining time first (docs/protocol.md §11).
-#[derive(Serialize)]
-pub(crate) struct WithMeta<'a, P: ?Sized> {
-    #[serde(rename = "_meta")]
-    pub(crate) meta: Meta,
-    #[serde(flatten)]
-    pub(crate) params: &'a P,
-}
-
-#[derive(Serialize)]
-pub(crate) struct Meta {
-    pub(crate) remaining_ms: u64,
-}
 
 /// Why a call to an extension failed.
 #[derive(Debug, thiserror::Error)]

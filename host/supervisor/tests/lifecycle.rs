@@ -22,8 +22,13 @@ fn on_demand(mut spec: ExtensionSpec, idle: Option<Duration>) -> ExtensionSpec {
 }
 
 async fn echo(ext: &Extension, n: u64) -> Result<Value, conduit_supervisor::ExtCallError> {
-    ext.call::<_, Value>("echo", &json!({ "n": n }), Some(Duration::from_secs(10)))
-        .await
+    common::call(
+        ext,
+        "echo",
+        json!({ "n": n }),
+        Some(Duration::from_secs(10)),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
