@@ -134,7 +134,8 @@ fn build(
         f.num(&[("extension", &name(e))], e.status.restarts);
     }
     // The on-demand lifecycle: one series per extension each.
-    let lifecycle: [(&str, Kind, &str, fn(&ExtensionView) -> f64); 3] = [
+    type PerExtension = (&'static str, Kind, &'static str, fn(&ExtensionView) -> f64);
+    let lifecycle: [PerExtension; 3] = [
         (
             "conduit_extension_on_demand",
             Kind::Gauge,
