@@ -18,6 +18,8 @@
 #                            Unix socket, beside this machine's floors (about a minute)
 #   make bench-scale         one daemon with 10 and with 1,000 release echo extensions: install
 #                            time, all ready, RSS, threads, idle CPU, echo p50 (a few minutes)
+#   make bench-scale-on-demand  1,000 on-demand extensions: daemon start to all idle, RSS, idle
+#                            CPU; then 10 started by their first event (cold start vs routing)
 #   make bench-views         the operator views at 1,000 extensions and 1,000,000 events: conduit
 #                            web's pages and the API lists behind them (p50/p90/p99), conduit
 #                            top's CPU; results in target/bench-views/results.json (minutes the
@@ -41,7 +43,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-views
+.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-scale-on-demand bench-views
 
 build:
 	$(CARGO) build --workspace --bins
@@ -136,6 +138,12 @@ protocol-prototype:
 bench-scale:
 	$(CARGO) build --release -p conduit-host -p conduit-example-echo -p conduit-bench --bin conduit --bin conduit-echo --bin bench-scale
 	$(TARGET_DIR)/release/bench-scale --json $(TARGET_DIR)/bench-scale/results.json $(BENCH_SCALE_ARGS)
+
+# 1,000 extensions started on demand: the daemon with all of them idle, then 10 started by their
+# first event (docs/perf-log/2026-12-04-on-demand.md). BENCH_SCALE_ARGS passes options.
+bench-scale-on-demand:
+	$(CARGO) build --release -p conduit-host -p conduit-bench --bin conduit --bin ondemand-ext --bin bench-scale
+	$(TARGET_DIR)/release/bench-scale --on-demand --json $(TARGET_DIR)/bench-scale/on-demand.json $(BENCH_SCALE_ARGS)
 
 bench-history:
 	$(CARGO) bench -p conduit-store --bench history

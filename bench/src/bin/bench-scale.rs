@@ -1,9 +1,21 @@
 //! One daemon, many extensions: what installing, starting and idling cost at 10 and at 1,000
-//! echo packages (`make bench-scale`; docs/performance.md, "Scale").
+//! echo packages (`make bench-scale`; docs/performance.md, "Scale"), or, with `--on-demand`,
+//! at 1,000 packages started on demand (`make bench-scale-on-demand`; below).
 //!
 //! ```text
 //! bench-scale [--extensions 1000] [--small 10] [--calls 2000] [--idle-s 10] [--json PATH]
+//! bench-scale --on-demand [--extensions 1000] [--drive 10] [--idle-s 10] [--json PATH]
 //! ```
+//!
+//! With `--on-demand`, one state directory gets `N` copies of `ondemand-ext` (each with a work
+//! kind of its own, `k.<name>`, and `[lifecycle] start = "on-demand"`), and one daemon runs on
+//! it. Printed: the time from spawning the daemon to every extension listed `idle`; the
+//! daemon's RSS, threads and idle CPU with all of them idle (no extension process runs); then,
+//! one after another, `--drive` of them each sent one event of its kind: the time from the
+//! event's acceptance to its routing (both stamped by the daemon, so no polling is in the
+//! figure) beside that extension's own cold start (spawn to accepted handshake, from its
+//! status), and what the daemon adds on top (the need seen, the tamper check, the pass that
+//! routes); and the daemon's RSS after those starts, against the idle figure.
 //!
 //! Each size gets its own temporary state directory, `N` copies of the release `echo` example
 //! (named `echo-0001` …), installed one after the other through the package store's own
@@ -79,6 +91,13 @@ struct Args {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench-scale/results.json")]
     json: PathBuf,
+    /// Install every package on demand and measure the daemon with all of them idle, then
+    /// `--drive` of them started by their first event (instead of the echo runs).
+    #[arg(long)]
+    on_demand: bool,
+    /// With --on-demand: how many extensions are started by an event, one after another.
+    #[arg(long, default_value_t = 10)]
+    drive: usize,
 }
 
 fn main() -> ExitCode {
@@ -97,6 +116,13 @@ fn run(args: &Args) -> anyhow::Result<()> {
         args.extensions >= 1 && args.small >= 1,
         "sizes must be at least 1"
     );
+    if args.on_demand {
+        let [conduit, ext] = conduit_bench::daemon::siblings(
+            ["conduit", "ondemand-ext"],
+            "make bench-scale-on-demand",
+        )?;
+        return on_demand(args, &conduit, &ext);
+    }
     let [conduit, echo] = conduit_bench::daemon::siblings(
         ["conduit", "conduit-echo"],
         "cargo build --release -p conduit-host -p conduit-example-echo`, or `make bench-scale",
@@ -121,8 +147,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
         .tempdir()
         .context("a temporary folder")?;
 
-    let small = Size::prepare(root.path(), "small", args.small, &echo)?;
-    let large = Size::prepare(root.path(), "large", args.extensions, &echo)?;
+    let small = Size::prepare(root.path(), "small", args.small, &echo, echo_manifest)?;
+    let large = Size::prepare(root.path(), "large", args.extensions, &echo, echo_manifest)?;
     print_installs(&large);
     let floor_small = ready_floor(&echo, args.small)?;
     let floor_large = ready_floor(&echo, args.extensions)?;
@@ -200,8 +226,30 @@ struct Size {
     floors: Vec<f64>,
 }
 
+/// The manifest of echo package `name`.
+fn echo_manifest(name: &str) -> String {
+    format!(
+        "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"./conduit-echo\"]\n\n[capabilities]\nmethods = [\"echo\", \"check.sleep\"]\n"
+    )
+}
+
+/// The manifest of on-demand package `name` (`ondemand-ext`, one work kind of its own).
+fn on_demand_manifest(name: &str) -> String {
+    format!(
+        "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"./conduit-echo\"]\n\n[capabilities]\nwork_kinds = [{{ name = \"k.{name}\", trigger = true }}]\n\n[lifecycle]\nstart = \"on-demand\"\n"
+    )
+}
+
 impl Size {
-    fn prepare(root: &Path, label: &str, n: usize, echo: &Path) -> anyhow::Result<Size> {
+    /// `n` packages of the program `echo` (installed as `./conduit-echo`), each with the
+    /// manifest `manifest` writes for its name.
+    fn prepare(
+        root: &Path,
+        label: &str,
+        n: usize,
+        echo: &Path,
+        manifest: fn(&str) -> String,
+    ) -> anyhow::Result<Size> {
         let src = root.join(format!("{label}-src"));
         let state_path = root.join(format!("{label}-state"));
         std::fs::create_dir_all(&src)?;
@@ -217,12 +265,7 @@ impl Size {
             let name = package_name(i);
             let dir = src.join(&name);
             std::fs::create_dir_all(&dir)?;
-            std::fs::write(
-                dir.join("conduit-extension.toml"),
-                format!(
-                    "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"./conduit-echo\"]\n\n[capabilities]\nmethods = [\"echo\", \"check.sleep\"]\n"
-                ),
-            )?;
+            std::fs::write(dir.join("conduit-extension.toml"), manifest(&name))?;
             if std::fs::hard_link(echo, dir.join("conduit-echo")).is_err() {
                 std::fs::copy(echo, dir.join("conduit-echo"))?;
             }
@@ -363,7 +406,16 @@ fn print_run(label: &str, n: usize, r: &RunFigures) {
     );
 }
 
-async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<RunFigures> {
+/// Spawn the daemon and poll its list every 20 ms until all of `size`'s extensions are `what`
+/// (as `is` says) or `--ready-timeout-s` passes: the daemon, how many were, and the seconds
+/// from the spawn. A timeout is reported and measuring goes on: how far it got is a figure too.
+async fn start_until_all(
+    args: &Args,
+    conduit: &Path,
+    size: &Size,
+    what: &str,
+    is: impl Fn(&serde_json::Value) -> bool,
+) -> anyhow::Result<(Daemon, usize, f64)> {
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs(args.ready_timeout_s);
     let daemon = Daemon::start(
@@ -372,50 +424,38 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
         Duration::from_secs(args.ready_timeout_s),
     )
     .await?;
-    let pid = daemon.pid();
-    let client = daemon.client.clone();
-    let ready = loop {
-        let list = client.get("/v1/extensions").await?;
+    let n = loop {
+        let list = daemon.client.get("/v1/extensions").await?;
         let exts = list["extensions"].as_array().cloned().unwrap_or_default();
-        let ready = exts.iter().filter(|e| e["state"] == "ready").count();
-        if ready == size.n {
-            break ready;
+        let n = exts.iter().filter(|e| is(e)).count();
+        if n == size.n {
+            break n;
         }
         if Instant::now() > deadline {
-            // Go on and measure the rest: how far it got is a figure too.
             eprintln!(
-                "  only {ready} of {} extensions ready after {} s",
+                "  only {n} of {} extensions {what} after {} s",
                 size.n, args.ready_timeout_s
             );
-            break ready;
+            break n;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let ready_s = t0.elapsed().as_secs_f64();
+    Ok((daemon, n, t0.elapsed().as_secs_f64()))
+}
+
+async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<RunFigures> {
+    let (daemon, ready, ready_s) =
+        start_until_all(args, conduit, size, "ready", |e| e["state"] == "ready").await?;
+    let pid = daemon.pid();
+    let client = daemon.client.clone();
     let (rss_ready_mib, threads_ready) = proc_status(pid)?;
 
-    // Idle: nothing calls, nothing polls.
-    // Whole-process counters (`/proc/<pid>/stat`), which keep the time of threads that have
-    // exited: the blocking pool's threads end during the window, and a sum over live threads
-    // would lose theirs.
-    // Settle first: the blocking pool's threads end 10 s after their last task, and each
-    // extension's tree is read every 250 ms at first, less often as it stays quiet.
-    tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
-    // The daemon's direct children: its extensions.
-    let kids = conduit_supervisor::tree::children(pid);
-    let kids_ticks = || -> u64 { kids.iter().filter_map(|k| proc_cpu_ticks(*k).ok()).sum() };
-    let cpu0 = proc_cpu_ticks(pid)?;
-    let kids0 = kids_ticks();
-    let threads0 = thread_ticks(pid);
-    let t_idle = Instant::now();
-    tokio::time::sleep(Duration::from_secs(args.idle_s)).await;
-    let cpu1 = proc_cpu_ticks(pid)?;
-    let kids1 = kids_ticks();
-    let idle_ticks_by_thread = ticks_by_name(&threads0, &thread_ticks(pid));
-    let secs = t_idle.elapsed().as_secs_f64();
-    let tick = 1.0 / clock_ticks_per_s();
-    let idle_cpu_pct = 100.0 * cpu1.saturating_sub(cpu0) as f64 * tick / secs;
-    let extensions_idle_cpu_pct = 100.0 * kids1.saturating_sub(kids0) as f64 * tick / secs;
+    let Idle {
+        kids,
+        cpu_pct: idle_cpu_pct,
+        kids_cpu_pct: extensions_idle_cpu_pct,
+        ticks_by_thread: idle_ticks_by_thread,
+    } = idle_window(pid, args, Duration::from_secs(args.settle_s)).await?;
     let (rss_idle_mib, threads_idle) = proc_status(pid)?;
 
     let path = format!("/v1/extensions/{}/call", package_name(1));
@@ -464,7 +504,7 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
     let stop_s = daemon.stop()?.as_secs_f64();
     Ok(RunFigures {
         stop_s,
-        extension_processes: kids.len(),
+        extension_processes: kids,
         extensions_idle_cpu_pct,
         idle_ticks_by_thread,
         restart_ms,
@@ -478,6 +518,278 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
         idle_cpu_pct,
         echo_p50_us: quantile_us(&hist, 0.5),
         echo_p99_us: quantile_us(&hist, 0.99),
+    })
+}
+
+/// What the daemon used over an idle window.
+struct Idle {
+    /// The daemon's child processes found (its extensions).
+    kids: usize,
+    /// The daemon's CPU, as a share of one CPU, in percent.
+    cpu_pct: f64,
+    /// The extensions' CPU, summed, likewise.
+    kids_cpu_pct: f64,
+    ticks_by_thread: Vec<(String, u64)>,
+}
+
+/// The daemon's CPU over `--idle-s` seconds of nothing, `settle` from now.
+async fn idle_window(pid: u32, args: &Args, settle: Duration) -> anyhow::Result<Idle> {
+    // Idle: nothing calls, nothing polls.
+    // Whole-process counters (`/proc/<pid>/stat`), which keep the time of threads that have
+    // exited: the blocking pool's threads end during the window, and a sum over live threads
+    // would lose theirs.
+    // Settle first: the blocking pool's threads end 10 s after their last task, and each
+    // extension's tree is read every 250 ms at first, less often as it stays quiet.
+    tokio::time::sleep(settle).await;
+    // The daemon's direct children: its extensions.
+    let kids = conduit_supervisor::tree::children(pid);
+    let kids_ticks = || -> u64 { kids.iter().filter_map(|k| proc_cpu_ticks(*k).ok()).sum() };
+    let cpu0 = proc_cpu_ticks(pid)?;
+    let kids0 = kids_ticks();
+    let threads0 = thread_ticks(pid);
+    let t_idle = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.idle_s)).await;
+    let cpu1 = proc_cpu_ticks(pid)?;
+    let kids1 = kids_ticks();
+    let ticks_by_thread = ticks_by_name(&threads0, &thread_ticks(pid));
+    let secs = t_idle.elapsed().as_secs_f64();
+    let tick = 1.0 / clock_ticks_per_s();
+    Ok(Idle {
+        kids: kids.len(),
+        cpu_pct: 100.0 * cpu1.saturating_sub(cpu0) as f64 * tick / secs,
+        kids_cpu_pct: 100.0 * kids1.saturating_sub(kids0) as f64 * tick / secs,
+        ticks_by_thread,
+    })
+}
+
+/// One extension started by its first event.
+#[derive(Debug, serde::Serialize)]
+struct Driven {
+    extension: String,
+    event_id: i64,
+    /// From the event's acceptance to its routing to a Work, both stamped by the daemon.
+    accepted_to_routed_ms: i64,
+    /// The extension's cold start: spawn to accepted handshake (its status).
+    cold_start_ms: u64,
+    /// The `initialize` round trip within it.
+    handshake_ms: u64,
+    /// What the daemon adds to the cold start: seeing the need, the tamper check, the pass
+    /// that routes the event once the extension is ready.
+    overhead_ms: i64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct OnDemandFigures {
+    extensions: usize,
+    /// How many were listed `idle` when the wait ended (all, unless it timed out).
+    idle: usize,
+    /// From spawning the daemon to every extension listed `idle`.
+    ready_s: f64,
+    rss_ready_mib: f64,
+    threads_ready: u64,
+    rss_idle_mib: f64,
+    threads_idle: u64,
+    idle_cpu_pct: f64,
+    /// The host loop's mean pass over the idle window, in microseconds.
+    idle_pass_us: f64,
+    /// The daemon's child processes during the idle window: the spawner alone (no extension
+    /// runs).
+    extension_processes: usize,
+    idle_ticks_by_thread: Vec<(String, u64)>,
+    driven: Vec<Driven>,
+    /// The daemon's RSS once the driven extensions run, and its growth over the idle figure.
+    rss_driven_mib: f64,
+    rss_growth_mib: f64,
+    stop_s: f64,
+}
+
+/// `--on-demand`: see the file's documentation.
+fn on_demand(args: &Args, conduit: &Path, ext: &Path) -> anyhow::Result<()> {
+    ensure!(
+        args.drive <= args.extensions,
+        "--drive may not exceed --extensions"
+    );
+    let machine = Machine::this();
+    println!(
+        "bench-scale --on-demand: {} on-demand extensions, {} driven by an event; commit {}, {} build; {} CPUs, {}; load {:?}",
+        args.extensions,
+        args.drive,
+        machine::commit(),
+        machine::profile(),
+        machine.cpus,
+        machine.cpu_model,
+        machine.loadavg,
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let root = tempfile::Builder::new()
+        .prefix("bench-scale-")
+        .tempdir()
+        .context("a temporary folder")?;
+    let size = Size::prepare(
+        root.path(),
+        "on-demand",
+        args.extensions,
+        ext,
+        on_demand_manifest,
+    )?;
+    // The installs' writes go to disk now, so that no fsync of the daemon's pays for them.
+    nix::unistd::sync();
+    let r = rt.block_on(on_demand_run(args, conduit, &size))?;
+    println!(
+        "on demand ({} ext): {} idle {:.2} s after the daemon's spawn (target ≤ 1 s); RSS {:.1} MiB idle (target ≤ 40 MiB), {:.1} MiB at idle; threads {} / {}; idle CPU {:.3}% (target ≤ 0.2%); child processes while idle: {} (the spawner)",
+        r.extensions,
+        if r.idle == r.extensions {
+            "all".to_owned()
+        } else {
+            format!("only {} of {}", r.idle, r.extensions)
+        },
+        r.ready_s,
+        r.rss_ready_mib,
+        r.rss_idle_mib,
+        r.threads_ready,
+        r.threads_idle,
+        r.idle_cpu_pct,
+        r.extension_processes,
+    );
+    let by_thread: Vec<String> = r
+        .idle_ticks_by_thread
+        .iter()
+        .map(|(name, ticks)| format!("{name} {ticks}"))
+        .collect();
+    println!(
+        "  host loop: a pass every second, {:.0} µs each over the idle window",
+        r.idle_pass_us
+    );
+    println!(
+        "  idle CPU by thread (clock ticks): {}",
+        if by_thread.is_empty() {
+            "none".to_owned()
+        } else {
+            by_thread.join(", ")
+        }
+    );
+    println!(
+        "  {:<12} {:>9} {:>14} {:>12} {:>12}",
+        "DRIVEN", "EVENT", "ACCEPT→ROUTE", "COLD START", "OVERHEAD"
+    );
+    for d in &r.driven {
+        println!(
+            "  {:<12} {:>9} {:>11} ms {:>9} ms {:>9} ms",
+            d.extension, d.event_id, d.accepted_to_routed_ms, d.cold_start_ms, d.overhead_ms
+        );
+    }
+    let worst = r.driven.iter().map(|d| d.overhead_ms).max().unwrap_or(0);
+    println!(
+        "  worst overhead over the cold start: {worst} ms (target ≤ 50 ms); RSS with {} started: {:.1} MiB, +{:.1} MiB over idle ({:.0} KiB each)",
+        r.driven.len(),
+        r.rss_driven_mib,
+        r.rss_growth_mib,
+        r.rss_growth_mib * 1024.0 / r.driven.len().max(1) as f64
+    );
+    let json = json!({
+        "commit": machine::commit(),
+        "profile": machine::profile(),
+        "machine": machine,
+        "installs_ms": size.installs,
+        "on_demand": r,
+    });
+    if let Some(dir) = args.json.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&args.json, serde_json::to_string_pretty(&json)? + "\n")
+        .with_context(|| format!("writing {}", args.json.display()))?;
+    println!("results written to {}", args.json.display());
+    Ok(())
+}
+
+async fn on_demand_run(
+    args: &Args,
+    conduit: &Path,
+    size: &Size,
+) -> anyhow::Result<OnDemandFigures> {
+    // Idle and supervised: listed with the time it went idle (a package the daemon has not
+    // taken up yet has none).
+    let (daemon, idle, ready_s) = start_until_all(args, conduit, size, "idle", |e| {
+        e["state"] == "idle" && e["idle_since_ms"].is_i64()
+    })
+    .await?;
+    let pid = daemon.pid();
+    let client = daemon.client.clone();
+    let (rss_ready_mib, threads_ready) = proc_status(pid)?;
+    // The host loop's passes and their time over the idle window, from `/v1/health` (a small
+    // answer: a metrics scrape at this size would leave megabytes in the daemon's heap).
+    let loop_figures = || async {
+        let health = client.get("/v1/health").await?;
+        let n = |k: &str| health["host_loop"][k].as_f64().unwrap_or(0.0);
+        anyhow::Ok((n("passes"), n("pass_us_total") / 1e6))
+    };
+    tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
+    let (passes0, secs0) = loop_figures().await?;
+    let quiet = idle_window(pid, args, Duration::ZERO).await?;
+    let (passes1, secs1) = loop_figures().await?;
+    let (rss_idle_mib, threads_idle) = proc_status(pid)?;
+    let idle_pass_us = (secs1 - secs0) * 1e6 / (passes1 - passes0).max(1.0);
+
+    let mut driven = Vec::new();
+    for k in 0..args.drive {
+        let name = package_name(1 + k * size.n / args.drive.max(1));
+        let body = json!({"source": "bench", "delivery_id": name, "kind": format!("k.{name}"), "payload": {}});
+        let (status, v) = client
+            .request(Method::POST, "/v1/events", Some(&body))
+            .await?;
+        ensure!(status.is_success(), "the push answered {status}: {v}");
+        let id = v["event_id"].as_i64().context("an event id")?;
+        let t = Instant::now();
+        let event = loop {
+            let page = client
+                .get(&format!("/v1/events?after={}&limit=1", id - 1))
+                .await?;
+            let e = page["events"][0].clone();
+            if e["routed_at_ms"].is_i64() {
+                break e;
+            }
+            ensure!(
+                t.elapsed() < Duration::from_secs(60),
+                "event {id} was not routed within 60 s: {e}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        ensure!(event["work_id"].is_i64(), "event {id} routed to no Work");
+        let s = client.get(&format!("/v1/extensions/{name}")).await?;
+        let cold = s["spawn_to_ready_ms"].as_u64().context("a cold start")?;
+        let routed = event["routed_at_ms"].as_i64().unwrap_or(0)
+            - event["accepted_at_ms"].as_i64().unwrap_or(0);
+        driven.push(Driven {
+            extension: name,
+            event_id: id,
+            accepted_to_routed_ms: routed,
+            cold_start_ms: cold,
+            handshake_ms: s["handshake_ms"].as_u64().unwrap_or(0),
+            overhead_ms: routed - cold as i64,
+        });
+    }
+    let (rss_driven_mib, _) = proc_status(pid)?;
+    drop(client);
+    let stop_s = daemon.stop()?.as_secs_f64();
+    Ok(OnDemandFigures {
+        extensions: size.n,
+        idle,
+        ready_s,
+        rss_ready_mib,
+        threads_ready,
+        rss_idle_mib,
+        threads_idle,
+        idle_cpu_pct: quiet.cpu_pct,
+        idle_pass_us,
+        extension_processes: quiet.kids,
+        idle_ticks_by_thread: quiet.ticks_by_thread,
+        driven,
+        rss_driven_mib,
+        rss_growth_mib: rss_driven_mib - rss_idle_mib,
+        stop_s,
     })
 }
 

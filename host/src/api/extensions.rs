@@ -3,12 +3,14 @@
 //! shape it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use conduit_supervisor::ExtCallError;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -26,6 +28,8 @@ pub(super) fn routes() -> Router<Arc<Daemon>> {
         .route("/v1/extensions/{name}/logs", get(logs))
         .route("/v1/extensions/{name}/call", post(call))
         .route("/v1/extensions/{name}/calls", get(calls))
+        .route("/v1/extensions/{name}/pending", get(pending))
+        .route("/v1/extensions/{name}/drop-pending", post(drop_pending))
         .route("/v1/reload", post(reload))
 }
 
@@ -195,7 +199,31 @@ async fn call(
         serde_json::value::to_raw_value(&body.params.unwrap_or(serde_json::Value::Null))
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_params", e.to_string()))?;
     let t = std::time::Instant::now();
-    let res = ext.call_raw(&body.method, &params, Some(timeout)).await;
+    // An idle (on-demand) extension is started by the call, which waits for it within its
+    // own timeout; one that is starting is waited for the same way, and so is one whose run
+    // went idle just as the call was made.
+    let res = loop {
+        let why = || format!("started by a management call of `{}`", body.method);
+        if let Err(e) = ext
+            .ensure_ready(why, timeout.saturating_sub(t.elapsed()))
+            .await
+        {
+            break Err(e);
+        }
+        let left = timeout.saturating_sub(t.elapsed());
+        match ext
+            .call_raw(
+                &body.method,
+                &params,
+                Some(left.max(Duration::from_millis(1))),
+            )
+            .await
+        {
+            Err(ExtCallError::NotRunning { .. })
+                if ext.awaits_demand() && t.elapsed() < timeout => {}
+            res => break res,
+        }
+    };
     let took_us = t.elapsed().as_micros() as u64;
     Ok(match res {
         Ok(raw) => {
@@ -209,6 +237,51 @@ async fn call(
             (StatusCode::OK, Json(json!({ "error": { "code": code, "name": name, "message": e.to_string() }, "took_us": took_us }))).into_response()
         }
     })
+}
+
+/// What waits for an installed extension: unrouted events of the kinds it owns, its active
+/// timers and waits, its planned emissions.
+async fn pending(State(d): State<Arc<Daemon>>, UrlPath(name): UrlPath<String>) -> ApiResult {
+    if d.extension(&name)?.is_none() {
+        return Err(ApiError::not_installed(&name));
+    }
+    let owners = d.owners()?;
+    let ext = name.clone();
+    let counted = d
+        .core()
+        .read(move |r| crate::core::pending::count(r, &ext, &owners))
+        .await?;
+    Ok(Json(json!({ "name": name, "pending": counted })).into_response())
+}
+
+/// Drop what waits for a disabled extension (`conduit ext disable --drop-pending`): its events
+/// are routed to no Work, its timers deleted, its waits cancelled, its emissions failed. Logged
+/// and counted.
+async fn drop_pending(State(d): State<Arc<Daemon>>, UrlPath(name): UrlPath<String>) -> ApiResult {
+    match d.extension(&name)? {
+        None => return Err(ApiError::not_installed(&name)),
+        Some(v) if v.enabled => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "enabled",
+                format!(
+                    "`{name}` is enabled, so its pending work is being taken up; disable it first (`conduit ext disable --drop-pending {name}`)"
+                ),
+            ));
+        }
+        Some(_) => {}
+    }
+    let owners = d.owners()?;
+    let ext = name.clone();
+    let dropped = d
+        .core()
+        .write(move |tx| {
+            crate::core::pending::drop_pending(tx, &ext, &owners, crate::core::now_ms())
+        })
+        .await?;
+    d.core().dropped.add(&dropped);
+    dropped.log_dropped(&name);
+    Ok(Json(json!({ "name": name, "dropped": dropped })).into_response())
 }
 
 async fn reload(State(d): State<Arc<Daemon>>) -> ApiResult {

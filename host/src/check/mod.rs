@@ -22,6 +22,7 @@
 
 mod callbacks;
 mod ctx;
+mod dry;
 mod instance;
 mod readonly;
 mod report;
@@ -37,6 +38,7 @@ use crate::manifest::{Manifest, ManifestError, ResolvedCommand};
 use callbacks::CheckHost;
 use instance::Instance;
 
+pub use dry::{DryError, DryHandshake, dry_handshake};
 pub use report::{CheckOptions, PackageInfo, Report, RuleResult, RunUnder, Status};
 pub use rules::RULES;
 

@@ -185,18 +185,32 @@ pub(crate) fn reload(
     if !quiet {
         // `started` means a start was begun, not that it succeeded: the wait (`--wait`) or
         // `conduit ext status` says how it went.
+        let names = |key: &str| -> Vec<String> {
+            report[key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        };
+        let (on_demand, replacing) = (names("on_demand"), names("replacing"));
         for (key, verb) in [
             ("started", "is starting"),
             ("restarted", "is restarting"),
             ("stopped", "stopped"),
         ] {
-            for name in report[key]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|v| v.as_str())
-            {
-                eprintln!("the running daemon {verb} `{name}`");
+            for name in names(key) {
+                if replacing.contains(&name) {
+                    eprintln!(
+                        "the running daemon is starting the new `{name}` beside the running one, which serves until it is ready"
+                    );
+                } else if key != "stopped" && on_demand.contains(&name) {
+                    eprintln!(
+                        "the running daemon starts `{name}` when it is first needed (on demand)"
+                    );
+                } else {
+                    eprintln!("the running daemon {verb} `{name}`");
+                }
             }
         }
         for e in report["errors"]

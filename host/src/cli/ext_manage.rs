@@ -54,7 +54,14 @@ pub(crate) struct InstallArgs {
 Its logs (logs/NAME.log*) and its data folder (data/NAME) are kept; --purge deletes the logs
 too. The data folder is always left for you to delete.
 
-Exit codes: 0 removed; 1 registry or disk failure; 2 no such package")]
+Work that waits for it (events of its kinds not yet routed, its timers, waits and planned
+emissions) would have no one to serve it once it is gone, so remove refuses while any waits:
+keep it installed but disabled (`conduit ext disable NAME`) until something can serve that work,
+or pass --drop-pending to drop it (events routed to no Work, timers deleted, waits cancelled,
+emissions failed; logged and counted).
+
+Exit codes: 0 removed; 1 registry or disk failure; 2 no such package, or work waits for it and
+--drop-pending was not given (nothing changed)")]
 pub(crate) struct RemoveArgs {
     /// The package's name (`conduit ext list` shows them).
     #[arg(add = super::common::package_names())]
@@ -62,18 +69,32 @@ pub(crate) struct RemoveArgs {
     /// Delete its logs too.
     #[arg(long)]
     purge: bool,
+    /// Drop the work that waits for it instead of refusing.
+    #[arg(long)]
+    drop_pending: bool,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
 }
 
-/// Disable an installed package (a running daemon stops it).
+/// Disable an installed package (a running daemon stops it); what waits for it is kept.
 #[derive(Debug, clap::Args)]
-pub(crate) struct NameArgs {
+#[command(after_help = "\
+Work that waits for it (events of its kinds not yet routed, its timers, waits and planned
+emissions) stays where it is, durably, and is taken up when it is enabled again; the command
+says how much waits. --drop-pending drops it instead: its events are routed to no Work, its
+timers deleted, its waits cancelled, its planned emissions failed (logged and counted).
+
+Exit codes: 0 disabled (or already disabled); 1 registry or store failure; 2 no such package")]
+pub(crate) struct DisableArgs {
     /// The package's name (`conduit ext list` shows them).
     #[arg(add = super::common::package_names())]
     name: String,
-    /// Print the result as JSON.
+    /// Drop the work that waits for it.
+    #[arg(long)]
+    drop_pending: bool,
+    /// Print the result as JSON: {"name", "enabled", "changed", "daemon_running", "pending",
+    /// "dropped"?}.
     #[arg(long)]
     json: bool,
 }
@@ -165,9 +186,17 @@ pub(crate) fn install(
     };
     let outcome = packages::install(&state, &args.path, &opts).map_err(install_error)?;
     let name = outcome.record.name.clone();
+    // An on-demand package is started once now, so that what it serves is known before
+    // anything needs it; one that cannot complete a handshake is not left in place of the
+    // version it replaced.
+    let handshake = dry_handshake(&rt, &state, &outcome, args.json || quiet)?;
     let since = Since::started_now();
     let daemon_report = reload(&rt, &state, args.json || quiet)?;
+    let since = kept_running(&daemon_report, &name).unwrap_or(since);
     let mut out = json!({ "change": outcome.to_string(), "package": &outcome.record, "daemon_running": daemon_report.is_some() });
+    if let Some(h) = &handshake {
+        out["handshake"] = h.clone();
+    }
     if !outcome.changes.is_empty() {
         out["changes"] = json!(outcome.changes);
     }
@@ -222,8 +251,11 @@ pub(crate) fn install(
                         "{msg}\nand the automatic rollback failed: {e}"
                     ))
                 })?;
+                // A version that failed beside the running one never stopped it: that one's
+                // current `ready` counts.
                 let since = Since::started_now();
-                reload(&rt, &state, true)?;
+                let report = reload(&rt, &state, true)?;
+                let since = kept_running(&report, &name).unwrap_or(since);
                 let again = wait_ready(&rt, &client, &name, since, timeout)?;
                 let word = match &again {
                     Ok(_) => "which is ready".to_owned(),
@@ -247,10 +279,77 @@ pub(crate) fn install(
     }
 }
 
-/// `echo 0.1.0 is ready (pid 1234)`.
+/// [`Since::Now`] when the reload left `name` as it was: the daemon already runs what the
+/// registry now holds (a rollback to a version that never stopped serving), so its current
+/// `ready` counts.
+fn kept_running(report: &Option<serde_json::Value>, name: &str) -> Option<Since> {
+    let unchanged = report.as_ref()?["unchanged"].as_array()?;
+    unchanged.iter().any(|n| n == name).then_some(Since::Now)
+}
+
+/// The dry handshake of an on-demand package just installed (see `check::dry_handshake`): its
+/// JSON for the output, or `None` for a package started with the daemon. A handshake that
+/// fails rolls an upgrade back (exit 1, as a version that does not become ready does).
+fn dry_handshake(
+    rt: &tokio::runtime::Runtime,
+    state: &conduit_host::state_dir::StateDir,
+    outcome: &packages::InstallOutcome,
+    quiet: bool,
+) -> Result<Option<serde_json::Value>, CliError> {
+    let rec = &outcome.record;
+    let lifecycle = packages::settings::for_package(state, &rec.name)
+        .map_err(CliError::failure)?
+        .lifecycle(&rec.manifest.lifecycle);
+    if !lifecycle.on_demand() {
+        return Ok(None);
+    }
+    let timeout = conduit_supervisor::DEFAULT_START_TIMEOUT;
+    match rt.block_on(conduit_host::check::dry_handshake(state, rec, timeout)) {
+        Ok(dry) => {
+            packages::handshakes::record(state, &rec.name, &dry.record).map_err(|e| {
+                CliError::failure(anyhow::anyhow!(
+                    "cannot keep what `{}`'s handshake declared: {e}",
+                    rec.name
+                ))
+            })?;
+            if !quiet {
+                eprintln!(
+                    "{} is on demand: its handshake at install passed in {} ms; it starts when first needed",
+                    rec.name,
+                    dry.took.as_millis()
+                );
+            }
+            Ok(Some(
+                json!({ "ok": true, "took_ms": dry.took.as_millis() as u64, "capabilities": dry.record.capabilities }),
+            ))
+        }
+        Err(e) => {
+            let mut msg = e.to_string();
+            if outcome.previous.is_some() {
+                let back = packages::rollback(state, &rec.name).map_err(|err| {
+                    CliError::failure(anyhow::anyhow!(
+                        "{msg}\nand the automatic rollback failed: {err}"
+                    ))
+                })?;
+                msg.push_str(&format!(
+                    "\nrolled back to {} {} ({} {} is kept: `conduit ext rollback {}` tries it again)",
+                    rec.name, back.to.version, rec.name, back.from.version, rec.name
+                ));
+            }
+            Err(CliError::failure(anyhow::anyhow!("{msg}")))
+        }
+    }
+}
+
+/// `echo 0.1.0 is ready (pid 1234)`, or for an on-demand one that waits to be needed `echo
+/// 0.1.0 is idle (on demand: started when first needed)`.
 fn ready_line(view: &conduit_host::daemon::ExtensionView) -> String {
     let s = &view.status;
     match s.pid {
+        _ if s.state == conduit_supervisor::State::Idle => format!(
+            "{} {} is idle (on demand: started when first needed)",
+            s.name, s.version
+        ),
         Some(pid) => format!("{} {} is ready (pid {pid})", s.name, s.version),
         None => format!("{} {} is ready", s.name, s.version),
     }
@@ -260,10 +359,26 @@ pub(crate) fn remove(args: RemoveArgs, state: &StateArgs) -> Result<ExitCode, Cl
     let state = state.open_existing()?;
     packages::get(&state, &args.name).map_err(CliError::usage)?;
     let rt = runtime()?;
+    let waiting = super::ext_pending::count(&rt, &state, &args.name)?;
+    if waiting.total() > 0 && !args.drop_pending {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "{} wait{} for `{name}`, and nothing would serve {} once it is removed; keep it installed but disabled until something can (`conduit ext disable {name}`), or drop {} with `conduit ext remove --drop-pending {name}`",
+            waiting.describe(),
+            if waiting.total() == 1 { "s" } else { "" },
+            if waiting.total() == 1 { "it" } else { "them" },
+            if waiting.total() == 1 { "it" } else { "them" },
+            name = args.name
+        )));
+    }
     // Stop it first, so no process runs from files being removed.
     if packages::set_enabled(&state, &args.name, false).map_err(CliError::failure)? {
         reload(&rt, &state, true)?;
     }
+    let dropped = if args.drop_pending {
+        Some(super::ext_pending::drop(&rt, &state, &args.name)?)
+    } else {
+        None
+    };
     let rec = packages::remove(&state, &args.name).map_err(CliError::failure)?;
     reload(&rt, &state, true)?;
     // Its logs are kept unless --purge; its data folder (what the extension kept) is always
@@ -289,10 +404,17 @@ pub(crate) fn remove(args: RemoveArgs, state: &StateArgs) -> Result<ExitCode, Cl
             "logs_kept": kept_logs,
             "logs_purged": purged,
             "data_kept": data.exists().then_some(&data),
+            "dropped": dropped,
         }))
         .map(|()| ExitCode::SUCCESS);
     }
     print(&format!("removed {} {}\n", rec.name, rec.version))?;
+    if let Some(d) = &dropped {
+        print(&format!(
+            "{}\n",
+            super::ext_pending::dropped_line(&rec.name, d)
+        ))?;
+    }
     if let Some(log) = kept_logs.first() {
         note!(
             "(its logs {} are kept; `conduit ext remove --purge` deletes them, or delete them by hand)",
@@ -308,7 +430,7 @@ pub(crate) fn remove(args: RemoveArgs, state: &StateArgs) -> Result<ExitCode, Cl
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) fn disable(args: NameArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
+pub(crate) fn disable(args: DisableArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
     let state = state.open_existing()?;
     let changed = packages::set_enabled(&state, &args.name, false).map_err(|e| match e {
         packages::PackageError::NotInstalled { .. } => CliError::usage(e),
@@ -318,17 +440,40 @@ pub(crate) fn disable(args: NameArgs, state: &StateArgs) -> Result<ExitCode, Cli
     let daemon = if changed {
         reload(&rt, &state, args.json)?
     } else {
-        None
+        daemon(&rt, &state).map(|_| serde_json::Value::Null)
+    };
+    // Counted once it is stopped: from now on nothing takes its work up.
+    let (pending, dropped) = if args.drop_pending {
+        let d = super::ext_pending::drop(&rt, &state, &args.name)?;
+        (super::ext_pending::count(&rt, &state, &args.name)?, Some(d))
+    } else {
+        (super::ext_pending::count(&rt, &state, &args.name)?, None)
     };
     if args.json {
-        return print_json(&json!({ "name": args.name, "enabled": false, "changed": changed, "daemon_running": daemon.is_some() }))
+        return print_json(&json!({ "name": args.name, "enabled": false, "changed": changed, "daemon_running": daemon.is_some(), "pending": pending, "dropped": dropped }))
             .map(|()| ExitCode::SUCCESS);
     }
-    let text = if changed {
+    let mut text = if changed {
         format!("{} disabled\n", args.name)
     } else {
         format!("{} was already disabled\n", args.name)
     };
+    if let Some(d) = &dropped {
+        text.push_str(&format!(
+            "{}\n",
+            super::ext_pending::dropped_line(&args.name, d)
+        ));
+    }
+    if pending.total() > 0 {
+        text.push_str(&format!(
+            "{} wait{} for it, kept: `conduit ext enable {name}` takes {} up; `conduit ext disable --drop-pending {name}` drops {}\n",
+            pending.describe(),
+            if pending.total() == 1 { "s" } else { "" },
+            if pending.total() == 1 { "it" } else { "them" },
+            if pending.total() == 1 { "it" } else { "them" },
+            name = args.name
+        ));
+    }
     print(&text)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -364,6 +509,16 @@ pub(crate) fn enable(
             format!("{} was already enabled\n", args.name)
         };
         print(&text)?;
+        if changed && daemon.is_some() && !quiet {
+            let waiting = super::ext_pending::count(&rt, &state, &args.name)?;
+            if waiting.total() > 0 {
+                eprintln!(
+                    "{} waited for it; the running daemon takes {} up",
+                    waiting.describe(),
+                    if waiting.total() == 1 { "it" } else { "them" }
+                );
+            }
+        }
     }
     finish_wait(
         &rt, &state, &args.name, since, wait, args.json, quiet, &mut out,
@@ -387,6 +542,7 @@ pub(crate) fn rollback(
     })?;
     let since = Since::started_now();
     let daemon = reload(&rt, &state, args.json || quiet)?;
+    let since = kept_running(&daemon, &args.name).unwrap_or(since);
     let mut out = json!({ "name": args.name, "from": back.from.version, "to": back.to.version, "package": back.to, "daemon_running": daemon.is_some() });
     if !args.json {
         print(&format!(

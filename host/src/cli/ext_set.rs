@@ -1,6 +1,7 @@
 //! `conduit ext set NAME KEY=VALUE…`: the operator's settings for one package (its limits,
-//! whether its declared sandbox paths are granted, whether its sandbox is off), written to
-//! `<state>/settings.toml`; a running daemon restarts the package under them at once.
+//! whether its declared sandbox paths are granted, whether its sandbox is off, when it starts
+//! and when an idle run stops), written to `<state>/settings.toml`; a running daemon restarts
+//! the package under them at once (a running one without a gap).
 
 use std::process::ExitCode;
 
@@ -11,8 +12,8 @@ use serde_json::json;
 use super::common::{StateArgs, print_json, reload, runtime};
 use super::outcome::{CliError, print};
 
-/// Set an installed package's limits or sandbox (the operator's decision; it wins over the
-/// package's asks).
+/// Set an installed package's limits, sandbox or lifecycle (the operator's decision; it wins
+/// over the package's asks).
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Keys:
@@ -23,10 +24,14 @@ Keys:
   limits.KEY=default       back to the package's ask or the default
   sandbox=off|on           turn the filesystem sandbox off (or back on) for this package
   sandbox.grant=yes|no     grant the paths the package's [sandbox] declares
+  start=on-demand|always   start it when something first needs it, or with the daemon
+  idle_stop_after=30s|off  stop a run after this long without calls (1s to 30d)
+  start=default, idle_stop_after=default   back to the package's [lifecycle]
 
 Examples:
   conduit ext set notes limits.memory=256MiB limits.cpu=0.25
   conduit ext set notes sandbox.grant=yes
+  conduit ext set notes start=on-demand idle_stop_after=10m
 
 A running daemon restarts the package under the new settings. `conduit ext status NAME` shows
 the limits in force and where each came from.
@@ -64,6 +69,7 @@ pub(crate) fn run(args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
         now = settings::set(&state, &args.name, k, v).map_err(CliError::failure)?;
     }
     let resolved = limits::resolve(&rec.name, &rec.manifest.limits, &now.limits);
+    let lifecycle = now.lifecycle(&rec.manifest.lifecycle);
     let rt = runtime()?;
     let daemon = reload(&rt, &state, args.json)?;
     if args.json {
@@ -73,6 +79,8 @@ pub(crate) fn run(args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
             "sources": resolved.sources,
             "sandbox": if now.sandbox_off { "off" } else { "on" },
             "sandbox_granted": now.grant,
+            "start": lifecycle.start,
+            "idle_stop_after": conduit_supervisor::lifecycle::format_idle_stop_after(lifecycle.idle_stop_after),
             "daemon_running": daemon.is_some(),
         }))
         .map(|()| ExitCode::SUCCESS);
@@ -84,12 +92,17 @@ pub(crate) fn run(args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
         .collect();
     text.push_str(&format!("limits {}", shown.join(", ")));
     text.push_str(if now.sandbox_off {
-        "; sandbox off\n"
+        "; sandbox off"
     } else if now.grant {
-        "; sandbox on, declared paths granted\n"
+        "; sandbox on, declared paths granted"
     } else {
-        "; sandbox on\n"
+        "; sandbox on"
     });
+    text.push_str(&format!(
+        "; start {}, idle stop {}\n",
+        lifecycle.start,
+        conduit_supervisor::lifecycle::format_idle_stop_after(lifecycle.idle_stop_after)
+    ));
     print(&text)?;
     if daemon.is_none() {
         eprintln!("(no daemon is running; the settings apply at its next start)");

@@ -26,7 +26,8 @@ pub(crate) struct ListArgs {
 /// Show one package's status in detail (or every package's, without NAME).
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Exit codes: 0 every package shown is ready (and not degraded or unresponsive) or disabled; 1 one
+Exit codes: 0 every package shown is ready (and not degraded or unresponsive), idle (on demand,
+not running: the next need starts it) or disabled; 1 one
 is not (starting, backing-off, crash-looping, incompatible, refused, stopping, stopped, or ready
 but degraded or unresponsive), or the registry or the daemon's answer cannot be read; 2 no such
 package, or the state directory is unusable")]
@@ -81,7 +82,12 @@ fn views(state_args: &StateArgs) -> Result<(bool, Vec<ExtensionView>), CliError>
             Ok((
                 false,
                 recs.iter()
-                    .map(|r| ExtensionView::offline(r, false))
+                    .map(|r| {
+                        let lifecycle = packages::settings::for_package(&state, &r.name)
+                            .unwrap_or_default()
+                            .lifecycle(&r.manifest.lifecycle);
+                        ExtensionView::offline(r, false, lifecycle)
+                    })
                     .collect(),
             ))
         }
@@ -93,7 +99,7 @@ fn healthy(v: &ExtensionView) -> bool {
         .health
         .as_ref()
         .is_none_or(|h| h.condition == Condition::Healthy);
-    matches!(v.status.state, State::Ready | State::Disabled) && calls_flow
+    matches!(v.status.state, State::Ready | State::Disabled | State::Idle) && calls_flow
 }
 
 /// `ready`, or `ready, degraded` / `ready, unresponsive` when its in-transaction calls wait.
@@ -119,22 +125,29 @@ fn table(list: &[ExtensionView]) -> String {
                     s.version.clone()
                 },
                 state_text(v),
+                s.start.as_str().to_owned(),
                 s.pid.map_or("-".to_owned(), |p| p.to_string()),
                 s.restarts.to_string(),
+                s.demand_starts.to_string(),
+                s.idle_stops.to_string(),
                 s.last_exit.map_or("-".to_owned(), |e| e.to_string()),
             ]
         })
         .collect();
+    use super::table::Align::{Left, Right};
     super::table::render(
-        &["NAME", "VERSION", "STATE", "PID", "RESTARTS", "LAST EXIT"],
         &[
-            super::table::Align::Left,
-            super::table::Align::Left,
-            super::table::Align::Left,
-            super::table::Align::Right,
-            super::table::Align::Right,
-            super::table::Align::Left,
+            "NAME",
+            "VERSION",
+            "STATE",
+            "START",
+            "PID",
+            "RESTARTS",
+            "DEMANDED",
+            "IDLED",
+            "LAST EXIT",
         ],
+        &[Left, Left, Left, Left, Right, Right, Right, Right, Left],
         &rows,
     )
 }
@@ -213,7 +226,55 @@ fn detail(out: &mut String, v: &ExtensionView) {
     if let Some(pid) = s.pid {
         let _ = writeln!(out, "  pid           {pid}");
     }
+    let idle_stop = s.idle_stop_after_ms.map(std::time::Duration::from_millis);
+    let _ = writeln!(
+        out,
+        "  start         {}; idle stop {}",
+        s.start,
+        conduit_supervisor::lifecycle::format_idle_stop_after(idle_stop)
+    );
+    if let Some(at) = s.idle_since_ms {
+        let ago = (now_ms() - at).max(0) as f64 / 1000.0;
+        let _ = writeln!(out, "  idle since    {} ago", trouble::duration_text(ago));
+    }
+    if let Some(why) = &s.start_reason {
+        let _ = writeln!(out, "  last start    {why}");
+    }
+    if s.demand_starts > 0 || s.idle_stops > 0 {
+        let _ = writeln!(
+            out,
+            "  on demand     {} start{} on demand, {} idle stop{}",
+            s.demand_starts,
+            if s.demand_starts == 1 { "" } else { "s" },
+            s.idle_stops,
+            if s.idle_stops == 1 { "" } else { "s" }
+        );
+    }
     let _ = writeln!(out, "  restarts      {}", s.restarts);
+    if let Some(o) = &v.overlap {
+        let other = &o.status;
+        let pid = other.pid.map_or(String::new(), |p| format!(" (pid {p})"));
+        let line = match o.phase.as_str() {
+            "starting" => format!(
+                "{} {}{pid} is starting beside it ({}); it takes over once ready",
+                other.version, other.state, "an upgrade without a gap"
+            ),
+            "draining" => format!(
+                "{} {}{pid}, replaced by it, is finishing its calls in flight",
+                other.version, other.state
+            ),
+            _ => format!(
+                "{} did not become ready ({}{}); this version serves on",
+                other.version,
+                other.state,
+                other
+                    .last_error
+                    .as_deref()
+                    .map_or(String::new(), |e| format!(": {e}"))
+            ),
+        };
+        let _ = writeln!(out, "  upgrade       {line}");
+    }
     if let Some(h) = v
         .health
         .as_ref()

@@ -2,16 +2,18 @@
 //! is `ready`, or say why it is not.
 //!
 //! Ready means the state `ready` reached by a run that began after the request (so the old
-//! run's `ready` does not count). Some states end the wait at once, because waiting longer
-//! cannot help: `refused`, `incompatible`, `crash-looping` (the fifth failure in a row),
-//! `disabled`, `stopped`. `starting` and `backing-off` (a first crash may be cured by the
-//! restart) wait until the timeout.
+//! run's `ready` does not count), or, for an on-demand package, `idle` (it starts when first
+//! needed). Some states end the wait at once, because waiting longer cannot help: `refused`,
+//! `incompatible`, `crash-looping` (the fifth failure in a row), `disabled`, `stopped`, and a
+//! new version started beside a running one that did not become ready (the old one serves
+//! on). `starting` and `backing-off` (a first crash may be cured by the restart) wait until the
+//! timeout.
 
 use std::time::{Duration, Instant};
 
 use conduit_host::client::Client;
 use conduit_host::daemon::ExtensionView;
-use conduit_supervisor::{State, now_ms};
+use conduit_supervisor::{StartMode, State, now_ms};
 
 use super::outcome::CliError;
 
@@ -192,9 +194,27 @@ pub(crate) fn wait_ready(
             }
             Since::Now => (None, true),
         };
+        let starting_beside = view.overlap.as_ref().is_some_and(|o| o.phase == "starting");
+        if let Some(o) = view
+            .overlap
+            .as_ref()
+            .filter(|o| o.phase == "failed" && fresh)
+        {
+            // The new version did not become ready beside the old one, which serves on.
+            let mut failed = view.clone();
+            failed.status = o.status.clone();
+            failed.overlap = None;
+            return Ok(Err(NotReady {
+                view: Some(failed),
+                timed_out: false,
+                waited: start.elapsed(),
+            }));
+        }
         let ready = s.state == State::Ready
             && ready_after.is_none_or(|t| s.ready_since_ms.is_some_and(|r| r >= t));
-        if ready {
+        // On demand: idle is where it waits to be needed.
+        let idle = s.state == State::Idle && s.start == StartMode::OnDemand && !starting_beside;
+        if ready || idle {
             return Ok(Ok(view));
         }
         let ends = matches!(

@@ -29,6 +29,7 @@ mod ext_dev;
 mod ext_logs;
 mod ext_manage;
 mod ext_new;
+mod ext_pending;
 mod ext_set;
 mod ext_status;
 mod ext_wait;
@@ -192,7 +193,7 @@ enum ExtCommand {
     /// Enable an installed package (a running daemon starts it).
     Enable(ext_manage::EnableArgs),
     /// Disable an installed package (a running daemon stops it).
-    Disable(ext_manage::NameArgs),
+    Disable(ext_manage::DisableArgs),
     Rollback(ext_manage::RollbackArgs),
     List(ext_status::ListArgs),
     Status(ext_status::StatusArgs),

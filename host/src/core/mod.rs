@@ -37,12 +37,13 @@ pub mod health;
 pub mod host_loop;
 mod manual;
 pub mod ops;
+pub mod pending;
 mod shared;
 mod stats;
 
 pub use fault::{DiskFullLog, disk_full_message};
 pub use host_loop::HostLoop;
-pub use shared::Core;
+pub use shared::{Core, Dormant};
 pub use stats::LoopStats;
 
 /// The current time in Unix milliseconds (the store never reads the clock itself).

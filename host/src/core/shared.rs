@@ -23,6 +23,10 @@ use super::host_loop::poll::PollState;
 use super::stats::LoopStats;
 use super::{artifacts, health};
 
+/// Installed extensions that are not supervised (disabled), with what they declare: the host
+/// loop holds their work instead of routing it to no Work.
+pub type Dormant = std::collections::BTreeMap<String, Arc<Capabilities>>;
+
 /// What the API, the callbacks and the host loop share.
 pub struct Core {
     pub store: Arc<Store>,
@@ -47,6 +51,10 @@ pub struct Core {
     registry_applied: AtomicBool,
     /// Store operations whose code panicked (`Core::write`, `Core::read`).
     store_panics: AtomicU64,
+    /// See [`Dormant`]; replaced whole by each reload.
+    dormant: Mutex<Arc<Dormant>>,
+    /// Pending work dropped by an operator (`ext disable --drop-pending`), by record.
+    pub dropped: super::pending::DroppedCounts,
 }
 
 impl std::fmt::Debug for Core {
@@ -78,6 +86,8 @@ impl Core {
             unresponsive_after: AtomicU32::new(health::DEFAULT_UNRESPONSIVE_AFTER),
             registry_applied: AtomicBool::new(false),
             store_panics: AtomicU64::new(0),
+            dormant: Mutex::new(Arc::default()),
+            dropped: super::pending::DroppedCounts::default(),
         }
     }
 
@@ -100,6 +110,20 @@ impl Core {
 
     pub fn registry_applied(&self) -> bool {
         self.registry_applied.load(Ordering::SeqCst)
+    }
+
+    /// Hold the work of these installed but unsupervised extensions from now on (each reload
+    /// says which they are).
+    pub fn set_dormant(&self, dormant: Dormant) {
+        *self.dormant.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(dormant);
+    }
+
+    /// The installed extensions that are not supervised, with what they declare.
+    pub fn dormant(&self) -> Arc<Dormant> {
+        self.dormant
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub(crate) fn lock_health(&self) -> std::sync::MutexGuard<'_, HashMap<String, health::Health>> {

@@ -23,6 +23,7 @@ impl LoopStats {
         serde_json::json!({
             "passes": self.passes.load(Ordering::Relaxed),
             "last_pass_us": self.last_pass_us.load(Ordering::Relaxed),
+            "pass_us_total": self.pass_us_total.load(Ordering::Relaxed),
             "in_transaction_calls": self.in_transaction_calls.load(Ordering::Relaxed),
             "fallbacks": self.fallbacks.load(Ordering::Relaxed),
             "panics": self.panics.load(Ordering::Relaxed),

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use conduit_supervisor::process::ChildCommand;
-use conduit_supervisor::{ExtensionSpec, State, Status, Supervisor, now_ms};
+use conduit_supervisor::{ExtensionSpec, Lifecycle, Overlap, State, Status, Supervisor, now_ms};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
@@ -51,30 +51,66 @@ pub struct ExtensionView {
     /// not checked (`packages::Checked::DevInstall`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dev: Option<PathBuf>,
+    /// A second version beside the one shown, during an upgrade without a gap (or the last
+    /// one that failed to start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<OverlapView>,
+}
+
+/// The other version of a package during an upgrade, for `ext status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OverlapView {
+    /// `starting`: the new version is starting beside the one shown, which serves until it is
+    /// ready. `draining`: the version shown took over; this one, replaced, finishes its calls
+    /// in flight. `failed`: the last upgrade to this version did not become ready; the one
+    /// shown serves on.
+    pub phase: String,
+    pub status: Status,
+}
+
+impl OverlapView {
+    fn of(overlap: Overlap) -> OverlapView {
+        let (phase, status) = match overlap {
+            Overlap::Starting(e) => ("starting", e.status()),
+            Overlap::Draining(e) => ("draining", e.status()),
+            Overlap::Failed(s, _) => ("failed", *s),
+        };
+        OverlapView {
+            phase: phase.to_owned(),
+            status,
+        }
+    }
 }
 
 impl ExtensionView {
-    /// The view of a package the daemon is not running (disabled, or no daemon at all).
-    pub fn offline(rec: &PackageRecord, daemon_running: bool) -> Self {
+    /// The view of a package the daemon is not running (disabled, or no daemon at all), under
+    /// `lifecycle` (the package's, with the operator's settings).
+    pub fn offline(rec: &PackageRecord, daemon_running: bool, lifecycle: Lifecycle) -> Self {
         let state = if !rec.enabled {
             State::Disabled
-        } else if daemon_running {
-            State::Starting
-        } else {
+        } else if !daemon_running {
             State::Stopped
+        } else if lifecycle.on_demand() {
+            State::Idle
+        } else {
+            State::Starting
         };
+        let mut status = Status::new(
+            &rec.name,
+            &rec.version,
+            state,
+            Some(rec.manifest.capabilities.clone()),
+        );
+        status.start = lifecycle.start;
+        status.idle_stop_after_ms = lifecycle.idle_stop_after.map(|d| d.as_millis() as u64);
         ExtensionView {
-            status: Status::new(
-                &rec.name,
-                &rec.version,
-                state,
-                Some(rec.manifest.capabilities.clone()),
-            ),
+            status,
             enabled: rec.enabled,
             installed_at_ms: rec.installed_at_ms,
             description: rec.manifest.description.clone(),
             health: None,
             dev: rec.dev.then(|| rec.source.clone()),
+            overlap: None,
         }
     }
 }
@@ -86,6 +122,13 @@ pub struct ReloadReport {
     pub stopped: Vec<String>,
     pub restarted: Vec<String>,
     pub unchanged: Vec<String>,
+    /// Of `restarted`: running, so the new version starts beside the old one, which serves
+    /// until it is ready (an upgrade without a gap).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replacing: Vec<String>,
+    /// Of `started` and `restarted`: on demand, so not started until something needs it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_demand: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
 }
@@ -95,11 +138,12 @@ pub struct Daemon {
     state: StateDir,
     supervisor: Arc<Supervisor>,
     core: Arc<Core>,
-    /// What each running extension was started from (version and install time), to tell a
-    /// reinstall or upgrade from an unchanged package.
-    started_from: Mutex<HashMap<String, String>>,
     reloads: mpsc::Sender<oneshot::Sender<ReloadReport>>,
     started_at_ms: i64,
+    /// Reloads applied so far: the first one starts the daemon's extensions.
+    reloads_done: std::sync::atomic::AtomicU64,
+    /// Numbers the temporary folders of versions started beside a running one.
+    overlaps: std::sync::atomic::AtomicU64,
     /// The registry's records as last read for an overview, with the stamp of the files they
     /// were read from (see [`Daemon::records`]).
     records: Mutex<Option<(RegistryStamp, Arc<Vec<PackageRecord>>)>>,
@@ -138,9 +182,10 @@ impl Daemon {
             state,
             supervisor,
             core,
-            started_from: Mutex::new(HashMap::new()),
             reloads,
             started_at_ms: now_ms(),
+            reloads_done: std::sync::atomic::AtomicU64::new(0),
+            overlaps: std::sync::atomic::AtomicU64::new(0),
             records: Mutex::new(None),
         }
     }
@@ -210,15 +255,27 @@ impl Daemon {
                 description: rec.manifest.description.clone(),
                 health: Some(self.core.health_view(&rec.name)),
                 dev: rec.dev.then(|| rec.source.clone()),
+                overlap: self.supervisor.overlap(&rec.name).map(OverlapView::of),
             },
             _ => {
-                let mut v = ExtensionView::offline(rec, true);
+                let mut v = ExtensionView::offline(rec, true, self.lifecycle(rec));
+                // What the host loop holds its work for: its last handshake's, else its
+                // manifest's.
+                let caps = packages::handshakes::capabilities(&self.state, rec);
+                v.status.capabilities = Some(Arc::new(caps));
                 if let Some(last) = self.supervisor.last_status(&rec.name) {
                     v.status.carry_history(&last);
                 }
                 v
             }
         }
+    }
+
+    /// The lifecycle `rec` runs under: its manifest's, with the operator's settings.
+    pub(crate) fn lifecycle(&self, rec: &PackageRecord) -> Lifecycle {
+        packages::settings::for_package(&self.state, &rec.name)
+            .unwrap_or_default()
+            .lifecycle(&rec.manifest.lifecycle)
     }
 
     /// Restart a running extension now, at an operator's request (the exit's record says so).
@@ -244,7 +301,8 @@ impl Daemon {
     }
 
     /// Apply the registry: read it and the operator's settings, decide (a pure
-    /// [`reload::decide`]), then stop and start through the supervisor. Only the reconciler
+    /// [`reload::decide`]), then stop and start through the supervisor; a package that runs
+    /// and changed is replaced without a gap ([`Supervisor::replace`]). Only the reconciler
     /// task calls it, one request at a time.
     pub(crate) async fn reconcile(&self) -> ReloadReport {
         *self.records.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -258,6 +316,10 @@ impl Daemon {
                 return report;
             }
         };
+        let first = self
+            .reloads_done
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            == 0;
         let enabled: HashMap<&str, &PackageRecord> = records
             .iter()
             .filter(|r| r.enabled)
@@ -267,21 +329,49 @@ impl Daemon {
             .values()
             .map(|rec| (rec.name.clone(), self.fingerprint(rec)))
             .collect();
-        let running = self.started_from().clone();
-        let plan = reload::decide(&wanted, &running);
+        let (running, incoming) = self.supervisor.origins();
+        let plan = reload::decide(&wanted, &running, &incoming);
         for name in plan.stop {
             self.supervisor.stop(&name).await;
-            self.started_from().remove(&name);
             report.stopped.push(name);
         }
+        for name in &plan.cancel {
+            self.supervisor.cancel(name).await;
+        }
+        for name in &plan.unchanged {
+            self.supervisor.forget_failed(name, &wanted[name]);
+        }
         report.unchanged = plan.unchanged;
+        let why = if first {
+            "started with the daemon"
+        } else {
+            "started by an install, enable or change of its settings"
+        };
         for (name, launch) in plan.launch {
             let rec = enabled[name.as_str()];
-            match self.spec(rec) {
+            let origin = wanted[&name].clone();
+            if launch == Launch::Restart {
+                // Running and ready: the new version starts beside it, and takes over once its
+                // handshake is done.
+                let replaced = match self.spec(rec, origin.clone(), why, true) {
+                    Ok(spec) => self.supervisor.replace(spec).is_some(),
+                    Err(e) => {
+                        report.errors.push(format!("{name}: {e:#}"));
+                        continue;
+                    }
+                };
+                if replaced {
+                    report.replacing.push(name.clone());
+                    report.restarted.push(name);
+                    continue;
+                }
+            }
+            match self.spec(rec, origin, why, false) {
                 Ok(spec) => {
+                    if spec.lifecycle.on_demand() {
+                        report.on_demand.push(name.clone());
+                    }
                     self.supervisor.start(spec).await;
-                    self.started_from()
-                        .insert(name.clone(), wanted[&name].clone());
                     match launch {
                         Launch::Restart => report.restarted.push(name),
                         Launch::Start => report.started.push(name),
@@ -290,6 +380,17 @@ impl Daemon {
                 Err(e) => report.errors.push(format!("{name}: {e:#}")),
             }
         }
+        // What is installed but not supervised (disabled, or its start could not be prepared)
+        // keeps what waits for it, held by the host loop until it runs again.
+        let dormant: crate::core::Dormant = records
+            .iter()
+            .filter(|r| self.supervisor.get(&r.name).is_none())
+            .map(|r| {
+                let caps = packages::handshakes::capabilities(&self.state, r);
+                (r.name.clone(), Arc::new(caps))
+            })
+            .collect();
+        self.core.set_dormant(dormant);
         // Every enabled package is supervised now (at least `starting`), so the owner of each
         // of its kinds is known: routing may begin.
         self.core.mark_registry_applied();
@@ -298,6 +399,8 @@ impl Daemon {
             &mut report.stopped,
             &mut report.restarted,
             &mut report.unchanged,
+            &mut report.replacing,
+            &mut report.on_demand,
         ] {
             list.sort();
         }
@@ -313,11 +416,32 @@ impl Daemon {
         format!("{}@{}@{settings}", rec.version, rec.installed_at_ms)
     }
 
-    fn started_from(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.started_from.lock().unwrap_or_else(|p| p.into_inner())
+    /// Every installed package with its capabilities as best known without running it (its
+    /// last handshake's, else its manifest's), in name order: who owns which event kinds,
+    /// disabled packages included.
+    pub fn owners(&self) -> anyhow::Result<Vec<(String, conduit_protocol::Capabilities)>> {
+        Ok(packages::list(&self.state)?
+            .iter()
+            .map(|r| {
+                (
+                    r.name.clone(),
+                    packages::handshakes::capabilities(&self.state, r),
+                )
+            })
+            .collect())
     }
 
-    fn spec(&self, rec: &PackageRecord) -> anyhow::Result<ExtensionSpec> {
+    /// The spec of `rec`'s package, started from `origin` (its fingerprint) for `why`. One
+    /// started `beside` a running version gets temporary files and a process ledger of its
+    /// own (the data folder is shared: see docs/operations.md, "Upgrades without a gap").
+    fn spec(
+        &self,
+        rec: &PackageRecord,
+        origin: String,
+        why: &str,
+        beside: bool,
+    ) -> anyhow::Result<ExtensionSpec> {
+        // A development install runs from the author's folder.
         let dir = packages::files_dir(&self.state, rec);
         let data_dir = self.state.path().join("data").join(&rec.name);
         // A command that does not resolve is reported by the preflight (state `refused`, with
@@ -331,9 +455,19 @@ impl Daemon {
             ),
         };
         let settings = packages::settings::for_package(&self.state, &rec.name)?;
+        // Package names have no `@`: `<name>@<n>` is never another package's.
+        let own = if beside {
+            let n = self
+                .overlaps
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            format!("{}@{n}", rec.name)
+        } else {
+            rec.name.clone()
+        };
         let folders = packages::launch::Folders {
             package: dir.clone(),
-            tmp: packages::launch::tmp_dir(&self.state.run_dir(), &rec.name),
+            tmp: packages::launch::tmp_dir(&self.state.run_dir(), &own),
             data: data_dir,
         };
         let plan = packages::launch::plan(&rec.manifest, program, args, &folders, &settings)
@@ -341,20 +475,31 @@ impl Daemon {
         let (command, confine) = ChildCommand::for_package(&plan.launch);
         let log = self.state.logs_dir().join(format!("{}.log", rec.name));
         let mut spec = ExtensionSpec::new(&rec.name, &rec.version, command, log);
-        spec.declared = Some(rec.manifest.capabilities.clone());
+        spec.declared = Some(packages::handshakes::capabilities(&self.state, rec));
         spec.confine = confine;
         spec.limit_notes = plan.notes;
         spec.limit_sources = plan.limits.sources;
         spec.bulk = Some(self.core.artifacts.bulk_sink(&rec.name));
         spec.development = rec.dev;
+        spec.lifecycle = settings.lifecycle(&rec.manifest.lifecycle);
+        spec.start_reason = if beside {
+            format!("started beside the running version to replace it ({why})")
+        } else {
+            why.to_owned()
+        };
+        spec.origin = origin;
+        let artifacts = self.core.artifacts.clone();
+        let name = rec.name.clone();
+        spec.open_streams = Some(Arc::new(move || artifacts.open_streams_of(&name)));
+        spec.on_ready = Some(self.on_ready(rec));
         let state = self.state.clone();
         let name = rec.name.clone();
         let resolve_error = resolved.err().map(|e| e.to_string());
-        spec.ledger = Some(self.state.run_dir().join(format!(
-            "{}{}",
-            rec.name,
-            conduit_supervisor::tree::LEDGER_SUFFIX
-        )));
+        spec.ledger = Some(
+            self.state
+                .run_dir()
+                .join(format!("{own}{}", conduit_supervisor::tree::LEDGER_SUFFIX)),
+        );
         spec.preflight = Some(Arc::new(move || {
             if let Some(e) = &resolve_error {
                 return Err(e.clone());
@@ -364,6 +509,44 @@ impl Daemon {
                 .map_err(|e| e.to_string())
         }));
         Ok(spec)
+    }
+
+    /// What a run of `rec`'s package does once ready: nudge the host loop (work held for it
+    /// can go now), and keep what its handshake declared when that changed (off the runtime's
+    /// workers), so the package's capabilities are known while it does not run.
+    fn on_ready(&self, rec: &PackageRecord) -> conduit_supervisor::ReadyHook {
+        let core = Arc::downgrade(&self.core);
+        let state = self.state.clone();
+        let (name, version, installed_at_ms) =
+            (rec.name.clone(), rec.version.clone(), rec.installed_at_ms);
+        Arc::new(move |ext: &conduit_supervisor::Extension| {
+            if let Some(core) = core.upgrade() {
+                core.nudge();
+            }
+            let s = ext.brief();
+            let (Some(caps), Some(protocol_version)) = (s.capabilities, s.protocol_version) else {
+                return;
+            };
+            let record = packages::handshakes::HandshakeRecord {
+                version: version.clone(),
+                installed_at_ms,
+                protocol_version,
+                capabilities: (*caps).clone(),
+                at_ms: now_ms(),
+                by: "daemon".into(),
+            };
+            let (state, name) = (state.clone(), name.clone());
+            tokio::task::spawn_blocking(move || {
+                let same = packages::handshakes::recorded(&state, &name).is_some_and(|h| {
+                    h.version == record.version
+                        && h.installed_at_ms == record.installed_at_ms
+                        && h.capabilities == record.capabilities
+                });
+                if !same && let Err(e) = packages::handshakes::record(&state, &name, &record) {
+                    tracing::warn!(extension = %name, error = %e, "cannot keep what the handshake declared");
+                }
+            });
+        })
     }
 }
 

@@ -156,7 +156,8 @@ fn state_rank(s: State) -> u8 {
         State::Refused => 5,
         State::Incompatible => 6,
         State::Stopped => 7,
-        State::Disabled => 8,
+        State::Idle => 8,
+        State::Disabled => 9,
     }
 }
 
@@ -267,7 +268,7 @@ impl Daemon {
                         (ext.glance(), Some(h.condition))
                     }
                     _ => {
-                        let mut v = ExtensionView::offline(rec, true);
+                        let mut v = ExtensionView::offline(rec, true, self.lifecycle(rec));
                         if let Some(last) = self.supervisor().last_status(&rec.name) {
                             v.status.carry_history(&last);
                         }

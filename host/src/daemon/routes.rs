@@ -6,7 +6,8 @@
 //! The rules are the host loop's own (`core::host_loop`): an event's work kind is the longest
 //! declared kind that is its kind or a prefix of it at a dot (`host_loop::work_kind_of`), the
 //! extension whose name sorts first owns a kind two declare, and an event waits behind an
-//! owner on its first start or a degraded owner with a trigger. This module only reads them
+//! owner on its first start, an idle (on-demand) one, a disabled one, or a degraded owner with
+//! a trigger. This module only reads them
 //! back from the views; it decides nothing the loop acts on.
 //!
 //! What an event was routed to is recorded; why it went to no Work is not (the owners of that
@@ -65,6 +66,10 @@ struct Owner {
     trigger: bool,
     /// On its first start: its events wait for its handshake.
     settling: bool,
+    /// Idle (on demand): its first event starts it, and waits for its handshake.
+    idle: bool,
+    /// Installed but disabled: its events wait until it is enabled.
+    disabled: bool,
     /// Degraded or unresponsive: a trigger's calls wait until a probe answers.
     held: Option<Condition>,
 }
@@ -76,10 +81,11 @@ pub struct Owners {
 }
 
 impl Owners {
-    /// The owners as the host loop sees them: every enabled extension (in name order) with
-    /// the capabilities of its manifest or last handshake.
+    /// The owners as the host loop sees them: every installed extension (in name order),
+    /// disabled ones included (their events wait for them), with the capabilities of its last
+    /// handshake or its manifest.
     pub fn from_views(views: &[ExtensionView]) -> Self {
-        let mut sorted: Vec<&ExtensionView> = views.iter().filter(|v| v.enabled).collect();
+        let mut sorted: Vec<&ExtensionView> = views.iter().collect();
         sorted.sort_by(|a, b| a.status.name.cmp(&b.status.name));
         let mut kinds = BTreeMap::new();
         for v in sorted {
@@ -90,9 +96,9 @@ impl Owners {
             let owner = |trigger| Owner {
                 name: s.name.clone(),
                 trigger,
-                settling: s.state == State::Starting
-                    && s.restarts == 0
-                    && s.protocol_version.is_none(),
+                settling: s.state == State::Starting && s.first_run,
+                idle: s.state == State::Idle,
+                disabled: !v.enabled,
                 held: v
                     .health
                     .as_ref()
@@ -138,7 +144,17 @@ impl Owners {
             };
         };
         let o = &kinds[work_kind];
-        let why = if o.settling {
+        let why = if o.disabled {
+            format!(
+                "disabled: it waits until `{}` is enabled (`conduit ext enable {}`; `conduit ext disable --drop-pending {}` drops it)",
+                o.name, o.name, o.name
+            )
+        } else if o.idle {
+            format!(
+                "idle: the next routing pass starts `{}` (on demand), and routes it once it is ready",
+                o.name
+            )
+        } else if o.settling {
             format!("starting: it waits for `{}`'s first handshake", o.name)
         } else if let (Some(c), true) = (o.held, o.trigger) {
             format!(
@@ -170,10 +186,10 @@ impl Owners {
     }
 }
 
-/// The warning for a push of `kind` when no running extension declares a work kind for it
-/// (it will be routed to no Work); `None` when one does. `views` are every installed
-/// package's, so a disabled one that declares it can be named with the command that enables
-/// it.
+/// The warning for a push of `kind` when no running extension declares a work kind for it:
+/// it will be routed to no Work, or, when a disabled package declares it, wait until that one
+/// is enabled; `None` when an enabled one declares it. `views` are every installed package's,
+/// so a disabled one can be named with the command that enables it.
 pub fn warning(kind: &str, views: &[ExtensionView]) -> Option<String> {
     let declares = |v: &ExtensionView| {
         v.status.capabilities.as_ref().is_some_and(|c| {
@@ -190,7 +206,7 @@ pub fn warning(kind: &str, views: &[ExtensionView]) -> Option<String> {
         .collect();
     Some(match disabled.first() {
         Some(name) => format!(
-            "no running extension declares a work kind for `{kind}` (`{name}` does, but is disabled: `conduit ext enable {name}`); it will be routed to no Work"
+            "no running extension declares a work kind for `{kind}`: `{name}` does, but is disabled, so it waits until `conduit ext enable {name}`"
         ),
         None => format!(
             "no installed package declares a work kind for `{kind}` (its kind, or a prefix of it at a dot); it will be routed to no Work"
@@ -217,6 +233,7 @@ mod tests {
             description: None,
             health: None,
             dev: None,
+            overlap: None,
         }
     }
 
@@ -236,6 +253,7 @@ mod tests {
         });
         let mut fresh = view("fresh", State::Starting, &[("note", true)]);
         fresh.status.protocol_version = None;
+        fresh.status.first_run = true;
         let fine = view(
             "fine",
             State::Ready,
@@ -299,6 +317,25 @@ mod tests {
             "{w}"
         );
         let w = warning("mail.in", &views).unwrap();
-        assert!(w.contains("conduit ext enable off"), "{w}");
+        assert!(
+            w.contains("conduit ext enable off") && w.contains("waits until"),
+            "{w}"
+        );
+    }
+
+    #[test]
+    fn an_event_waits_for_an_idle_or_a_disabled_owner_and_says_so() {
+        let mut off = view("off", State::Disabled, &[("mail", true)]);
+        off.enabled = false;
+        let lazy = view("lazy", State::Idle, &[("job", true)]);
+        let owners = Owners::from_views(&[lazy, off]);
+        let r = owners.route("job.run", None, None);
+        assert_eq!(r.short(), "waits for lazy (idle)", "{r:?}");
+        let r = owners.route("mail.in", None, None);
+        assert_eq!(r.short(), "waits for off (disabled)", "{r:?}");
+        assert!(
+            matches!(&r, Route::Waiting { why, .. } if why.contains("conduit ext enable off")),
+            "{r:?}"
+        );
     }
 }

@@ -32,6 +32,20 @@ fn sweep_leftovers(state: &StateDir) {
     }
 }
 
+/// Remove the temporary folders of versions an earlier daemon started beside a running one
+/// (`run/tmp/<name>@<n>`): nothing runs from them now, and each daemon numbers its own.
+fn sweep_overlap_folders(state: &StateDir) {
+    let tmp = state.run_dir().join("tmp");
+    let Ok(entries) = std::fs::read_dir(&tmp) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().contains('@') {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// Run the daemon on `state` until SIGTERM or SIGINT (or `stop` is cancelled).
 pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()> {
     // Signals first: a SIGTERM (or SIGHUP from a service manager) during startup must get the
@@ -51,6 +65,7 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
         tracing::debug!("not a child subreaper here: only process groups are stopped");
     }
     sweep_leftovers(&state);
+    sweep_overlap_folders(&state);
     let socket = socket_path(&state);
     let listener = crate::api::bind(&socket)?;
     // A start that fails after this point must not leave a socket behind that looks like a

@@ -166,6 +166,10 @@ pub struct Summary {
     pub ready: usize,
     /// Starting now (not in trouble yet).
     pub starting: usize,
+    /// On demand and not running (never started, or stopped for idleness): not trouble; the
+    /// next need starts it.
+    #[serde(default)]
+    pub idle: usize,
     pub crash_looping: usize,
     pub refused: usize,
     pub incompatible: usize,
@@ -227,8 +231,9 @@ impl Summary {
     }
 
     /// One line for people, as `conduit service status` prints it: `7 of 7 extensions ready`,
-    /// or `5 of 7 extensions ready; 1 crash-looping (crashy), 1 unresponsive (flaky) since
-    /// 2026-12-04 17:22:10 UTC` (the earliest trouble's time).
+    /// `2 of 7 extensions ready, 5 idle (on demand)`, or `5 of 7 extensions ready; 1
+    /// crash-looping (crashy), 1 unresponsive (flaky) since 2026-12-04 17:22:10 UTC` (the
+    /// earliest trouble's time).
     pub fn line(&self) -> String {
         let mut out = format!(
             "{} of {} extension{} ready",
@@ -236,6 +241,9 @@ impl Summary {
             self.enabled,
             if self.enabled == 1 { "" } else { "s" }
         );
+        if self.idle > 0 {
+            out.push_str(&format!(", {} idle (on demand)", self.idle));
+        }
         if !self.troubled.is_empty() {
             let each: Vec<String> = Trouble::ALL
                 .iter()
@@ -274,6 +282,7 @@ pub fn summarize(views: &[ExtensionView]) -> Summary {
             }
             None if v.status.state == State::Ready => s.ready += 1,
             None if v.status.state == State::Starting => s.starting += 1,
+            None if v.status.state == State::Idle => s.idle += 1,
             None => {}
         }
     }
@@ -325,6 +334,7 @@ mod tests {
             description: None,
             health: None,
             dev: None,
+            overlap: None,
         }
     }
 
@@ -440,6 +450,12 @@ mod tests {
         assert_eq!(s.status(), "ok");
         assert_eq!((s.ready, s.starting), (1, 1));
         assert_eq!(s.line(), "1 of 2 extensions ready");
+        // Idle (on demand, not running) is no trouble: counted, and said.
+        let mut lazy = view("lazy", State::Idle);
+        lazy.status.idle_since_ms = Some(1_000);
+        let s = summarize(&[view("a", State::Ready), lazy]);
+        assert_eq!((s.status(), s.ready, s.idle), ("ok", 1, 1));
+        assert_eq!(s.line(), "1 of 2 extensions ready, 1 idle (on demand)");
         assert_eq!(
             since_text(90_000, 90_000 + 192_000),
             "1970-01-01 00:01:30 UTC (3.2 min ago)"

@@ -1,16 +1,60 @@
-//! The manifest's asks of the operator: `[limits]` (in the supervisor's own units and bounds)
-//! and `[sandbox]` (paths beyond the defaults). Only asks: the operator decides
-//! (`conduit_supervisor::limits::resolve`, the package's `settings.toml`).
+//! The manifest's asks of the operator: `[limits]` (in the supervisor's own units and bounds),
+//! `[sandbox]` (paths beyond the defaults) and `[lifecycle]` (when it starts, when an idle run
+//! stops). Only asks: the operator decides (`conduit_supervisor::limits::resolve`, the
+//! package's `settings.toml`).
 
 use std::path::{Component, Path};
 
 use conduit_supervisor::limits::{LimitKey, LimitSet};
 
 use super::error::ManifestError;
-use super::types::{LIMIT_KEYS, SANDBOX_KEYS, SandboxAsk};
+use super::types::{LIFECYCLE_KEYS, LIMIT_KEYS, SANDBOX_KEYS, SandboxAsk};
 use super::validate::{Validator, kind};
 
 impl Validator<'_> {
+    /// `[lifecycle]`: `start = "always" | "on-demand"`, `idle_stop_after = "10m" | "off"`, each
+    /// through the one parser the operator's `conduit ext set` uses too.
+    pub(super) fn lifecycle(
+        &self,
+        value: &toml::Value,
+    ) -> Result<conduit_supervisor::Lifecycle, ManifestError> {
+        use conduit_supervisor::lifecycle::{StartMode, parse_idle_stop_after};
+        let Some(table) = value.as_table() else {
+            return Err(self.invalid(
+                "lifecycle",
+                format!("must be a table, not {}", kind(value)),
+                "write `[lifecycle]` with keys start, idle_stop_after",
+            ));
+        };
+        self.known_keys(table, "lifecycle", LIFECYCLE_KEYS)?;
+        let mut out = conduit_supervisor::Lifecycle::default();
+        if let Some(v) = table.get("start") {
+            let fix = "write `start = \"always\"` or `start = \"on-demand\"`";
+            let Some(text) = v.as_str() else {
+                return Err(self.invalid(
+                    "lifecycle.start",
+                    format!("must be a string, not {}", kind(v)),
+                    fix,
+                ));
+            };
+            out.start = StartMode::parse(text)
+                .map_err(|problem| self.invalid("lifecycle.start", problem, fix))?;
+        }
+        if let Some(v) = table.get("idle_stop_after") {
+            let fix = "write a duration in quotes, e.g. `idle_stop_after = \"10m\"`, or \"off\"";
+            let Some(text) = v.as_str() else {
+                return Err(self.invalid(
+                    "lifecycle.idle_stop_after",
+                    format!("must be a string, not {}", kind(v)),
+                    fix,
+                ));
+            };
+            out.idle_stop_after = parse_idle_stop_after(text)
+                .map_err(|problem| self.invalid("lifecycle.idle_stop_after", problem, fix))?;
+        }
+        Ok(out)
+    }
+
     pub(super) fn limits(&self, value: &toml::Value) -> Result<LimitSet, ManifestError> {
         let Some(table) = value.as_table() else {
             return Err(self.invalid(

@@ -18,6 +18,9 @@
 //! [dev]                      # optional; read by `conduit ext dev` only
 //! build = "cargo build --release"   # run by `sh -c` in the package folder after a change
 //! ignore = ["dist"]          # names whose changes do not count (beside target, .*, …)
+//! [lifecycle]                # optional; the operator's `conduit ext set` wins
+//! start = "on-demand"        # "always" (the default) or "on-demand": started when first needed
+//! idle_stop_after = "10m"    # stop a run this long without calls ("off", the default: never)
 //! ```
 //!
 //! Unlike the wire types, which ignore unknown fields so the protocol can grow, the manifest
@@ -43,9 +46,10 @@ mod validate;
 
 pub use error::ManifestError;
 pub use types::{
-    CAPABILITY_KEYS, DEV_KEYS, DevAsk, LIMIT_KEYS, MANIFEST_FILE, MAX_DESCRIPTION_CHARS,
-    MAX_DEV_BUILD_BYTES, MAX_DEV_IGNORE, MAX_MANIFEST_BYTES, MAX_NAME_LEN, Manifest,
-    ResolvedCommand, SANDBOX_KEYS, SandboxAsk, TOP_LEVEL_KEYS, WORK_KIND_KEYS, read_capped,
+    CAPABILITY_KEYS, DEV_KEYS, DevAsk, LIFECYCLE_KEYS, LIMIT_KEYS, MANIFEST_FILE,
+    MAX_DESCRIPTION_CHARS, MAX_DEV_BUILD_BYTES, MAX_DEV_IGNORE, MAX_MANIFEST_BYTES, MAX_NAME_LEN,
+    Manifest, ResolvedCommand, SANDBOX_KEYS, SandboxAsk, TOP_LEVEL_KEYS, WORK_KIND_KEYS,
+    read_capped,
 };
 
 #[cfg(test)]

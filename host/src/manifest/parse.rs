@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use conduit_protocol::Capabilities;
+use conduit_supervisor::Lifecycle;
 use conduit_supervisor::limits::LimitSet;
 
 use super::error::ManifestError;
@@ -81,6 +82,10 @@ impl Manifest {
             None => DevAsk::default(),
             Some(d) => v.dev(d)?,
         };
+        let lifecycle = match table.get("lifecycle") {
+            None => Lifecycle::default(),
+            Some(l) => v.lifecycle(l)?,
+        };
         Ok(Manifest {
             name,
             version,
@@ -91,6 +96,7 @@ impl Manifest {
             limits,
             sandbox,
             dev,
+            lifecycle,
         })
     }
 }

@@ -548,3 +548,56 @@ fn the_dev_table_says_how_to_build_and_what_to_ignore() {
     refused(&table("watch = []"), "dev.watch", "build, ignore");
     refused(&with("dev", "true"), "dev", "must be a table");
 }
+
+#[test]
+fn the_lifecycle_asks_when_it_starts_and_when_an_idle_run_stops() {
+    use conduit_supervisor::lifecycle::{IDLE_STOP_MAX, IDLE_STOP_MIN, StartMode};
+    use std::time::Duration;
+    let m = parse(GOOD).unwrap();
+    assert_eq!(m.lifecycle, conduit_supervisor::Lifecycle::default());
+    let table = |body: &str| format!("{GOOD}\n[lifecycle]\n{body}\n");
+    let m = parse(&table("start = \"on-demand\"\nidle_stop_after = \"10m\"")).unwrap();
+    assert_eq!(m.lifecycle.start, StartMode::OnDemand);
+    assert_eq!(m.lifecycle.idle_stop_after, Some(Duration::from_secs(600)));
+    // At its edges: 1s and 30d are taken, a millisecond less or a day more are not.
+    let idle = |v: &str| parse(&table(&format!("idle_stop_after = \"{v}\"")));
+    assert_eq!(
+        idle("1s").unwrap().lifecycle.idle_stop_after,
+        Some(IDLE_STOP_MIN)
+    );
+    assert_eq!(
+        idle("30d").unwrap().lifecycle.idle_stop_after,
+        Some(IDLE_STOP_MAX)
+    );
+    assert_eq!(idle("off").unwrap().lifecycle.idle_stop_after, None);
+    refused(
+        &table("idle_stop_after = \"999ms\""),
+        "lifecycle.idle_stop_after",
+        "below the least, 1s",
+    );
+    refused(
+        &table("idle_stop_after = \"31d\""),
+        "lifecycle.idle_stop_after",
+        "above the most, 30d",
+    );
+    refused(
+        &table("idle_stop_after = 600"),
+        "lifecycle.idle_stop_after",
+        "must be a string, not an integer",
+    );
+    refused(
+        &table("start = \"sometimes\""),
+        "lifecycle.start",
+        "\"on-demand\"",
+    );
+    refused(
+        &table("stop = \"never\""),
+        "lifecycle.stop",
+        "start, idle_stop_after",
+    );
+    refused(
+        &with("lifecycle", "\"on-demand\""),
+        "lifecycle",
+        "must be a table",
+    );
+}

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use conduit_protocol::Capabilities;
+use conduit_supervisor::Lifecycle;
 use conduit_supervisor::limits::LimitSet;
 
 /// The manifest's file name inside a package folder.
@@ -42,6 +43,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "limits",
     "sandbox",
     "dev",
+    "lifecycle",
 ];
 
 /// The keys of `[limits]` (see `conduit_supervisor::limits`).
@@ -58,6 +60,8 @@ pub const MAX_DEV_BUILD_BYTES: usize = 4096;
 
 /// The most names `[dev] ignore` may list.
 pub const MAX_DEV_IGNORE: usize = 64;
+/// The keys of `[lifecycle]` (see `conduit_supervisor::lifecycle`).
+pub const LIFECYCLE_KEYS: &[&str] = &["start", "idle_stop_after"];
 
 /// The keys of `[capabilities]`.
 pub const CAPABILITY_KEYS: &[&str] = &[
@@ -93,6 +97,9 @@ pub struct Manifest {
     pub sandbox: SandboxAsk,
     /// How `conduit ext dev` builds and watches the package (`[dev]`); the daemon ignores it.
     pub dev: DevAsk,
+    /// When the package is started and whether an idle run is stopped (`[lifecycle]`); the
+    /// operator's settings win.
+    pub lifecycle: Lifecycle,
 }
 
 /// What a package's `[sandbox]` asks for; nothing is granted until the operator says so.

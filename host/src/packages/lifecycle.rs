@@ -64,6 +64,7 @@ pub fn remove(state: &StateDir, name: &str) -> Result<PackageRecord, PackageErro
     // without its record).
     let _ = fs::rename(previous_dir(state, name), trash.path().join("previous"));
     forget_verified(state, name);
+    super::handshakes::forget(state, name);
     // `trash` deletes the old files when dropped; if that fails, the next sweep retries.
     Ok(rec)
 }

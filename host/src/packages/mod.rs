@@ -5,6 +5,7 @@
 //! ├── registry.json        {"format": 2} (format 1 held every record here; still read)
 //! ├── .records/notes.json  the PackageRecord of `notes`: one file per package
 //! ├── .verified/notes.json the stats of `notes`'s files at its last full check (see `verify.rs`)
+//! ├── .handshakes/notes.json what `notes`'s last accepted handshake declared (`handshakes.rs`)
 //! ├── notes/               the installed files of package `notes`, exactly as recorded
 //! │   ├── conduit-extension.toml
 //! │   └── bin/conduit-notes
@@ -19,7 +20,7 @@
 //! Scratch a killed install or remove leaves in `tmp/` is swept by the next one, under the lock.
 //!
 //! Package names are `[a-z0-9-]` (the manifest enforces it), so no package folder can be called
-//! `registry.json`, `.records` or `.verified`.
+//! `registry.json`, `.records`, `.verified` or `.handshakes`.
 //!
 //! Invariants:
 //! - Every mutation ([`install`], [`remove`], [`set_enabled`], [`rollback`]) holds an exclusive `flock` on the
@@ -43,6 +44,7 @@
 
 mod archive;
 mod dev;
+pub mod handshakes;
 mod install;
 pub mod launch;
 mod layout;

@@ -532,6 +532,7 @@ mod manifest_serde {
 
     use crate::manifest::{DevAsk, Manifest, SandboxAsk};
     use conduit_supervisor::limits::LimitSet;
+    use conduit_supervisor::{Lifecycle, StartMode};
 
     #[derive(Serialize, Deserialize)]
     struct Stored {
@@ -549,6 +550,23 @@ mod manifest_serde {
         sandbox: SandboxAsk,
         #[serde(default, skip_serializing_if = "DevAsk::is_empty")]
         dev: DevAsk,
+        #[serde(default, skip_serializing_if = "StoredLifecycle::is_default")]
+        lifecycle: StoredLifecycle,
+    }
+
+    /// `[lifecycle]` as recorded: the start mode and the idle stop in milliseconds.
+    #[derive(Default, PartialEq, Serialize, Deserialize)]
+    struct StoredLifecycle {
+        #[serde(default)]
+        start: StartMode,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idle_stop_after_ms: Option<u64>,
+    }
+
+    impl StoredLifecycle {
+        fn is_default(&self) -> bool {
+            *self == StoredLifecycle::default()
+        }
     }
 
     pub(super) fn serialize<S: serde::Serializer>(m: &Manifest, s: S) -> Result<S::Ok, S::Error> {
@@ -562,6 +580,10 @@ mod manifest_serde {
             limits: m.limits.clone(),
             sandbox: m.sandbox.clone(),
             dev: m.dev.clone(),
+            lifecycle: StoredLifecycle {
+                start: m.lifecycle.start,
+                idle_stop_after_ms: m.lifecycle.idle_stop_after.map(|d| d.as_millis() as u64),
+            },
         }
         .serialize(s)
     }
@@ -580,6 +602,13 @@ mod manifest_serde {
             limits: s.limits,
             sandbox: s.sandbox,
             dev: s.dev,
+            lifecycle: Lifecycle {
+                start: s.lifecycle.start,
+                idle_stop_after: s
+                    .lifecycle
+                    .idle_stop_after_ms
+                    .map(std::time::Duration::from_millis),
+            },
         })
     }
 }

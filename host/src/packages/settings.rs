@@ -5,6 +5,8 @@
 //! [notes]
 //! sandbox = "off"          # "on" (the default) or "off": an operator's choice, never a package's
 //! grant = true             # grant the paths the package's [sandbox] declares
+//! start = "on-demand"     # "always" or "on-demand": wins over the package's [lifecycle]
+//! idle_stop_after = "30s"  # a duration or "off": wins over the package's [lifecycle]
 //! [notes.limits]
 //! memory = "256MiB"        # as in a manifest's [limits]; these win over the package's asks
 //! ```
@@ -15,6 +17,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
+use conduit_supervisor::Lifecycle;
+use conduit_supervisor::lifecycle::{StartMode, format_idle_stop_after, parse_idle_stop_after};
 use conduit_supervisor::limits::{LimitKey, LimitSet, LimitValue, format_bytes, parse_value};
 
 use crate::state_dir::StateDir;
@@ -30,6 +36,8 @@ pub const SETTING_KEYS: &[&str] = &[
     "limits.open_files",
     "sandbox",
     "sandbox.grant",
+    "start",
+    "idle_stop_after",
 ];
 
 /// What the operator decided for one package.
@@ -40,9 +48,21 @@ pub struct PackageSettings {
     pub sandbox_off: bool,
     /// The package's declared `[sandbox]` paths are granted.
     pub grant: bool,
+    /// When it starts, if the operator said (else the package's `[lifecycle]`).
+    pub start: Option<StartMode>,
+    /// After how long without calls a run stops (`Some(None)`: never), if the operator said.
+    pub idle_stop_after: Option<Option<Duration>>,
 }
 
 impl PackageSettings {
+    /// The lifecycle in force: the operator's choices where made, else the package's.
+    pub fn lifecycle(&self, package: &Lifecycle) -> Lifecycle {
+        Lifecycle {
+            start: self.start.unwrap_or(package.start),
+            idle_stop_after: self.idle_stop_after.unwrap_or(package.idle_stop_after),
+        }
+    }
+
     /// A short text that changes whenever the settings do (the daemon restarts a package whose
     /// settings changed).
     pub fn fingerprint(&self) -> String {
@@ -122,6 +142,17 @@ fn load_from(p: &Path) -> Result<BTreeMap<String, PackageSettings>, SettingsErro
                     s.sandbox_off = x == "off";
                 }
                 ("grant", toml::Value::Boolean(b)) => s.grant = *b,
+                ("start", toml::Value::String(x)) => {
+                    s.start = Some(
+                        StartMode::parse(x).map_err(|e| invalid(format!("`{name}.start` {e}")))?,
+                    );
+                }
+                ("idle_stop_after", toml::Value::String(x)) => {
+                    s.idle_stop_after = Some(
+                        parse_idle_stop_after(x)
+                            .map_err(|e| invalid(format!("`{name}.idle_stop_after` {e}")))?,
+                    );
+                }
                 ("limits", toml::Value::Table(l)) => {
                     for (lk, lv) in l {
                         let key = LimitKey::from_name(lk).ok_or_else(|| {
@@ -140,7 +171,7 @@ fn load_from(p: &Path) -> Result<BTreeMap<String, PackageSettings>, SettingsErro
                 }
                 _ => {
                     return Err(invalid(format!(
-                        "`{name}.{k}` is not a setting (sandbox = \"on\"|\"off\", grant = true|false, [{name}.limits])"
+                        "`{name}.{k}` is not a setting (sandbox = \"on\"|\"off\", grant = true|false, start = \"always\"|\"on-demand\", idle_stop_after = \"10m\"|\"off\", [{name}.limits])"
                     )));
                 }
             }
@@ -165,6 +196,15 @@ fn render(all: &BTreeMap<String, PackageSettings>) -> String {
         if s.grant {
             out.push_str("grant = true\n");
         }
+        if let Some(m) = s.start {
+            out.push_str(&format!("start = \"{m}\"\n"));
+        }
+        if let Some(d) = s.idle_stop_after {
+            out.push_str(&format!(
+                "idle_stop_after = \"{}\"\n",
+                format_idle_stop_after(d)
+            ));
+        }
         if !s.limits.is_empty() {
             out.push_str(&format!("[{name}.limits]\n"));
             for key in LimitKey::ALL {
@@ -184,8 +224,9 @@ fn render(all: &BTreeMap<String, PackageSettings>) -> String {
     out
 }
 
-/// Apply `key=value` to `s`. `default` clears a limit; `sandbox` takes `on`/`off`;
-/// `sandbox.grant` takes `yes`/`no`.
+/// Apply `key=value` to `s`. `default` clears a limit, `start` or `idle_stop_after` (back to
+/// the package's); `sandbox` takes `on`/`off`; `sandbox.grant` takes `yes`/`no`; `start` takes
+/// `always`/`on-demand`; `idle_stop_after` a duration (`30s`, `10m`) or `off`.
 pub fn apply(s: &mut PackageSettings, key: &str, value: &str) -> Result<(), SettingsError> {
     let bad = |problem: &str| SettingsError::BadValue {
         key: key.to_owned(),
@@ -203,6 +244,14 @@ pub fn apply(s: &mut PackageSettings, key: &str, value: &str) -> Result<(), Sett
             "no" | "false" => s.grant = false,
             _ => return Err(bad("use `yes` or `no`")),
         },
+        "start" if value == "default" => s.start = None,
+        "start" => {
+            s.start = Some(StartMode::parse(value).map_err(|e| bad(&e))?);
+        }
+        "idle_stop_after" if value == "default" => s.idle_stop_after = None,
+        "idle_stop_after" => {
+            s.idle_stop_after = Some(parse_idle_stop_after(value).map_err(|e| bad(&e))?);
+        }
         _ => {
             let key_name = key.strip_prefix("limits.").unwrap_or("");
             let Some(lk) = LimitKey::from_name(key_name) else {
@@ -266,6 +315,44 @@ mod tests {
         assert_eq!((x.limits.memory, x.limits.tasks), (Some(1 << 30), Some(12)));
         apply(&mut s, "limits.memory", "default").unwrap();
         assert_eq!(s.limits.memory, None);
+    }
+
+    #[test]
+    fn the_lifecycle_settings_round_trip_and_win_over_the_package() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(SETTINGS_FILE);
+        let mut s = PackageSettings::default();
+        apply(&mut s, "start", "on-demand").unwrap();
+        apply(&mut s, "idle_stop_after", "30s").unwrap();
+        let mut off = PackageSettings::default();
+        apply(&mut off, "idle_stop_after", "off").unwrap();
+        let all: BTreeMap<String, PackageSettings> =
+            [("a".to_owned(), s.clone()), ("b".to_owned(), off.clone())].into();
+        std::fs::write(&p, render(&all)).unwrap();
+        assert_eq!(load_from(&p).unwrap(), all);
+        let package = Lifecycle {
+            start: StartMode::Always,
+            idle_stop_after: Some(Duration::from_secs(600)),
+        };
+        assert_eq!(
+            s.lifecycle(&package),
+            Lifecycle {
+                start: StartMode::OnDemand,
+                idle_stop_after: Some(Duration::from_secs(30))
+            }
+        );
+        assert_eq!(off.lifecycle(&package).idle_stop_after, None);
+        assert_eq!(PackageSettings::default().lifecycle(&package), package);
+        apply(&mut s, "start", "default").unwrap();
+        apply(&mut s, "idle_stop_after", "default").unwrap();
+        assert_eq!(s, PackageSettings::default());
+        let e = apply(&mut s, "start", "lazy").unwrap_err().to_string();
+        assert!(e.contains("\"on-demand\""), "{e}");
+        let e = apply(&mut s, "idle_stop_after", "500ms")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("below the least, 1s"), "{e}");
+        assert_eq!(s, PackageSettings::default());
     }
 
     #[test]

@@ -157,3 +157,56 @@ fn a_dev_install_points_at_the_folder_and_never_touches_it() {
     assert!(err.contains("installed from the package store"), "{err}");
     assert!(!get(&state, "notes").unwrap().dev);
 }
+
+#[test]
+fn a_record_keeps_the_lifecycle_and_a_handshake_counts_only_for_its_install() {
+    use conduit_protocol::Capabilities;
+    use conduit_supervisor::StartMode;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = StateDir::open(tmp.path().join("state")).unwrap();
+    let src = tmp.path().join("src");
+    write_package(&src, "0.1.0");
+    let manifest = src.join("conduit-extension.toml");
+    let mut text = fs::read_to_string(&manifest).unwrap();
+    text.push_str("\n[capabilities]\nrecurrences = [\"tick\"]\n\n[lifecycle]\nstart = \"on-demand\"\nidle_stop_after = \"90s\"\n");
+    fs::write(&manifest, text).unwrap();
+    let rec = install(&state, &src, &InstallOptions::default())
+        .unwrap()
+        .record;
+    let read = get(&state, "notes").unwrap();
+    assert_eq!(read.manifest.lifecycle, rec.manifest.lifecycle);
+    assert_eq!(read.manifest.lifecycle.start, StartMode::OnDemand);
+    assert_eq!(
+        read.manifest.lifecycle.idle_stop_after,
+        Some(std::time::Duration::from_secs(90))
+    );
+    // No handshake kept yet: the manifest's capabilities stand in.
+    assert_eq!(
+        handshakes::capabilities(&state, &read).recurrences,
+        ["tick"]
+    );
+    let mut said = Capabilities::default();
+    said.recurrences = vec!["tock".into()];
+    let mut kept = handshakes::HandshakeRecord {
+        version: read.version.clone(),
+        installed_at_ms: read.installed_at_ms,
+        protocol_version: 1,
+        capabilities: said,
+        at_ms: 0,
+        by: "install".into(),
+    };
+    handshakes::record(&state, "notes", &kept).unwrap();
+    assert_eq!(
+        handshakes::capabilities(&state, &read).recurrences,
+        ["tock"]
+    );
+    // A handshake of another install of it does not count.
+    kept.installed_at_ms += 1;
+    handshakes::record(&state, "notes", &kept).unwrap();
+    assert_eq!(
+        handshakes::capabilities(&state, &read).recurrences,
+        ["tick"]
+    );
+    remove(&state, "notes").unwrap();
+    assert!(handshakes::recorded(&state, "notes").is_none());
+}

@@ -164,7 +164,7 @@ pub fn status_line(views: &[ExtensionView], figures: &LoopFigures) -> String {
     if !troubles.is_empty() {
         parts.push(troubles);
     }
-    // The rest by their state: starting, stopping, stopped, disabled.
+    // The rest by their state: starting, stopping, stopped, idle, disabled.
     let mut quiet: BTreeMap<u8, (&'static str, usize)> = BTreeMap::new();
     for v in views {
         if trouble::trouble(v).is_some() || (v.enabled && v.status.state == State::Ready) {
@@ -179,8 +179,9 @@ pub fn status_line(views: &[ExtensionView], figures: &LoopFigures) -> String {
             State::Starting => 0,
             State::Stopping => 1,
             State::Stopped => 2,
-            State::Disabled => 3,
-            _ => 4,
+            State::Idle => 3,
+            State::Disabled => 4,
+            _ => 5,
         };
         quiet.entry(order).or_insert((state.as_str(), 0)).1 += 1;
     }
@@ -268,6 +269,7 @@ mod tests {
             description: None,
             health: None,
             dev: None,
+            overlap: None,
         }
     }
 

@@ -73,6 +73,7 @@ pub fn gather(d: &Daemon) -> anyhow::Result<Snapshot> {
         &exts,
         &live,
         &d.core().stats,
+        d.core().dropped.snapshot(),
         counts.as_ref(),
         d.started_at_ms(),
         now,
@@ -88,6 +89,7 @@ fn build(
     exts: &[ExtensionView],
     live: &[Live],
     stats: &crate::core::LoopStats,
+    dropped: crate::core::pending::Pending,
     counts: Option<&conduit_store::Counts>,
     started_at_ms: i64,
     now: i64,
@@ -130,6 +132,38 @@ fn build(
     );
     for e in exts {
         f.num(&[("extension", &name(e))], e.status.restarts);
+    }
+    // The on-demand lifecycle: one series per extension each.
+    type PerExtension = (&'static str, Kind, &'static str, fn(&ExtensionView) -> f64);
+    let lifecycle: [PerExtension; 3] = [
+        (
+            "conduit_extension_on_demand",
+            Kind::Gauge,
+            "1 when the extension is started on demand (when something first needs it), 0 when with the daemon.",
+            |e| {
+                f64::from(u8::from(
+                    e.status.start == conduit_supervisor::StartMode::OnDemand,
+                ))
+            },
+        ),
+        (
+            "conduit_extension_demand_starts_total",
+            Kind::Counter,
+            "Starts of the extension asked for by a need (an event, a timer, a wait, an emission, an ingress poll, a call) since the daemon started.",
+            |e| e.status.demand_starts as f64,
+        ),
+        (
+            "conduit_extension_idle_stops_total",
+            Kind::Counter,
+            "Runs of the extension stopped after its idle time without calls since the daemon started (not crashes, not restarts).",
+            |e| e.status.idle_stops as f64,
+        ),
+    ];
+    for (family, kind, help, value) in lifecycle {
+        let f = s.family(family, kind, help);
+        for e in exts {
+            f.num(&[("extension", &name(e))], value(e));
+        }
     }
     let f = s.family(
         "conduit_extension_degraded",
@@ -398,6 +432,20 @@ fn build(
         ),
     ] {
         s.family(fam, kind, help).num(&[], v);
+    }
+
+    let f = s.family(
+        "conduit_pending_dropped_total",
+        Kind::Counter,
+        "Work that waited for a disabled extension and an operator dropped (`--drop-pending`), by record: events routed to no Work, timers deleted, waits cancelled, emissions failed.",
+    );
+    for (record, n) in [
+        ("event", dropped.events),
+        ("timer", dropped.timers),
+        ("wait", dropped.waits),
+        ("emission", dropped.emissions),
+    ] {
+        f.num(&[("record", record)], u(n));
     }
 
     if let Some(c) = counts {

@@ -33,6 +33,7 @@ mod events;
 mod ingress;
 mod inspect;
 mod limits;
+mod pending;
 mod pool;
 mod rows;
 mod schema;
@@ -53,6 +54,7 @@ pub use inspect::{Inspection, QuickCheck, inspect, read_only};
 pub use limits::{
     BUSY_TIMEOUT, MAX_PAGE, MAX_READERS, READER_CHECKOUT_TIMEOUT, TEST_MAX_PAGE_COUNT_ENV,
 };
+pub use pending::Owned;
 pub use schema::MIGRATIONS;
 pub use store::Store;
 pub use timers::Timer;

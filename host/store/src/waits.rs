@@ -1,6 +1,7 @@
 //! Waits: a dependency on a future Event, decided by an extension's filter.
 //!
-//! A Wait is `active` until an Event satisfies it. Its cursor is the last Event id its filter
+//! A Wait is `active` until an Event satisfies it (or an operator drops it with the pending work
+//! of its extension: `cancelled`). Its cursor is the last Event id its filter
 //! has been asked about, so each pass offers it only newer Events (`events_after(cursor)`). The
 //! host loop finds active Waits through the partial index `waits_active`.
 //!
@@ -27,7 +28,8 @@ use crate::tx::{ReadTx, WriteTx};
 pub enum WaitState {
     Active,
     Satisfied,
-    /// Cancelled by an operator before anything satisfied it.
+    /// Cancelled by an operator before anything satisfied it (`waits cancel`, or dropped with
+    /// its extension's pending work).
     Cancelled,
 }
 

@@ -18,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::{Jitter, RestartTracker, RunFacts};
 use crate::cgroup;
 use crate::enforce::{Enforcer, mechanism};
-use crate::extension::{Cmd, Extension};
+use crate::extension::Extension;
+use crate::life::Cmd;
+use crate::lifecycle::format_idle_stop_after;
 use crate::limits;
 use crate::log::LogFile;
 use crate::process::ExitInfo;
@@ -31,15 +33,28 @@ use crate::spec::ExtensionSpec;
 use crate::status::{Requester, Resources, State, StopRequest, now_ms};
 use crate::tree::{CpuClock, Ledger, TRACK_INTERVAL, TRACK_INTERVAL_QUIET};
 
-/// The callback handler of one extension, shared by the sessions of all its runs.
-struct SharedHandler(Arc<dyn Handler>);
+/// The callback handler of one extension, shared by the sessions of all its runs. With an
+/// idle stop configured, each callback's start and end count as calls for the idle decision.
+struct SharedHandler {
+    handler: Arc<dyn Handler>,
+    ext: Option<Extension>,
+}
 
 impl Handler for SharedHandler {
     fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
-        self.0.request(req)
+        let Some(ext) = &self.ext else {
+            return self.handler.request(req);
+        };
+        ext.touch();
+        let (ext, call) = (ext.clone(), self.handler.request(req));
+        Box::pin(async move {
+            let res = call.await;
+            ext.touch();
+            res
+        })
     }
     fn notification(&self, method: &str, params: Option<&RawValue>, peer: &Peer) {
-        self.0.notification(method, params, peer)
+        self.handler.notification(method, params, peer)
     }
 }
 
@@ -62,8 +77,23 @@ pub(crate) async fn actor(
     let mut tracker = RestartTracker::default();
     let mut jitter = Jitter::default();
     let log = LogFile::new(&spec.log_path);
-    let mut runs = 0u32;
+    // Whether the next run waits for a need first (an on-demand extension, or one stopped for
+    // idleness), and why the next run starts: the reason shown, and whether it counts as a
+    // restart (a failure or a requested restart does; a first start or a need does not).
+    let mut awaiting = spec.lifecycle.on_demand() && !spec.start_now;
+    let mut next = (spec.start_reason.clone(), false);
     loop {
+        if awaiting {
+            ext.enter_idle();
+            let Some(why) = await_demand(&mut cmds, &shutdown).await else {
+                break;
+            };
+            tracing::info!(extension = %spec.name, reason = %why, "starting the extension on demand");
+            ext.leave_idle();
+            ext.update(|s| s.demand_starts += 1);
+            next = (why, false);
+            awaiting = false;
+        }
         // The preflight may hash a whole package: off the runtime's workers, and at most one
         // per CPU at once, so a thousand extensions starting together take a few blocking
         // threads rather than one each (and none waits behind a thousand hashes for a CPU).
@@ -80,34 +110,45 @@ pub(crate) async fn actor(
         };
         if let Some(Err(e)) = preflight {
             tracing::error!(extension = %spec.name, error = %e, "refusing to start");
+            ext.update(|s| s.first_run = false);
             match hold(&ext, State::Refused, e, &mut cmds, &shutdown).await {
                 Cmd::Restart(req) => {
                     forget_failures(&ext, &spec, &mut tracker, &req);
+                    next = (restarted(&req), true);
                     continue;
                 }
-                Cmd::Stop => break,
+                Cmd::Stop | Cmd::Demand(_) => break,
             }
         }
-        // Every start after the first is a restart, whatever asked for it.
-        if runs > 0 {
-            ext.update(|s| s.restarts += 1);
-        }
-        runs += 1;
+        let (why, restart) = std::mem::replace(&mut next, (String::new(), true));
+        ext.update(|s| {
+            if restart {
+                s.restarts += 1;
+            }
+            s.first_run = !restart;
+            s.start_reason = Some(why);
+        });
         let outcome = run_once(&ext, &spec, &handler, &log, &mut cmds, &shutdown, &resting).await;
         ext.set_peer(None);
         match outcome {
             Outcome::Stop => break,
+            // Not a failure and not a restart: the restart policy does not count it.
+            Outcome::Idle => {
+                ext.update(|s| s.idle_stops += 1);
+                awaiting = true;
+            }
             Outcome::Restart(req) => {
                 forget_failures(&ext, &spec, &mut tracker, &req);
-                continue;
+                next = (restarted(&req), true);
             }
             Outcome::Incompatible(msg) => {
+                ext.update(|s| s.first_run = false);
                 match hold(&ext, State::Incompatible, msg, &mut cmds, &shutdown).await {
                     Cmd::Restart(req) => {
                         forget_failures(&ext, &spec, &mut tracker, &req);
-                        continue;
+                        next = (restarted(&req), true);
                     }
-                    Cmd::Stop => break,
+                    Cmd::Stop | Cmd::Demand(_) => break,
                 }
             }
             Outcome::Failed { error, .. } if spec.development => {
@@ -122,10 +163,21 @@ pub(crate) async fn actor(
                         forget_failures(&ext, &spec, &mut tracker, &req);
                         continue;
                     }
-                    Cmd::Stop => break,
+                    // `wait_for_operator` passes no need on: only a change or an operator
+                    // starts a held development run.
+                    Cmd::Stop | Cmd::Demand(_) => break,
                 }
             }
             Outcome::Failed { ready_at, error } => {
+                if ext.retiring() {
+                    // A newer version is starting beside it, from files that may be that
+                    // version's already: this one is not started again.
+                    tracing::warn!(extension = %spec.name, error = %error.as_deref().unwrap_or("exited"), "the version being replaced failed; it is not restarted");
+                    if error.is_some() {
+                        ext.update(|s| s.last_error = error);
+                    }
+                    break;
+                }
                 let decision = spec.policy.on_failure(
                     &mut tracker,
                     RunFacts {
@@ -146,6 +198,7 @@ pub(crate) async fn actor(
                 let restart_span = tracing::debug_span!("extension.restart", extension = %spec.name, cause, delay_ms, failures = decision.failures, state = %state);
                 ext.update(|s| {
                     s.state = state;
+                    s.first_run = false;
                     s.failing_since_ms.get_or_insert_with(now_ms);
                     s.failing_as = Some(state);
                     s.pid = None;
@@ -158,13 +211,27 @@ pub(crate) async fn actor(
                     s.next_start_at_ms = Some(now_ms() + decision.delay.as_millis() as i64);
                     s.backoff_ms = Some(delay_ms);
                 });
-                tokio::select! {
-                    () = tokio::time::sleep(decision.delay) => {}
-                    cmd = cmds.recv() => match cmd {
-                        Some(Cmd::Restart(req)) => forget_failures(&ext, &spec, &mut tracker, &req),
-                        Some(Cmd::Stop) | None => break,
-                    },
-                    () = shutdown.cancelled() => break,
+                next = ("restarted after it failed".into(), true);
+                let sleep = tokio::time::sleep(decision.delay);
+                tokio::pin!(sleep);
+                let stop = loop {
+                    tokio::select! {
+                        () = &mut sleep => break false,
+                        cmd = cmds.recv() => match cmd {
+                            Some(Cmd::Restart(req)) => {
+                                forget_failures(&ext, &spec, &mut tracker, &req);
+                                next = (restarted(&req), true);
+                                break false;
+                            }
+                            // A need does not cut a backoff short.
+                            Some(Cmd::Demand(_)) => continue,
+                            Some(Cmd::Stop) | None => break true,
+                        },
+                        () = shutdown.cancelled() => break true,
+                    }
+                };
+                if stop {
+                    break;
                 }
                 // The delay stays shown until the state changes (`run_once` or `hold` clear it
                 // in the same update), so no one reads `backing-off` without its delay.
@@ -181,6 +248,30 @@ pub(crate) async fn actor(
         s.backoff_ms = None;
         s.descendants.clear();
     });
+}
+
+/// The start reason of the run a requested restart begins.
+fn restarted(req: &StopRequest) -> String {
+    match req.by {
+        Requester::Operator => "restarted at an operator's request".into(),
+        _ => format!("restarted by the host: {}", req.why),
+    }
+}
+
+/// Wait, idle, for something to need the extension: the reason it gives, or `None` to stop.
+/// A requested restart starts it too.
+async fn await_demand(
+    cmds: &mut mpsc::UnboundedReceiver<Cmd>,
+    shutdown: &CancellationToken,
+) -> Option<String> {
+    tokio::select! {
+        cmd = cmds.recv() => match cmd {
+            Some(Cmd::Demand(why)) => Some(why),
+            Some(Cmd::Restart(req)) => Some(restarted(&req)),
+            Some(Cmd::Stop) | None => None,
+        },
+        () = shutdown.cancelled() => None,
+    }
 }
 
 /// After a requested restart: an operator's forgets the failures counted so far and the
@@ -238,9 +329,15 @@ async fn wait_for_operator(
     cmds: &mut mpsc::UnboundedReceiver<Cmd>,
     shutdown: &CancellationToken,
 ) -> Cmd {
-    tokio::select! {
-        cmd = cmds.recv() => cmd.unwrap_or(Cmd::Stop),
-        () = shutdown.cancelled() => Cmd::Stop,
+    loop {
+        tokio::select! {
+            cmd = cmds.recv() => match cmd {
+                // A need does not start what only an operator can cure.
+                Some(Cmd::Demand(_)) => continue,
+                cmd => return cmd.unwrap_or(Cmd::Stop),
+            },
+            () = shutdown.cancelled() => return Cmd::Stop,
+        }
     }
 }
 
@@ -320,7 +417,10 @@ async fn run_once(
     let session = Session::new(
         stdout,
         stdin,
-        SharedHandler(handler.clone()),
+        SharedHandler {
+            handler: handler.clone(),
+            ext: spec.lifecycle.idle_stop_after.map(|_| ext.clone()),
+        },
         SessionConfig {
             counters: ext.session_counters(),
             ..SessionConfig::named(&spec.name)
@@ -364,7 +464,10 @@ async fn run_once(
                 }
                 () = shutdown.cancelled() => { Box::pin(stop_run(ext, run, spec.stop_grace, &StopRequest::shutdown())).await; return Outcome::Stop; }
                 // A stop or restart asked for during the handshake is not kept waiting for it.
-                cmd = cmds.recv() => return Box::pin(end_on_request(ext, run, spec, cmd)).await,
+                cmd = cmds.recv() => match cmd {
+                    Some(Cmd::Demand(_)) => continue,
+                    cmd => return Box::pin(end_on_request(ext, run, spec, cmd)).await,
+                },
                 () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() => {
                     let e = enforcer.as_mut().expect("sampled only with an enforcer");
                     if let Some(why) = e.sample(ext, run.pid) {
@@ -439,6 +542,13 @@ async fn run_once(
         s.capabilities = Some(std::sync::Arc::new(result.capabilities.clone()));
         s.last_error = None;
     });
+    // The idle period starts at ready.
+    ext.touch();
+    if let Some(told) = &spec.on_ready {
+        told(ext);
+    }
+    let idle_after = spec.lifecycle.idle_stop_after;
+    let mut idle_at = tokio::time::Instant::now() + idle_after.unwrap_or(Duration::from_secs(3600));
 
     // Crash detection: stdout EOF or child exit, whichever comes first; meanwhile the tree is
     // read and recorded every TRACK_INTERVAL.
@@ -500,8 +610,24 @@ async fn run_once(
                 };
             }
             cmd = cmds.recv() => {
+                if matches!(cmd, Some(Cmd::Demand(_))) {
+                    continue;
+                }
                 ext.set_peer(None);
                 return Box::pin(end_on_request(ext, run, spec, cmd)).await;
+            }
+            () = tokio::time::sleep_until(idle_at), if idle_after.is_some() => {
+                let after = idle_after.expect("looked at only with an idle stop");
+                let streams = spec.open_streams.as_ref().map_or(0, |n| n());
+                match ext.close_if_idle(after, streams, Instant::now()) {
+                    Ok(()) => {
+                        tracing::info!(extension = %spec.name, pid = run.pid, idle_for = %format_idle_stop_after(idle_after), "stopping the extension: it is idle");
+                        let req = StopRequest::idle(&format_idle_stop_after(idle_after));
+                        Box::pin(stop_run(ext, run, spec.stop_grace, &req)).await;
+                        return Outcome::Idle;
+                    }
+                    Err(at) => idle_at = tokio::time::Instant::from_std(at),
+                }
             }
             () = shutdown.cancelled() => {
                 ext.set_peer(None);
@@ -553,12 +679,12 @@ async fn end_on_request(
 ) -> Outcome {
     let req = match &cmd {
         Some(Cmd::Restart(req)) => req.clone(),
-        Some(Cmd::Stop) | None => StopRequest::operator_stop(),
+        Some(Cmd::Stop | Cmd::Demand(_)) | None => StopRequest::operator_stop(),
     };
     stop_run(ext, run, spec.stop_grace, &req).await;
     match cmd {
         Some(Cmd::Restart(req)) => Outcome::Restart(req),
-        Some(Cmd::Stop) | None => Outcome::Stop,
+        Some(Cmd::Stop | Cmd::Demand(_)) | None => Outcome::Stop,
     }
 }
 

@@ -19,50 +19,13 @@ use conduit_rpc::{CallError, CallOptions, Peer, SessionCounters};
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, watch};
 
+use crate::call::{ExtCallError, InFlight};
+use crate::life::{Cmd, Life};
 use crate::log::Tail;
 use crate::stats::{self, LatencyHistogram, Traffic};
-use crate::status::{InFlightCall, State, Status, StopRequest};
+use crate::status::{InFlightCall, RunBrief, State, Status, StopRequest};
 use crate::tree::{self, ProcId, ProcStat};
 use crate::usage::Usage;
-
-/// Why a call to an extension failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ExtCallError {
-    #[error("extension `{ext}` is not running (it is {state}); see `conduit ext status {ext}`")]
-    NotRunning { ext: String, state: State },
-    #[error("extension `{ext}`: {source}")]
-    Call { ext: String, source: CallError },
-}
-
-impl ExtCallError {
-    /// The error code it is reported as.
-    pub fn code(&self) -> i32 {
-        match self {
-            ExtCallError::NotRunning { .. } => ErrorCode::ExtensionExited.number(),
-            ExtCallError::Call { source, .. } => source.code(),
-        }
-    }
-
-    pub fn is(&self, code: ErrorCode) -> bool {
-        self.code() == code.number()
-    }
-
-    /// How to read the failure (docs/protocol.md §12; `conduit_protocol::classify`).
-    pub fn class(&self) -> conduit_protocol::ErrorClass {
-        match self {
-            ExtCallError::NotRunning { .. } => conduit_protocol::ErrorClass::Retryable,
-            ExtCallError::Call { source, .. } => source.class(),
-        }
-    }
-}
-
-/// What the actor is asked to do, by the handle and the registry.
-pub(crate) enum Cmd {
-    /// End the current run as the request says, then start again at once.
-    Restart(StopRequest),
-    Stop,
-}
 
 struct Inner {
     name: String,
@@ -71,8 +34,9 @@ struct Inner {
     status: Mutex<Status>,
     /// Every process seen in the current child's tree (see [`crate::tree`]).
     recorded: Mutex<BTreeSet<ProcId>>,
-    /// Calls awaiting an answer: id → (method, since when).
-    in_flight: Mutex<HashMap<u64, (Box<str>, Instant)>>,
+    /// Calls awaiting an answer, by id. Taken before the peer is read, so that a run closed
+    /// for idleness (`close_if_idle`) never has a call begin on it unseen.
+    in_flight: Mutex<HashMap<u64, InFlight>>,
     next_call: std::sync::atomic::AtomicU64,
     peer: watch::Sender<Option<Peer>>,
     stats: stats::Stats,
@@ -86,16 +50,21 @@ struct Inner {
     cmds: mpsc::UnboundedSender<Cmd>,
     /// Sends every state change, for waiters (tests, the CLI's "wait until ready").
     changes: watch::Sender<State>,
+    /// On demand, idle stops, replacement (see `life.rs`).
+    life: Life,
+    /// The version that replaced this one: every call made through this handle goes there.
+    successor: Mutex<Option<Extension>>,
 }
 
-/// What [`Extension::run_brief`] reads: the current run's state, pid, restarts and whether its
-/// handshake was accepted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RunBrief {
-    pub state: State,
-    pub pid: Option<u32>,
-    pub restarts: u32,
-    pub handshaken: bool,
+/// Keeps a ready run from being stopped for idleness while it lives
+/// ([`Extension::keep_awake`]).
+#[derive(Debug)]
+pub struct Awake(Extension);
+
+impl Drop for Awake {
+    fn drop(&mut self) {
+        self.0.inner.life.unwake();
+    }
 }
 
 /// A handle on one supervised extension. Cheap to clone.
@@ -131,6 +100,8 @@ impl Extension {
                 tail: Mutex::new(Tail::default()),
                 cmds,
                 changes: watch::Sender::new(state),
+                life: Life::default(),
+                successor: Mutex::new(None),
             }),
         }
     }
@@ -142,6 +113,12 @@ impl Extension {
     /// Its last calls, if journaled ([`ExtensionSpec::development`](crate::ExtensionSpec)).
     pub fn journal(&self) -> &crate::journal::Journal {
         &self.inner.journal
+    }
+
+    /// Whether `other` is a handle on this very run of the registry (not another version of
+    /// the same package).
+    pub fn is(&self, other: &Extension) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// The status without its call statistics and stderr tail: cheap enough for a caller that
@@ -163,6 +140,7 @@ impl Extension {
             pid: s.pid,
             restarts: s.restarts,
             handshaken: s.protocol_version.is_some(),
+            first_run: s.first_run,
         }
     }
 
@@ -262,7 +240,8 @@ impl Extension {
         self.request(method, params, deadline).await
     }
 
-    /// The host's one call path to an extension: fails at once if it is not ready; otherwise
+    /// The host's one call path to an extension: to its successor once a newer version has
+    /// replaced it; fails at once if it is not ready; otherwise
     /// `Peer::request` with the deadline carried in the params as `_meta.remaining_ms`
     /// (docs/protocol.md §11; `initialize` is not sent from here), in one span, counted in
     /// flight, its latency recorded per method.
@@ -272,12 +251,10 @@ impl Extension {
         params: &P,
         deadline: Option<Duration>,
     ) -> Result<Box<RawValue>, ExtCallError> {
-        let Some(peer) = self.peer() else {
-            return Err(ExtCallError::NotRunning {
-                ext: self.inner.name.clone(),
-                state: self.state(),
-            });
-        };
+        // Once a newer version has replaced this one, the call goes to it.
+        if let Some(next) = self.successor() {
+            return Box::pin(next.request(method, params, deadline)).await;
+        }
         // One span per call, fields not text; `debug`, so with no export configured the call
         // site is disabled and costs nothing (docs/operations.md, "Telemetry").
         let span = tracing::debug_span!(
@@ -297,12 +274,41 @@ impl Extension {
             .inner
             .next_call
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner
-            .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, (method.into(), t));
-        // Removed however the call ends, dropped by its caller included.
+        // The peer is read under the in-flight lock: a run being closed for idleness either
+        // sees this call (and stays) or has already taken its peer away (and this call fails
+        // as not running).
+        let peer = {
+            let mut in_flight = self
+                .inner
+                .in_flight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let Some(peer) = self.peer() else {
+                drop(in_flight);
+                return Err(ExtCallError::NotRunning {
+                    ext: self.inner.name.clone(),
+                    state: self.state(),
+                });
+            };
+            in_flight.insert(
+                id,
+                InFlight {
+                    method: method.into(),
+                    since: t,
+                    until: deadline.map(|d| t + d),
+                },
+            );
+            peer
+        };
+        self.touch();
+        // Removed however the call ends, dropped by its caller included; its end counts as a
+        // call for the idle decision.
+        struct Touch<'a>(&'a Extension);
+        impl Drop for Touch<'_> {
+            fn drop(&mut self) {
+                self.0.touch();
+            }
+        }
         struct Done<'a>(&'a Inner, u64);
         impl Drop for Done<'_> {
             fn drop(&mut self) {
@@ -314,6 +320,7 @@ impl Extension {
             }
         }
         let done = Done(&self.inner, id);
+        let _touch = Touch(self);
         let opts = CallOptions::within(deadline).carrying_deadline();
         let call = peer.request(method, params, opts);
         let res = tracing::Instrument::instrument(call, span.clone()).await;
@@ -392,7 +399,7 @@ impl Extension {
             .in_flight
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<(Instant, &str)> = map.values().map(|(m, t)| (*t, &**m)).collect();
+        let mut v: Vec<(Instant, &str)> = map.values().map(|c| (c.since, &*c.method)).collect();
         v.sort();
         v.into_iter()
             .map(|(t, m)| InFlightCall {
@@ -400,6 +407,180 @@ impl Extension {
                 age_ms: t.elapsed().as_millis() as u64,
             })
             .collect()
+    }
+
+    /// Something needs this extension (`why` is shown as its start reason: `started by event
+    /// 1234 of kind note.posted`): an idle one is started; one that runs or is starting is left
+    /// as it is. Cheap to call every pass: one demand is sent per idle period.
+    pub fn demand(&self, why: impl FnOnce() -> String) {
+        if self.state() == State::Idle && self.inner.life.send_demand() {
+            let _ = self.inner.cmds.send(Cmd::Demand(why()));
+        }
+    }
+
+    /// Whether calls to it now wait for a need to start it rather than fail: it is idle (never
+    /// started, or stopped for idleness), or its run is being stopped for idleness.
+    pub fn awaits_demand(&self) -> bool {
+        self.state() == State::Idle || self.inner.life.idling()
+    }
+
+    /// Start it if it is idle (`why` becomes its start reason) and wait until it is ready, at
+    /// most `timeout`. Fails with [`ExtCallError::NotRunning`] when it does not get there: a
+    /// start that failed, a stop, or the time running out.
+    pub async fn ensure_ready(
+        &self,
+        why: impl FnOnce() -> String,
+        timeout: Duration,
+    ) -> Result<(), ExtCallError> {
+        if let Some(next) = self.successor() {
+            return Box::pin(next.ensure_ready(why, timeout)).await;
+        }
+        if self.peer().is_some() {
+            return Ok(());
+        }
+        self.demand(why);
+        let life = &self.inner.life;
+        let settled = |s: State| match s {
+            State::Starting => false,
+            State::Idle => !life.demanded() && !life.idling(),
+            _ => true,
+        };
+        match self.wait_for(timeout, settled).await {
+            Ok(State::Ready) if self.peer().is_some() => Ok(()),
+            Ok(state) | Err(state) => Err(ExtCallError::NotRunning {
+                ext: self.inner.name.clone(),
+                state,
+            }),
+        }
+    }
+
+    /// A call to it or a callback from it began or ended now.
+    pub(crate) fn touch(&self) {
+        self.inner.life.touch();
+    }
+
+    /// Close the run to new calls if it is still idle at `now` (no call in flight, none for
+    /// `after`, nothing else open): `Ok` once closed (calls from now on find it not running and
+    /// wait for a need), else when to look again. Decided and applied under the in-flight lock
+    /// that `call_raw` takes before it reads the peer, so no call slips in between.
+    pub(crate) fn close_if_idle(
+        &self,
+        after: Duration,
+        streams_open: usize,
+        now: Instant,
+    ) -> Result<(), Instant> {
+        let in_flight = self.lock_in_flight();
+        let activity = crate::lifecycle::Activity {
+            calls_in_flight: in_flight.len(),
+            callbacks_in_flight: self.peer().map_or(0, |p| p.incoming_in_flight()),
+            streams_open,
+            kept_awake: self.inner.life.kept_awake(),
+            last_call: self.inner.life.last_call(),
+        };
+        crate::lifecycle::idle_decision(after, &activity, now)?;
+        self.inner.life.set_idling(true);
+        self.set_peer(None);
+        drop(in_flight);
+        Ok(())
+    }
+
+    /// Keep a ready run from being stopped for idleness while the guard lives, without counting
+    /// as a call (a host-loop pass that may call it): `None` when it is not ready (it does not
+    /// run, or its idle stop has begun). Taken under the in-flight lock, as a call is.
+    pub fn keep_awake(&self) -> Option<Awake> {
+        let _in_flight = self.lock_in_flight();
+        self.peer()?;
+        self.inner.life.wake();
+        Some(Awake(self.clone()))
+    }
+
+    fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<u64, InFlight>> {
+        self.inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Show it idle, waiting for a need (after an idle stop, or before its first start).
+    pub(crate) fn enter_idle(&self) {
+        self.update(|s| {
+            s.state = State::Idle;
+            s.pid = None;
+            s.spawn_to_ready_ms = None;
+            s.handshake_ms = None;
+            s.next_start_at_ms = None;
+            s.backoff_ms = None;
+            s.descendants.clear();
+            s.idle_since_ms.get_or_insert_with(crate::status::now_ms);
+        });
+        self.inner.life.set_idling(false);
+        self.inner.life.clear_demand();
+    }
+
+    /// A need was taken up: it is no longer idle.
+    pub(crate) fn leave_idle(&self) {
+        // Starting first: a caller waiting for it (`ensure_ready`) must never see it idle with
+        // its demand taken.
+        self.update(|s| {
+            s.state = State::Starting;
+            s.idle_since_ms = None;
+        });
+        self.inner.life.clear_demand();
+    }
+
+    /// Mark this version as being replaced (its failed runs are not restarted), or no longer.
+    pub(crate) fn set_retiring(&self, on: bool) {
+        self.inner.life.set_retiring(on);
+    }
+
+    pub(crate) fn retiring(&self) -> bool {
+        self.inner.life.retiring()
+    }
+
+    /// Send every call made through this handle from now on to `next`.
+    pub(crate) fn set_successor(&self, next: Extension) {
+        *self
+            .inner
+            .successor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(next);
+    }
+
+    /// The version that replaced this one, if one has.
+    pub fn successor(&self) -> Option<Extension> {
+        self.inner
+            .successor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// How long the calls in flight may still wait, at most (a call without a deadline counts
+    /// `default`): how long a replaced version is given to finish them.
+    pub(crate) fn longest_wait(&self, default: Duration, now: Instant) -> Duration {
+        self.inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|c| {
+                c.until
+                    .unwrap_or(c.since + default)
+                    .saturating_duration_since(now)
+            })
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Calls awaiting an answer and callbacks being served now.
+    pub(crate) fn busy(&self) -> bool {
+        !self
+            .inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+            || self.peer().is_some_and(|p| p.incoming_in_flight() > 0)
     }
 
     /// Whether `id` is a process of this extension's current or last child, as recorded.

@@ -11,6 +11,10 @@
 //!   │           spawn/handshake fails  ready ── exit, EOF ──► backing-off / crash-looping
 //!   │                         └──────────────────────────────────────┘ (after the delay)
 //!   └─ restart ─► starting     stop, shutdown ─► stopping ─► stopped
+//!
+//!   on demand:   idle ── a need (Extension::demand) ──► starting ─► ready
+//!                  ▲                                                 │
+//!                  └──── stopping ◄── idle_stop_after without calls ─┘
 //! ```
 //!
 //! Everything an operator sees ([`Status`]) is kept in one place and copied out on request;
@@ -19,7 +23,8 @@
 //!
 //! Where things are: `supervisor.rs` holds the registry ([`Supervisor`]), `extension.rs` the
 //! handle on one extension and its calls ([`Extension`]), `status.rs` what an operator sees
-//! ([`Status`], [`ExitRecord`]), `actor.rs` the run loop, `run.rs` how one run ends, `rest.rs`
+//! ([`Status`], [`ExitRecord`]), `actor.rs` the run loop, `run.rs` how one run ends,
+//! `lifecycle.rs` when an extension runs (on demand, idle stop) and the idle decision, `rest.rs`
 //! the one task that watches every resting (idle) extension by its CPU clock, `journal.rs` the
 //! last calls of a development install (method, latency, outcome), and `spec.rs`
 //! what the daemon hands in ([`ExtensionSpec`], [`CallbackHandlers`]). This file only declares
@@ -30,12 +35,15 @@
 
 mod actor;
 pub mod backoff;
+mod call;
 pub mod cgroup;
 pub mod child;
 mod enforce;
 mod extension;
 mod forker;
 pub mod journal;
+mod life;
+pub mod lifecycle;
 pub mod limits;
 pub mod log;
 pub mod process;
@@ -52,13 +60,17 @@ mod supervisor;
 pub mod tree;
 pub mod usage;
 
-pub use crate::extension::{ExtCallError, Extension, RunBrief};
-pub use crate::spec::{BulkSink, CallbackHandlers, ExtensionSpec, no_callbacks};
+pub use crate::call::ExtCallError;
+pub use crate::extension::{Awake, Extension};
+pub use crate::lifecycle::{Lifecycle, StartMode};
+pub use crate::spec::{
+    BulkSink, CallbackHandlers, DEFAULT_START_TIMEOUT, ExtensionSpec, ReadyHook, no_callbacks,
+};
 pub use crate::stats::{
     CallSummary, LatencyHistogram, MethodStats, RATE_BUCKET, RATE_BUCKETS, Traffic,
 };
 pub use crate::status::{
     ExitCause, ExitGlance, ExitRecord, Glance, InFlightCall, RECENT_EXITS, Requester, Resources,
-    State, Status, StopRequest, now_ms,
+    RunBrief, State, Status, StopRequest, now_ms,
 };
-pub use crate::supervisor::Supervisor;
+pub use crate::supervisor::{Overlap, Supervisor};

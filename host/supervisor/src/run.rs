@@ -38,6 +38,8 @@ pub(crate) enum Outcome {
     Incompatible(String),
     /// Someone asked for a restart (the request says who); start again at once.
     Restart(StopRequest),
+    /// Stopped gracefully after its idle time without calls; started again when needed.
+    Idle,
     /// Stop for good.
     Stop,
 }

@@ -11,8 +11,13 @@ use conduit_protocol::Capabilities;
 use conduit_rpc::Handler;
 
 use crate::backoff::RestartPolicy;
+use crate::extension::Extension;
+use crate::lifecycle::Lifecycle;
 use crate::limits;
 use crate::process::{ChildCommand, Confinement};
+
+/// How long a start may take from spawn to the accepted handshake, unless a spec says.
+pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything needed to run one extension.
 #[derive(Clone)]
@@ -50,7 +55,27 @@ pub struct ExtensionSpec {
     /// cause until the next restart (the author's next change), so a broken edit shows its
     /// error once instead of crash-looping.
     pub development: bool,
+    /// When it runs: at once or on demand, and whether an idle run is stopped.
+    pub lifecycle: Lifecycle,
+    /// Start at once even if it is on demand (a new version replacing a running one), with
+    /// [`ExtensionSpec::start_reason`] as the reason.
+    pub start_now: bool,
+    /// Why a start that no need asked for happens (`started with the daemon`, `installed`),
+    /// shown in the status.
+    pub start_reason: String,
+    /// How many artifact streams the extension has open now (the host keeps them): a run with
+    /// one open is not idle.
+    pub open_streams: Option<Arc<dyn Fn() -> usize + Send + Sync>>,
+    /// Told each time a run becomes ready.
+    pub on_ready: Option<ReadyHook>,
+    /// What the daemon started it from (version, install, settings), opaque here: the registry
+    /// lists it so that a reload can tell an unchanged package from a changed one.
+    pub origin: String,
 }
+
+/// Told each time a run of the extension becomes ready, on the supervisor's task: it must not
+/// block (a file to write goes to the blocking pool).
+pub type ReadyHook = Arc<dyn Fn(&Extension) + Send + Sync>;
 
 /// Takes the read end of a run's bulk pipe, with the peer of the run's session (which ends when
 /// the run does). Called on the supervisor's task: it must not block.
@@ -62,6 +87,7 @@ impl std::fmt::Debug for ExtensionSpec {
             .field("name", &self.name)
             .field("version", &self.version)
             .field("command", &self.command)
+            .field("lifecycle", &self.lifecycle)
             .finish_non_exhaustive()
     }
 }
@@ -79,7 +105,7 @@ impl ExtensionSpec {
             version: version.into(),
             command,
             log_path,
-            start_timeout: Duration::from_secs(10),
+            start_timeout: DEFAULT_START_TIMEOUT,
             stop_grace: conduit_protocol::SHUTDOWN_GRACE,
             policy: RestartPolicy::default(),
             preflight: None,
@@ -91,6 +117,12 @@ impl ExtensionSpec {
             host_version: env!("CARGO_PKG_VERSION").into(),
             bulk: None,
             development: false,
+            lifecycle: Lifecycle::default(),
+            start_now: false,
+            start_reason: "started with the supervisor".into(),
+            open_streams: None,
+            on_ready: None,
+            origin: String::new(),
         }
     }
 }

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use conduit_protocol::Capabilities;
 use serde::Serialize;
 
+use crate::lifecycle::StartMode;
 use crate::limits::{self, Limits};
 use crate::process::ExitInfo;
 use crate::sandbox::SandboxStatus;
@@ -33,13 +34,16 @@ pub enum State {
     Stopping,
     Stopped,
     Disabled,
+    /// Not running, and started when something needs it: an on-demand extension not started
+    /// yet, or a run stopped after `idle_stop_after` without calls.
+    Idle,
 }
 
 impl State {
     /// Every state, in the order of [`State`]'s variants: the metrics export one series each,
     /// and the docs' test asks that `ext status --help` names each. A test fails to compile
     /// while a new variant is missing here.
-    pub const ALL: [State; 9] = [
+    pub const ALL: [State; 10] = [
         State::Starting,
         State::Ready,
         State::BackingOff,
@@ -49,6 +53,7 @@ impl State {
         State::Stopping,
         State::Stopped,
         State::Disabled,
+        State::Idle,
     ];
 
     /// The state named `s` (`crash-looping`), if it is one.
@@ -67,6 +72,7 @@ impl State {
             State::Stopping => "stopping",
             State::Stopped => "stopped",
             State::Disabled => "disabled",
+            State::Idle => "idle",
         }
     }
 }
@@ -75,6 +81,17 @@ impl std::fmt::Display for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.pad(self.as_str())
     }
+}
+
+/// What `Extension::run_brief` reads: the current run's state, pid, restarts, whether its
+/// handshake was accepted, and whether it is a first run (see [`Status::first_run`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunBrief {
+    pub state: State,
+    pub pid: Option<u32>,
+    pub restarts: u32,
+    pub handshaken: bool,
+    pub first_run: bool,
 }
 
 /// A snapshot of one extension.
@@ -129,6 +146,30 @@ pub struct Status {
     /// The limits and sandbox in force and the current use; absent for a child with none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
+    /// When it is started: `always` or `on-demand`.
+    #[serde(default)]
+    pub start: StartMode,
+    /// After how long without a call a ready run is stopped (ms); absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_stop_after_ms: Option<u64>,
+    /// Since when it has been `idle` (unix ms): never started, or stopped for idleness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since_ms: Option<i64>,
+    /// Why the current (or last) run was started: `started with the daemon`, `started by event
+    /// 1234 of kind note.posted`, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_reason: Option<String>,
+    /// Starts asked for by a need (an event, a timer, a call, …) since the daemon started it.
+    #[serde(default)]
+    pub demand_starts: u64,
+    /// Runs stopped after `idle_stop_after` without calls (not crashes, not restarts).
+    #[serde(default)]
+    pub idle_stops: u64,
+    /// Whether the current run is the first since the extension was started (by the daemon,
+    /// an install, an enable or a need) with no failure since: the host loop waits for such a
+    /// run instead of giving fallbacks.
+    #[serde(skip)]
+    pub first_run: bool,
 }
 
 /// The limits and sandbox of an extension, how they are enforced, and what it uses now.
@@ -183,7 +224,8 @@ pub enum Requester {
     /// An operator: `conduit ext restart` (or the API's restart), or a change of the package
     /// (disable, remove, upgrade, new settings) that stops the run.
     Operator,
-    /// The host on its own: it restarts an extension that stopped answering (unresponsive).
+    /// The host on its own: it restarts an extension that stopped answering (unresponsive), or
+    /// stops one that has been idle for its `idle_stop_after`.
     Host,
     /// The daemon stopping.
     Shutdown,
@@ -236,6 +278,16 @@ impl StopRequest {
             by: Requester::Operator,
             restart: false,
             why: "an operator's stop (disabled, removed, upgraded or reconfigured)".into(),
+        }
+    }
+
+    /// The host stops a run that has had no call for `after` (`10m`): shown `idle`, started
+    /// again by the next need.
+    pub fn idle(after: &str) -> Self {
+        StopRequest {
+            by: Requester::Host,
+            restart: false,
+            why: format!("{after} without calls"),
         }
     }
 
@@ -372,6 +424,13 @@ impl Status {
             descendants: Vec::new(),
             recent_exits: Vec::new(),
             resources: None,
+            start: StartMode::Always,
+            idle_stop_after_ms: None,
+            idle_since_ms: None,
+            start_reason: None,
+            demand_starts: 0,
+            idle_stops: 0,
+            first_run: true,
         }
     }
 
@@ -390,6 +449,8 @@ impl Status {
         if let (Some(now), Some(then)) = (&mut self.resources, &earlier.resources) {
             now.limit_stops = now.limit_stops.max(then.limit_stops);
         }
+        self.demand_starts = self.demand_starts.max(earlier.demand_starts);
+        self.idle_stops = self.idle_stops.max(earlier.idle_stops);
     }
 
     pub(crate) fn record_exit(&mut self, rec: ExitRecord) {
@@ -520,6 +581,7 @@ mod tests {
                 State::Stopping => 6,
                 State::Stopped => 7,
                 State::Disabled => 8,
+                State::Idle => 9,
             }
         }
         for (i, s) in State::ALL.into_iter().enumerate() {

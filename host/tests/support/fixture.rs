@@ -146,6 +146,39 @@ impl Fixture {
         pkg
     }
 
+    /// A package running `core_ext.py` in `mode` at `version`, declaring the work kind `job`,
+    /// the recurrence `tick`, the filter `match` and the emission `note` but no ingress source
+    /// (an on-demand extension with one would be polled, so started, at once), with `lifecycle`
+    /// as its `[lifecycle]` table's lines (e.g. `start = "on-demand"`).
+    pub fn lifecycle_ext(&self, name: &str, mode: &str, version: &str, lifecycle: &str) -> PathBuf {
+        let pkg = self
+            .dir
+            .path()
+            .join("src")
+            .join(format!("{name}-{version}"));
+        std::fs::create_dir_all(&pkg).unwrap();
+        std::fs::copy(
+            workspace_root().join("host/tests/fixtures/core_ext.py"),
+            pkg.join("core_ext.py"),
+        )
+        .unwrap();
+        std::fs::write(
+            pkg.join("conduit-extension.toml"),
+            format!(
+                "name = \"{name}\"\nversion = \"{version}\"\nprotocol = 1\ncommand = [\"python3\", \"core_ext.py\", \"{mode}\", \"job\", \"no-ingress\"]\n\n\
+                 [capabilities]\nwork_kinds = [{{ name = \"job\", trigger = true }}]\nrecurrences = [\"tick\"]\n\
+                 dependency_filters = [\"match\"]\nemissions = [\"note\"]\nmethods = [\"make-artifact\", \"open-streams\"]\n{}",
+                if lifecycle.is_empty() {
+                    String::new()
+                } else {
+                    format!("\n[lifecycle]\n{lifecycle}\n")
+                }
+            ),
+        )
+        .unwrap();
+        pkg
+    }
+
     /// `conduit` with `args`, expecting exit 0; its `--json` output.
     pub fn json(&self, args: &[&str]) -> Value {
         let run = self.conduit(args);

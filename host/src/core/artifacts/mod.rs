@@ -65,8 +65,9 @@ pub struct Artifacts {
     /// Stream id → (owner, stream). The owner is kept outside the stream's lock so that the
     /// check never waits on a chunk being written.
     streams: Mutex<HashMap<String, (String, SharedStream)>>,
-    /// Each extension's bulk pipe of its current run.
-    channels: Mutex<HashMap<String, Arc<Channel>>>,
+    /// Each extension's bulk pipes: one per run, and two while a new version starts beside
+    /// the one that serves (each finds its own by its session).
+    channels: Mutex<HashMap<String, Vec<Arc<Channel>>>>,
 }
 
 impl Artifacts {
@@ -117,27 +118,38 @@ impl Artifacts {
         Arc::new(move |peer: &Peer, fd: std::os::fd::OwnedFd| {
             let Some(me) = me.upgrade() else { return };
             let channel = Channel::new(peer.clone());
-            me.lock_channels().insert(ext.clone(), channel.clone());
+            {
+                let mut channels = me.lock_channels();
+                let runs = channels.entry(ext.clone()).or_default();
+                // A run's pipe outlives it only until its reader ends; one whose session is
+                // gone takes no stream.
+                runs.retain(|c| !c.peer.is_closed());
+                runs.push(channel.clone());
+            }
             let ext = ext.clone();
             tokio::spawn(async move {
                 bulk::read(ext.clone(), channel.clone(), fd).await;
                 let mut channels = me.lock_channels();
-                if channels.get(&ext).is_some_and(|c| Arc::ptr_eq(c, &channel)) {
-                    channels.remove(&ext);
+                if let Some(runs) = channels.get_mut(&ext) {
+                    runs.retain(|c| !Arc::ptr_eq(c, &channel));
+                    if runs.is_empty() {
+                        channels.remove(&ext);
+                    }
                 }
             });
         })
     }
 
-    fn lock_channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Channel>>> {
+    fn lock_channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Arc<Channel>>>> {
         self.channels.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The bulk pipe of the run `peer` belongs to, if it has one that can take a stream.
     fn channel(&self, ext: &str, peer: &Peer) -> Option<Arc<Channel>> {
         self.lock_channels()
-            .get(ext)
-            .filter(|c| c.peer.same_session(peer) && c.usable())
+            .get(ext)?
+            .iter()
+            .find(|c| c.peer.same_session(peer) && c.usable())
             .cloned()
     }
 
@@ -160,11 +172,7 @@ impl Artifacts {
                 "`name` must be 1 to 255 bytes",
             ));
         }
-        let open_now = self
-            .lock()
-            .values()
-            .filter(|(owner, _)| owner == ext)
-            .count();
+        let open_now = self.open_streams_of(ext);
         if open_now >= MAX_OPEN_STREAMS {
             return Err(invalid(format!(
                 "this extension already has {MAX_OPEN_STREAMS} artifact streams open; close or abort one first"
@@ -400,6 +408,14 @@ impl Artifacts {
     /// How many streams are open (tests).
     pub fn open_streams(&self) -> usize {
         self.lock().len()
+    }
+
+    /// How many streams `ext` has open: a run with one open is not idle.
+    pub fn open_streams_of(&self, ext: &str) -> usize {
+        self.lock()
+            .values()
+            .filter(|(owner, _)| owner == ext)
+            .count()
     }
 }
 

@@ -5,13 +5,17 @@
 //! (the supervisor deals with a process that is not running): [`answered`] tells which. The
 //! probe makes the failed call again off the writer and reports to `health.rs`.
 //!
+//! [`keep_awake`] keeps a pass's ready extensions from being stopped for idleness while it
+//! may call them.
+//!
 //! Invariant: a probe never runs on the writer, and its answer is thrown away.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use conduit_protocol::IN_TRANSACTION_DEADLINE;
 use conduit_rpc::CallError;
-use conduit_supervisor::{ExtCallError, Extension, now_ms};
+use conduit_supervisor::{Awake, ExtCallError, Extension, now_ms};
 
 use crate::core::health::ProbeCall;
 use crate::core::shared::Core;
@@ -77,4 +81,30 @@ pub(super) async fn probe_once(core: Arc<Core>, ext: Extension, pid: Option<u32>
         tracing::info!(extension = ext.name(), method = %call.method, "extension answered its probe; its in-transaction calls resume");
         core.nudge();
     }
+}
+
+/// Keep every ready extension of a pass (`live`) from being stopped for idleness while the
+/// guards live (the pass may call any of them); one whose idle stop has begun already moves to
+/// `held`, like an idle one (what needs it starts it again).
+pub(super) fn keep_awake<T>(
+    live: &mut BTreeMap<String, (Extension, T)>,
+    held: &mut BTreeMap<String, (Extension, T)>,
+) -> Vec<Awake> {
+    let mut awake = Vec::with_capacity(live.len());
+    let closing: Vec<String> = live
+        .iter()
+        .filter_map(|(name, (e, _))| match e.keep_awake() {
+            Some(guard) => {
+                awake.push(guard);
+                None
+            }
+            None => e.awaits_demand().then(|| name.clone()),
+        })
+        .collect();
+    for name in closing {
+        if let Some(v) = live.remove(&name) {
+            held.insert(name, v);
+        }
+    }
+    awake
 }

@@ -9,7 +9,7 @@
 //!
 //! Invariant: nothing here does I/O or reads the clock; a time is always an argument.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
 
 use conduit_protocol::Capabilities;
 use conduit_protocol::calls::{Record, TriggerGroup, TriggerResult};
@@ -43,47 +43,80 @@ impl<T> Outcome<T> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct StartFacts {
     pub(super) state: State,
-    pub(super) restarts: u32,
-    /// Whether a handshake has ever chosen a protocol version.
-    pub(super) handshaken: bool,
+    /// Whether the current run is the first since it was started (by the daemon, an install, an
+    /// enable or a need) with no failure since.
+    pub(super) first_run: bool,
 }
 
 impl StartFacts {
     pub(super) fn of(s: &conduit_supervisor::RunBrief) -> Self {
         StartFacts {
             state: s.state,
-            restarts: s.restarts,
-            handshaken: s.handshaken,
+            first_run: s.first_run,
         }
     }
 
-    /// Whether the extension is on its first start (the daemon just started, or it was just
-    /// installed or enabled).
-    pub(super) fn first_start(&self) -> bool {
-        self.state == State::Starting && self.restarts == 0 && !self.handshaken
+    /// Whether the pass waits for the extension: it is on a first start (the daemon just
+    /// started, it was just installed or enabled, or a need just started it), or idle (on
+    /// demand, not started yet or stopped for idleness: a need starts it).
+    pub(super) fn settling(&self) -> bool {
+        match self.state {
+            State::Starting => self.first_run,
+            State::Idle => true,
+            _ => false,
+        }
     }
 }
 
-/// The extensions a pass waits for rather than gives fallbacks: those on their first start.
-/// Their work stays where it is until their handshake is done or fails, which the start
-/// timeout bounds.
-pub(super) fn settling<'a>(
-    exts: impl IntoIterator<Item = (&'a str, StartFacts)>,
-) -> BTreeSet<String> {
-    exts.into_iter()
-        .filter(|(_, f)| f.first_start())
-        .map(|(name, _)| name.to_owned())
+/// The work kinds whose events wait, unrouted, each with the extension it waits for: every
+/// kind a `held` extension (settling, idle, or installed but disabled) would own. As in
+/// [`owners`], the first name that declares a kind owns it, so a kind a `live` extension owns
+/// does not wait for a held one.
+pub(super) fn waiting_kinds<'a>(
+    live: impl IntoIterator<Item = (&'a str, &'a Capabilities)>,
+    held: impl IntoIterator<Item = (&'a str, &'a Capabilities)>,
+) -> HashMap<&'a str, &'a str> {
+    let mut all: Vec<(&str, &Capabilities, bool)> = live
+        .into_iter()
+        .map(|(n, c)| (n, c, false))
+        .chain(held.into_iter().map(|(n, c)| (n, c, true)))
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(b.0));
+    let mut first: HashMap<&'a str, (&'a str, bool)> = HashMap::new();
+    for (name, caps, held) in all {
+        for k in &caps.work_kinds {
+            first.entry(k.name.as_str()).or_insert((name, held));
+        }
+    }
+    first
+        .into_iter()
+        .filter(|(_, (_, held))| *held)
+        .map(|(kind, (name, _))| (kind, name))
         .collect()
 }
 
-/// The work kinds the settling extensions declare: their events wait, unrouted.
-pub(super) fn waiting_kinds<'a>(
-    settling: impl IntoIterator<Item = &'a Capabilities>,
-) -> HashSet<&'a str> {
-    settling
-        .into_iter()
-        .flat_map(|c| c.work_kinds.iter().map(|k| k.name.as_str()))
-        .collect()
+/// The extension an unrouted event of kind `event_kind` waits for, if it waits for a held one
+/// (the need that starts an idle one).
+pub(super) fn waiting_for<'a, E: ?Sized>(
+    event_kind: &str,
+    owners: &HashMap<&str, (&E, bool)>,
+    waiting: &HashMap<&str, &'a str>,
+) -> Option<&'a str> {
+    let declared = |k: &str| owners.contains_key(k) || waiting.contains_key(k);
+    waiting.get(work_kind_of(event_kind, declared)?).copied()
+}
+
+/// The extension that owns the events of kind `event_kind` among `all` (every installed
+/// extension with its capabilities, in name order): the owner of the longest declared work
+/// kind that is `event_kind` or a prefix of it at a dot, the first name winning a kind two
+/// declare. What `conduit ext disable` counts as waiting for an extension.
+pub fn event_owner<'a>(
+    event_kind: &str,
+    all: impl IntoIterator<Item = (&'a str, &'a Capabilities)>,
+) -> Option<&'a str> {
+    let kinds = owners(all);
+    let kind = work_kind_of(event_kind, |k| kinds.contains_key(k))?;
+    kinds.get(kind).map(|(name, _)| *name)
 }
 
 /// Work kind → (its owner, whether the owner has a trigger), from the extensions in name
@@ -120,12 +153,12 @@ pub fn work_kind_of(event_kind: &str, declared: impl Fn(&str) -> bool) -> Option
 pub(super) fn batch_of<'a, E: ?Sized>(
     event_kind: &'a str,
     owners: &HashMap<&str, (&E, bool)>,
-    waiting: &HashSet<&str>,
+    waiting: &HashMap<&str, &str>,
     callable: impl Fn(&E) -> bool,
 ) -> Option<&'a str> {
-    let declared = |k: &str| owners.contains_key(k) || waiting.contains(k);
+    let declared = |k: &str| owners.contains_key(k) || waiting.contains_key(k);
     let kind = work_kind_of(event_kind, declared).unwrap_or(event_kind);
-    if waiting.contains(kind) {
+    if waiting.contains_key(kind) {
         return None;
     }
     match owners.get(kind) {
@@ -192,12 +225,8 @@ mod tests {
         caps
     }
 
-    fn facts(state: State, restarts: u32, handshaken: bool) -> StartFacts {
-        StartFacts {
-            state,
-            restarts,
-            handshaken,
-        }
+    fn facts(state: State, first_run: bool) -> StartFacts {
+        StartFacts { state, first_run }
     }
 
     #[test]
@@ -219,29 +248,61 @@ mod tests {
     }
 
     #[test]
-    fn only_a_first_start_settles() {
-        let exts = [
-            ("fresh", facts(State::Starting, 0, false)),
-            ("restarting", facts(State::Starting, 1, false)),
-            ("handshaken-before", facts(State::Starting, 0, true)),
-            ("ready", facts(State::Ready, 0, true)),
-            ("backing-off", facts(State::BackingOff, 0, false)),
-            ("also-fresh", facts(State::Starting, 0, false)),
-        ];
-        let got: Vec<String> = settling(exts).into_iter().collect();
-        assert_eq!(got, ["also-fresh", "fresh"]);
+    fn a_first_start_and_an_idle_extension_settle() {
+        for (state, first_run, settles) in [
+            (State::Starting, true, true),
+            (State::Starting, false, false),
+            (State::Ready, true, false),
+            (State::BackingOff, true, false),
+            (State::Idle, false, true),
+            (State::Stopping, true, false),
+        ] {
+            assert_eq!(
+                facts(state, first_run).settling(),
+                settles,
+                "{state} first_run={first_run}"
+            );
+        }
     }
 
     #[test]
-    fn the_settling_extensions_kinds_wait() {
-        let (a, b) = (
+    fn the_kinds_a_held_extension_owns_wait_for_it() {
+        let (a, b, c) = (
             caps(&[("note", true), ("note.x", false)]),
             caps(&[("job", false)]),
+            caps(&[("job", true), ("mail", true)]),
         );
-        let mut got: Vec<&str> = waiting_kinds([&a, &b]).into_iter().collect();
+        // `a` and `c` are held; `b` sorts before `c`, so `job` is `b`'s and does not wait.
+        let got = waiting_kinds([("b", &b)], [("a", &a), ("c", &c)]);
+        let mut got: Vec<(&str, &str)> = got.into_iter().collect();
         got.sort_unstable();
-        assert_eq!(got, ["job", "note", "note.x"]);
-        assert!(waiting_kinds([]).is_empty());
+        assert_eq!(got, [("mail", "c"), ("note", "a"), ("note.x", "a")]);
+        assert!(waiting_kinds([], []).is_empty());
+        // A held extension that sorts first holds a kind a live one declares too.
+        let got = waiting_kinds([("b", &b)], [("a", &c)]);
+        assert_eq!(got.get("job"), Some(&"a"));
+    }
+
+    #[test]
+    fn an_event_is_owned_by_the_longest_kind_of_the_first_name() {
+        let (a, b) = (
+            caps(&[("note", true)]),
+            caps(&[("note.posted", true), ("note", true)]),
+        );
+        let all = [("a", &a), ("b", &b)];
+        assert_eq!(event_owner("note.posted", all), Some("b"));
+        assert_eq!(event_owner("note.edited", all), Some("a"));
+        assert_eq!(event_owner("mail", all), None);
+    }
+
+    #[test]
+    fn a_waiting_event_names_the_extension_it_waits_for() {
+        let a = caps(&[("note", true)]);
+        let kinds = owners([("a", &a)]);
+        let waiting: HashMap<&str, &str> = [("mail", "m")].into();
+        assert_eq!(waiting_for("mail.in", &kinds, &waiting), Some("m"));
+        assert_eq!(waiting_for("note.x", &kinds, &waiting), None);
+        assert_eq!(waiting_for("other", &kinds, &waiting), None);
     }
 
     #[test]
@@ -260,7 +321,7 @@ mod tests {
     fn an_event_waits_behind_a_settling_or_uncallable_trigger_owner() {
         let (a, b) = (caps(&[("note", true)]), caps(&[("job", false)]));
         let kinds = owners([("a", &a), ("b", &b)]);
-        let waiting: HashSet<&str> = ["mail"].into();
+        let waiting: HashMap<&str, &str> = [("mail", "m")].into();
         let everyone = |_: &str| true;
         assert_eq!(
             batch_of("note.posted", &kinds, &waiting, everyone),
@@ -286,7 +347,7 @@ mod tests {
         // `note.x` waits for its settling owner even though a live one declares `note`.
         let a = caps(&[("note", false)]);
         let kinds = owners([("a", &a)]);
-        let waiting: HashSet<&str> = ["note.x"].into();
+        let waiting: HashMap<&str, &str> = [("note.x", "n")].into();
         assert_eq!(batch_of("note.x.y", &kinds, &waiting, |_: &str| true), None);
         assert_eq!(
             batch_of("note.y", &kinds, &waiting, |_: &str| true),

@@ -50,6 +50,15 @@ pub(crate) fn start_polls<'a>(
     }
 }
 
+/// Start each idle extension of `held` that declares an ingress source: being polled is a need.
+pub(super) fn demand_polls<'a>(held: impl IntoIterator<Item = (&'a Extension, &'a Capabilities)>) {
+    for (ext, caps) in held {
+        if let Some(source) = caps.ingress.first() {
+            ext.demand(|| format!("started to poll its ingress source {source}"));
+        }
+    }
+}
+
 /// One `ingress.poll`: its events and new cursor are committed together.
 async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: Option<u32>) {
     use conduit_protocol::calls::IngressPollParams;

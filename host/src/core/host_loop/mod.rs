@@ -18,6 +18,11 @@
 //! work kind is marked routed to no Work. Nothing is routed before the package registry has
 //! been applied at start: until then no kind's owner is known.
 //!
+//! Extensions not running but about to (on a first start, or idle: `decide::settling`) and
+//! disabled ones are *held*: their work waits, durably. An idle one is started by what needs it
+//! (`Extension::demand`); no pass waits for that start: a later one takes the work up. A pass
+//! keeps ready extensions from idle stops while it runs (`calls::keep_awake`).
+//!
 //! Isolation: an extension that misses a deadline or fails a call is degraded (`health.rs`):
 //! its in-transaction calls are not made for the rest of the pass and until a probe off the
 //! writer answers; what it would have been called for waits where it is (events unrouted,
@@ -31,7 +36,7 @@
 //! (`ingress.rs`). Polls are not in-transaction calls: they run as tasks on the runtime.
 
 mod calls;
-mod decide;
+pub(crate) mod decide;
 mod ingress;
 pub(crate) mod poll;
 
@@ -50,7 +55,9 @@ use conduit_supervisor::{Extension, now_ms};
 use tokio_util::sync::CancellationToken;
 
 pub use calls::failure_text;
-pub use decide::{RECURRENCE_FALLBACK_MS, fallback_groups, trigger_verdict, work_kind_of};
+pub use decide::{
+    RECURRENCE_FALLBACK_MS, event_owner, fallback_groups, trigger_verdict, work_kind_of,
+};
 pub use ingress::INGRESS_LIMIT;
 pub use poll::INGRESS_INTERVAL;
 
@@ -97,6 +104,8 @@ pub struct HostLoop {
     /// Extensions whose in-transaction calls this pass does not make: degraded when it began,
     /// or failed during it.
     skip: RefCell<HashSet<String>>,
+    /// Installed but disabled extensions and what they declare (their work is held).
+    dormant: RefCell<Arc<super::shared::Dormant>>,
 }
 
 impl HostLoop {
@@ -112,6 +121,7 @@ impl HostLoop {
             poll,
             shutdown,
             skip: RefCell::new(HashSet::new()),
+            dormant: RefCell::new(Arc::default()),
         }
     }
 
@@ -229,14 +239,13 @@ impl HostLoop {
             .into_iter()
             .map(|(e, c)| (e.name().to_owned(), (e, c)))
             .collect();
-        // An extension on its first start is waited for rather than given fallbacks: its work
-        // stays where it is until its handshake is done or fails (`decide::settling`).
-        let names = decide::settling(
-            all.iter()
-                .map(|(name, (e, _))| (name.as_str(), StartFacts::of(&e.run_brief()))),
-        );
-        let (settling, exts): (Exts, Exts) =
-            all.into_iter().partition(|(name, _)| names.contains(name));
+        // An extension on its first start, or idle, is waited for rather than given fallbacks
+        // (`StartFacts::settling`): its work stays where it is until its handshake is done.
+        let (mut settling, mut exts): (Exts, Exts) = all
+            .into_iter()
+            .partition(|(_, (e, _))| StartFacts::of(&e.run_brief()).settling());
+        let _awake = calls::keep_awake(&mut exts, &mut settling);
+        *self.dormant.borrow_mut() = self.core.dormant();
         self.tend_health(&exts);
         if let Err(e) = self.route(&exts, &settling, &mut r) {
             r.errors.push(format!("routing: {e}"));
@@ -251,7 +260,15 @@ impl HostLoop {
             r.errors.push(format!("emissions: {e}"));
         }
         ingress::start_polls(&self.core, &self.rt, &exts);
+        ingress::demand_polls(settling.values().map(|(e, c)| (e, &**c)));
         r
+    }
+
+    /// Something in this pass needs `ext`: start it if it is idle, `why` its start reason.
+    fn demand(&self, settling: &Exts, ext: &str, why: impl FnOnce() -> String) {
+        if let Some((e, _)) = settling.get(ext) {
+            e.demand(why);
+        }
     }
 
     /// Bring each extension's health up to date and apply what `health::tend` decides: start
@@ -301,10 +318,10 @@ impl HostLoop {
         !self.skip.borrow().contains(ext)
     }
 
-    /// Whether `ext`'s timers, waits and emissions wait this pass: it is settling, or this
-    /// pass does not call it (degraded).
+    /// Whether `ext`'s timers, waits and emissions wait this pass: it is settling or idle, it
+    /// is installed but disabled, or this pass does not call it (degraded).
     fn held(&self, settling: &Exts, ext: &str) -> bool {
-        settling.contains_key(ext) || !self.callable(ext)
+        settling.contains_key(ext) || self.dormant.borrow().contains_key(ext) || !self.callable(ext)
     }
 
     /// Make one in-transaction call and read its answer with `check` (the method's rule, and
@@ -407,8 +424,9 @@ impl HostLoop {
         settling: &Exts,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
-        let waiting = decide::waiting_kinds(settling.values().map(|(_, c)| &**c));
-        let kinds = decide::owners(exts.values().map(|(e, c)| (e, &**c)));
+        let dormant = self.dormant.borrow();
+        // Who owns what, worked out once there is something to route (most passes have none).
+        let mut owners = None;
         let callable = |e: &Extension| self.callable(e.name());
         // Events wait (unrouted) behind a starting or degraded owner; later events of other
         // kinds are read past them, page by page, so they never block anyone else.
@@ -421,12 +439,28 @@ impl HostLoop {
             let n = events.len();
             if let Some(last) = events.last() {
                 after = last.id;
+            } else {
+                return Ok(());
             }
+            let (waiting, kinds) = owners.get_or_insert_with(|| {
+                let held = settling.iter().map(|(n, (_, c))| (n.as_str(), &**c));
+                let held = held.chain(dormant.iter().map(|(n, c)| (n.as_str(), &**c)));
+                let live = exts.iter().map(|(n, (_, c))| (n.as_str(), &**c));
+                let waiting = decide::waiting_kinds(live, held);
+                (
+                    waiting,
+                    decide::owners(exts.values().map(|(e, c)| (e, &**c))),
+                )
+            });
             let mut by_kind: BTreeMap<String, Vec<Event>> = BTreeMap::new();
             for e in events {
-                if let Some(kind) = decide::batch_of(&e.kind, &kinds, &waiting, callable) {
+                if let Some(kind) = decide::batch_of(&e.kind, kinds, waiting, callable) {
                     let kind = kind.to_owned();
                     by_kind.entry(kind).or_default().push(e);
+                } else if let Some(owner) = decide::waiting_for(&e.kind, kinds, waiting) {
+                    self.demand(settling, owner, || {
+                        format!("started by event {} of kind {}", e.id, e.kind)
+                    });
                 }
             }
             for (kind, inputs) in by_kind {
@@ -502,6 +536,9 @@ impl HostLoop {
                 return Ok(());
             }
             if self.held(settling, &t.extension) {
+                self.demand(settling, &t.extension, || {
+                    format!("started by timer {} of recurrence {}", t.id, t.recurrence)
+                });
                 continue;
             }
             let ext = exts.get(&t.extension).map(|(e, _)| e);
@@ -548,6 +585,8 @@ impl HostLoop {
                 continue;
             }
             if self.held(settling, &w.extension) {
+                let why = || format!("started by wait {} of filter {}", w.id, w.filter);
+                self.demand(settling, &w.extension, why);
                 continue;
             }
             r.waits_checked += 1;
@@ -599,6 +638,9 @@ impl HostLoop {
                 return Ok(());
             }
             if self.held(settling, &em.extension) {
+                self.demand(settling, &em.extension, || {
+                    format!("started by emission {} ({}) to commit", em.id, em.emission)
+                });
                 continue;
             }
             let ext = exts.get(&em.extension).map(|(e, _)| e);

@@ -68,7 +68,7 @@ impl Palette {
             State::BackingOff | State::CrashLooping | State::Refused | State::Incompatible => {
                 self.fg(Color::Red).add_modifier(Modifier::BOLD)
             }
-            State::Stopped | State::Disabled => self.fg(Color::DarkGray),
+            State::Stopped | State::Disabled | State::Idle => self.fg(Color::DarkGray),
         }
     }
 

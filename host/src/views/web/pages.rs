@@ -293,6 +293,13 @@ pub(super) async fn extension(
             table.facts {
                 tr { th { "pid" } td { (s.pid.map_or("-".to_owned(), |p| p.to_string())) } }
                 tr { th { "restarts" } td { (s.restarts) } }
+                tr { th { "start" } td {
+                    (s.start.as_str()) "; idle stop "
+                    (conduit_supervisor::lifecycle::format_idle_stop_after(s.idle_stop_after_ms.map(std::time::Duration::from_millis)))
+                    @if s.demand_starts > 0 || s.idle_stops > 0 { " (" (s.demand_starts) " started on demand, " (s.idle_stops) " idle stops)" }
+                } }
+                @if let Some(t) = s.idle_since_ms { tr { th { "idle since" } td { (when(Some(t), now)) } } }
+                @if let Some(why) = &s.start_reason { tr { th { "last start" } td { (why) } } }
                 tr { th { "ready since" } td { (when(s.ready_since_ms, now)) } }
                 @if let Some(t) = s.next_start_at_ms { tr { th { "next start" } td { "in " (fmt::duration_ms(t - now)) } } }
                 tr { th { "last exit" } td { (s.last_exit.map_or("-".to_owned(), |e| e.to_string())) } }
