@@ -52,7 +52,7 @@ pub mod usage;
 
 pub use crate::extension::{ExtCallError, Extension, RunBrief};
 pub use crate::spec::{BulkSink, CallbackHandlers, ExtensionSpec, no_callbacks};
-pub use crate::stats::{LatencyHistogram, MethodStats, Traffic};
+pub use crate::stats::{Latency, LatencyHistogram, MethodStats, Traffic};
 pub use crate::status::{
     ExitCause, ExitRecord, InFlightCall, RECENT_EXITS, Resources, State, Status, now_ms,
 };
