@@ -49,7 +49,7 @@ pub use limits::{
     BUSY_TIMEOUT, MAX_PAGE, MAX_READERS, READER_CHECKOUT_TIMEOUT, TEST_MAX_PAGE_COUNT_ENV,
 };
 pub use schema::MIGRATIONS;
-pub use store::Store;
+pub use store::{Store, WriteTimes};
 pub use timers::Timer;
 pub use tx::{ReadTx, WriteTx};
 pub use waits::{Wait, WaitState};
