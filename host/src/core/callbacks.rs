@@ -11,15 +11,16 @@ use std::sync::{Arc, Weak};
 
 use conduit_protocol::calls::{
     ArtifactAbort, ArtifactChunk, ArtifactClose, ArtifactOpen, ArtifactStored, EmitResult, Empty,
-    EventRef, EventsPage, EventsQuery, NewEvent, PushResult, WorkRef,
+    EventRef, EventsPage, EventsQuery, PushResult, WorkRef,
 };
 use conduit_protocol::methods::ext;
-use conduit_protocol::{ErrorCode, RpcError};
+use conduit_protocol::{CheckedPayload, ErrorCode, RpcError};
 use conduit_rpc::{BoxFuture, Handler, HandlerResult, Request, to_raw};
 use conduit_supervisor::now_ms;
 use serde_json::value::RawValue;
 
 use super::fault::store_fault;
+use super::group_commit::Incoming;
 use super::ops::Declared;
 use super::shared::Core;
 
@@ -156,10 +157,11 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
         }
         ext::INGRESS_PUSH => {
             let raw: RawPush = params(&req)?;
-            let payload = payload(&raw.payload)?;
+            // Checked as it came, and kept as text from the frame to the row.
+            let payload = CheckedPayload::check(raw.payload)?;
             declared(&core, ext, Declared::Ingress, &raw.source)?;
             conduit_protocol::check_event_fields(&raw.source, &raw.delivery_id, &raw.kind)?;
-            let event = NewEvent {
+            let event = Incoming {
                 delivery_id: raw.delivery_id,
                 kind: raw.kind,
                 payload,
@@ -209,8 +211,8 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
     }
 }
 
-/// `ingress.push` params (`PushParams`) with the payload left raw, so its depth is checked
-/// before it is parsed.
+/// `ingress.push` params (`PushParams`) with the payload left raw: its depth is checked before
+/// anything parses it, and it is stored as the text it came as.
 #[derive(serde::Deserialize)]
 struct RawPush {
     source: String,
@@ -254,14 +256,17 @@ fn declared(core: &Core, ext: &str, kind: Declared, name: &str) -> Result<(), Rp
     }
 }
 
-/// The rules a polled event follows: those of `conduit_protocol::check_event_fields`, and the payload depth
-/// limit (the poll's result was parsed already, so the payload is measured as re-serialised).
+/// The rules a polled event follows: those of `conduit_protocol::check_event_fields`, and the
+/// payload depth limit (the poll's answer was parsed already, so the payload is serialised
+/// once, checked, and stored as that text).
 pub fn check_polled_event(
     source: &str,
-    e: &conduit_protocol::calls::NewEvent,
-) -> Result<(), RpcError> {
+    e: conduit_protocol::calls::NewEvent,
+) -> Result<Incoming, RpcError> {
     conduit_protocol::check_event_fields(source, &e.delivery_id, &e.kind)?;
-    Ok(conduit_protocol::check_payload_depth(
-        &e.payload.to_string(),
-    )?)
+    Ok(Incoming {
+        payload: CheckedPayload::from_value(&e.payload)?,
+        delivery_id: e.delivery_id,
+        kind: e.kind,
+    })
 }

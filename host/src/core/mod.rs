@@ -20,22 +20,29 @@
 //! - Nothing here blocks a runtime worker on SQLite: async code goes through `spawn_blocking`,
 //!   the host loop runs on its own thread.
 //!
+//! - Accepted events are committed in groups (`group_commit.rs`): concurrent callers share one
+//!   transaction and one fsync, each answered after the commit that holds its events.
+//!
 //! Layout: this file only declares the modules and re-exports. [`Core`] is in `shared.rs`;
 //! what it holds is in leaves it imports (`artifacts.rs`, `health.rs`, `stats.rs` for
 //! [`LoopStats`], `fault.rs` for the store-fault mapping and [`DiskFullLog`],
-//! `host_loop/poll.rs` for the ingress poll bookkeeping), and the modules that work on a `Core`
-//! (`ops.rs`, `callbacks.rs`, `host_loop/`) import it from `shared.rs`, never from here.
+//! `host_loop/poll.rs` for the ingress poll bookkeeping, `group_commit.rs` for the ingress
+//! queue, `timings.rs` for the writer's and ingress's histograms), and the modules that work on
+//! a `Core` (`ops.rs`, `callbacks.rs`, `host_loop/`) import it from `shared.rs`, never from here.
 
 pub mod artifacts;
 pub mod callbacks;
 mod fault;
+pub mod group_commit;
 pub mod health;
 pub mod host_loop;
 pub mod ops;
 mod shared;
 mod stats;
+pub mod timings;
 
 pub use fault::{DiskFullLog, disk_full_message};
+pub use group_commit::{Incoming, IngressCursor, Submission};
 pub use host_loop::HostLoop;
 pub use shared::Core;
 pub use stats::LoopStats;

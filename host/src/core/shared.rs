@@ -3,8 +3,8 @@
 //! each extension's health.
 //!
 //! What `Core` holds is defined in leaves it imports (`artifacts.rs`, `health.rs`, `stats.rs`,
-//! `fault.rs`, `host_loop/poll.rs`); the operations on it live in `ops.rs` and `callbacks.rs`,
-//! which import `Core` from here.
+//! `fault.rs`, `host_loop/poll.rs`, `group_commit.rs`, `timings.rs`); the operations on it live
+//! in `ops.rs` and `callbacks.rs`, which import `Core` from here.
 //!
 //! Invariant: no lock here is held across an await; store work runs off the async runtime.
 
@@ -19,8 +19,10 @@ use conduit_supervisor::{Extension, Supervisor};
 use tokio::sync::Notify;
 
 use super::fault::DiskFullLog;
+use super::group_commit::GroupCommit;
 use super::host_loop::poll::PollState;
 use super::stats::LoopStats;
+use super::timings::Timings;
 use super::{artifacts, health};
 
 /// What the API, the callbacks and the host loop share.
@@ -47,6 +49,10 @@ pub struct Core {
     registry_applied: AtomicBool,
     /// Store operations whose code panicked (`Core::write`, `Core::read`).
     store_panics: AtomicU64,
+    /// Accepted events waiting for their group commit (`ops.rs` runs the committer).
+    pub(crate) group: GroupCommit,
+    /// The writer's wait and hold, acknowledgement-to-routing, the group commit's counters.
+    pub timings: Arc<Timings>,
 }
 
 impl std::fmt::Debug for Core {
@@ -64,6 +70,11 @@ impl Core {
         artifacts_dir: PathBuf,
         tmp_dir: PathBuf,
     ) -> Self {
+        let timings = Arc::new(Timings::default());
+        let observer = timings.clone();
+        // Every write transaction is timed, whoever makes it (the daemon makes one store and one
+        // core; a second core over the same store keeps the first one's observer).
+        store.observe_writes(move |t| observer.write(t));
         Core {
             store,
             supervisor,
@@ -78,7 +89,14 @@ impl Core {
             unresponsive_after: AtomicU32::new(health::DEFAULT_UNRESPONSIVE_AFTER),
             registry_applied: AtomicBool::new(false),
             store_panics: AtomicU64::new(0),
+            group: GroupCommit::default(),
+            timings,
         }
+    }
+
+    /// Submissions waiting for a group commit now (the metrics).
+    pub fn group_queued(&self) -> usize {
+        self.group.queued()
     }
 
     /// Consecutive failures that make an extension unresponsive.

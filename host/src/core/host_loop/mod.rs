@@ -487,6 +487,8 @@ impl HostLoop {
                         }
                     }
                 }
+                // The decision about these events has committed: acknowledgement-to-routing.
+                self.core.timings.routed(&ids, Instant::now());
                 r.routed += ids.len();
             }
             if n < ROUTE_BATCH as usize {
