@@ -20,6 +20,10 @@
 #                            time, all ready, RSS, threads, idle CPU, echo p50 (a few minutes)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
+#   make bench-ingress       pushes through the management socket with 1, 8 and 64 keep-alive
+#                            clients, a fixed 2,000 events/s, list reads idle and beside pushes,
+#                            beside a server that only answers (about 2 minutes; writes
+#                            target/bench-ingress/results.json; BENCH_INGRESS_ARGS passes options)
 #   make bench-telemetry     1,000 calls through the API with export (spans, metrics) off, against a collector
 #                            that never answers, and against a closed port (7 rounds, medians)
 #   make drill               the drill suite alone (host/tests/drill_*.rs): misbehaving extensions,
@@ -35,7 +39,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale
+.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-ingress
 
 build:
 	$(CARGO) build --workspace --bins
@@ -123,6 +127,12 @@ bench-scale:
 
 bench-history:
 	$(CARGO) bench -p conduit-store --bench history
+
+# Ingress throughput, acknowledgement latency, acknowledgement-to-routing, the writer's wait and
+# hold, and list reads beside pushes, on a release daemon with notes (docs/performance.md).
+bench-ingress:
+	$(CARGO) build --release -p conduit-host -p conduit-example-notes -p conduit-bench --bin conduit --bin conduit-notes --bin bench-ingress
+	$(TARGET_DIR)/release/bench-ingress --json $(TARGET_DIR)/bench-ingress/results.json $(BENCH_INGRESS_ARGS)
 
 bench-roundtrip:
 	$(CARGO) run --release -p conduit-bench --bin roundtrip -- --regime both
