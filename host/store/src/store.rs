@@ -9,6 +9,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,23 @@ use crate::{pool, schema};
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
+
+/// Whether a write transaction's `COMMIT` waits for its own fsync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous=FULL`: the WAL is fsynced before `COMMIT` returns; the transaction
+    /// survives a power cut once it is committed. Every write whose outcome a caller is told
+    /// (an acknowledged event, a timer, a wait or an emission made through the API) is this.
+    Synced,
+    /// `synchronous=NORMAL`: `COMMIT` returns once the WAL is written, without an fsync of its
+    /// own. A process crash loses nothing (the bytes are with the OS); a power cut may undo the
+    /// last such commits, unless a `Full` commit or a checkpoint came after them (the WAL is
+    /// appended to in order, so their fsync covers every commit before). Only for work that is
+    /// redone when it is undone: the host loop's steps, whose in-transaction calls are made
+    /// again after a crash before their commit anyway (docs/protocol.md, "MUST NOT count on
+    /// being called only once").
+    Deferred,
+}
 
 /// What one write transaction cost the writer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +65,9 @@ type WriteObserver = Box<dyn Fn(WriteTimes) + Send + Sync>;
 pub struct Store {
     path: PathBuf,
     writer: Mutex<Connection>,
+    /// Whether the writer is at `synchronous=NORMAL` now ([`Durability::Deferred`]); changed only
+    /// under the writer's lock, outside a transaction.
+    deferred: AtomicBool,
     readers: pool::Readers,
     observer: OnceLock<WriteObserver>,
 }
@@ -110,6 +131,7 @@ impl Store {
             readers: pool::Readers::new(path.clone(), MAX_READERS),
             path,
             writer: Mutex::new(conn),
+            deferred: AtomicBool::new(false),
             observer: OnceLock::new(),
         })
     }
@@ -138,9 +160,19 @@ impl Store {
         &self,
         f: impl FnOnce(&mut WriteTx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        self.write_with(Durability::Synced, f)
+    }
+
+    /// [`Store::write`], its `COMMIT` as durable as `durability` says (see
+    /// [`Durability::Deferred`] for when a commit may skip its own fsync).
+    pub fn write_with<T>(
+        &self,
+        durability: Durability,
+        f: impl FnOnce(&mut WriteTx<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let asked = Instant::now();
         let mut begun = None;
-        let res = self.write_timed(f, &mut begun);
+        let res = self.write_timed(durability, f, &mut begun);
         if let (Some(begun), Some(observe)) = (begun, self.observer.get()) {
             observe(WriteTimes {
                 wait: begun - asked,
@@ -158,6 +190,7 @@ impl Store {
     /// resume once the write is timed.
     fn write_timed<T>(
         &self,
+        durability: Durability,
         f: impl FnOnce(&mut WriteTx<'_>) -> Result<T, StoreError>,
         begun: &mut Option<Instant>,
     ) -> std::thread::Result<Result<T, StoreError>> {
@@ -171,6 +204,16 @@ impl Store {
             if let Err(e) = conn.execute_batch("ROLLBACK") {
                 return Ok(Err(StoreError::Begin(e)));
             }
+        }
+        // Set only when it changes (between transactions, where SQLite allows it). Should the
+        // change fail, the write fails before it begins.
+        let deferred = durability == Durability::Deferred;
+        if self.deferred.load(Ordering::Relaxed) != deferred {
+            let level = if deferred { "NORMAL" } else { "FULL" };
+            if let Err(e) = conn.pragma_update(None, "synchronous", level) {
+                return Ok(Err(StoreError::Begin(e)));
+            }
+            self.deferred.store(deferred, Ordering::Relaxed);
         }
         let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
             Ok(tx) => tx,

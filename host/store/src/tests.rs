@@ -443,3 +443,35 @@ fn every_write_is_timed_after_the_writer_is_released() {
     // The observer ran with the writer free: a write from inside it would not deadlock.
     assert!(store.writer.try_lock().is_ok());
 }
+
+#[test]
+fn a_deferred_write_commits_without_its_own_fsync_and_the_next_synced_one_is_full_again() {
+    let (dir, store) = temp_store();
+    let level = |store: &Store| -> i64 {
+        store
+            .writer
+            .lock()
+            .unwrap()
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap()
+    };
+    let seen_inside: i64 = store
+        .write_with(Durability::Deferred, |tx| {
+            tx.accept_event("s", "routed-later", "k", &json!({}), 1)?;
+            tx.read
+                .conn
+                .pragma_query_value(None, "synchronous", |r| r.get(0))
+                .context("read synchronous")
+        })
+        .unwrap();
+    assert_eq!(seen_inside, 1, "NORMAL while deferred");
+    assert_eq!(level(&store), 1, "left as it is until a synced write asks");
+    store
+        .write(|tx| tx.accept_event("s", "acknowledged", "k", &json!({}), 1))
+        .unwrap();
+    assert_eq!(level(&store), 2, "FULL for every synced write");
+    // Both are committed: a new connection (as after a crash) reads them.
+    drop(store);
+    let again = Store::open(dir.path().join("conduit.db")).unwrap();
+    assert_eq!(deliveries(&again), ["routed-later", "acknowledged"]);
+}
