@@ -6,6 +6,9 @@
 //! transaction with the 250 ms deadline; a failed, late or malformed answer is logged, counted
 //! and replaced by the call's documented fallback (`docs/protocol.md` §6), then the transaction
 //! commits — never with a corrupt record, and never holding the writer past the deadline.
+//! These commits skip their own fsync (`HostLoop::write`, `Durability::Deferred`): a power cut
+//! may undo the last of them, and the step is then made again; every acknowledged write's
+//! fsync makes them durable too.
 //!
 //! Each step reads the same way: decide (pure, `decide.rs`), make the call
 //! (`HostLoop::in_tx_call`, the one way all four are made, which gives an
@@ -47,6 +50,7 @@ use conduit_protocol::calls::{
     RecurrenceResult, TriggerParams, TriggerResult,
 };
 use conduit_protocol::methods::host;
+use conduit_store::Durability;
 use conduit_supervisor::{Extension, now_ms};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -387,6 +391,21 @@ impl HostLoop {
         }
     }
 
+    /// One write transaction of a step, committed without an fsync of its own
+    /// ([`Durability::Deferred`]): a power cut may undo the last of them until the next
+    /// acknowledged write's fsync (or a checkpoint) covers them, and then the step is made
+    /// again, as after a crash before its commit. Every step's calls may be made again anyway
+    /// (protocol.md §6: in-transaction handlers answer the same params the same way), and what
+    /// a caller was told (an acknowledged event, timer, wait or planned emission) is synced by
+    /// its own commit. So the loop's steps do not each wait for the disk, nor hold the writer
+    /// through an fsync that ingress then waits behind.
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&mut conduit_store::WriteTx<'_>) -> Result<T, conduit_store::StoreError>,
+    ) -> Result<T, conduit_store::StoreError> {
+        self.core.store.write_with(Durability::Deferred, f)
+    }
+
     /// Count and log a fallback, once its transaction has committed.
     fn count_fallback(&self, r: &mut PassReport, ext: &str, method: &str, why: &str) {
         self.core.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -435,7 +454,7 @@ impl HostLoop {
                 let ids: Vec<i64> = inputs.iter().map(|e| e.id).collect();
                 match kinds.get(kind.as_str()) {
                     None => {
-                        self.core.store.write(|tx| {
+                        self.write(|tx| {
                             for id in &ids {
                                 tx.mark_routed(*id, None, now_ms())?;
                             }
@@ -446,7 +465,7 @@ impl HostLoop {
                     Some((ext, true)) if !self.callable(ext.name()) => continue,
                     Some((ext, trigger)) => {
                         let mut fell_back = None;
-                        self.core.store.write(|tx| {
+                        self.write(|tx| {
                             let groups = if *trigger {
                                 let params = TriggerParams {
                                     kind: kind.clone(),
@@ -514,7 +533,7 @@ impl HostLoop {
             }
             let ext = exts.get(&t.extension).map(|(e, _)| e);
             let mut fell_back = None;
-            self.core.store.write(|tx| {
+            self.write(|tx| {
                 let fired_at = now_ms();
                 let params = RecurrenceParams {
                     recurrence: t.recurrence.clone(),
@@ -574,7 +593,7 @@ impl HostLoop {
                 }
                 let ev_id = ev.id;
                 let mut fell_back = None;
-                let satisfied = self.core.store.write(|tx| {
+                let satisfied = self.write(|tx| {
                     let params = FilterParams {
                         filter: w.filter.clone(),
                         wait_id: w.id,
@@ -628,7 +647,7 @@ impl HostLoop {
             }
             let ext = exts.get(&em.extension).map(|(e, _)| e);
             let mut failed = None;
-            self.core.store.write(|tx| {
+            self.write(|tx| {
                 let params = CommitParams {
                     emission: em.emission.clone(),
                     commit_id: em.commit_id.clone(),
