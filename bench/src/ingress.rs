@@ -197,6 +197,29 @@ impl Drop for Floor {
     }
 }
 
+/// The durability floor of the file system under `dir`: `n` appends of 4 KiB to one file, each
+/// followed by `fdatasync` (what a WAL commit at `synchronous=FULL` waits for), as p50 and p99
+/// in milliseconds. `c` clients that each wait for a durable acknowledgement before sending
+/// again get at most `c / p50` acknowledgements per second, however commits are grouped.
+pub fn fsync_floor(dir: &Path, n: usize) -> anyhow::Result<(f64, f64)> {
+    use std::io::Write as _;
+    let path = dir.join("fsync-floor");
+    let mut f =
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let block = [0x5au8; 4096];
+    let mut took = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        f.write_all(&block)?;
+        f.sync_data()?;
+        took.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    took.sort_by(f64::total_cmp);
+    Ok((percentile(&took, 0.5), percentile(&took, 0.99)))
+}
+
 /// A sample's value in the Prometheus text `text`: the line that starts with `series` (the
 /// family's name and its labels as the daemon writes them, e.g.
 /// `conduit_latency_quantile_seconds{measure="writer_wait",quantile="0.99"}`).

@@ -9,8 +9,12 @@
 //!
 //! Run with `make bench-ingress` (release). One run, in this order:
 //!
-//! 1. **The floor**: the same clients against a server that only answers (`201` and an id, on
-//!    axum over hyper with two workers, as the daemon), so every figure is also a ratio.
+//! 1. **The floors**: the disk's (300 appends of 4 KiB to a file in the same folder as the
+//!    state directories, each followed by `fdatasync`, which is what a commit waits for: `n`
+//!    clients that each wait for a durable acknowledgement get at most `n / p50` per second,
+//!    however commits are grouped), and the same clients against a server that only answers
+//!    (`201` and an id, on axum over hyper with two workers, as the daemon), so every figure is
+//!    also a ratio.
 //! 2. **Closed loop** on a release daemon with `notes` installed, on a fresh state directory:
 //!    1, 8 and 64 clients, each its own keep-alive connection to the management socket, each
 //!    pushing `POST /v1/events` back to back and waiting for every acknowledgement (1 s warm-up,
@@ -41,8 +45,8 @@ use anyhow::{Context, ensure};
 use clap::Parser;
 use conduit_bench::daemon::Daemon;
 use conduit_bench::ingress::{
-    CLIENTS, Closed, Conn, Fixed, Floor, Reads, Results, check_shape, metric, pace, percentile,
-    push_body, quantile_ms,
+    CLIENTS, Closed, Conn, Fixed, Floor, Reads, Results, check_shape, fsync_floor, metric, pace,
+    percentile, push_body, quantile_ms,
 };
 use conduit_bench::machine::{self, Machine};
 use conduit_bench::measure::{new_histogram, proc_cpu_ticks, record};
@@ -147,7 +151,15 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     let warmup = Duration::from_secs_f64(args.warmup);
     let window = Duration::from_secs_f64(args.seconds);
 
-    // 1. The floor.
+    // 1. The floors: the disk's, and a server that only answers.
+    let (fsync_p50, fsync_p99) = fsync_floor(root.path(), 300)?;
+    println!(
+        "fsync floor (4 KiB append + fdatasync, {}): p50 {fsync_p50:.3} ms, p99 {fsync_p99:.3} ms: n clients that each wait for a durable acknowledgement get at most n / p50 per second (1: {:.0}/s, 8: {:.0}/s, 64: {:.0}/s)",
+        root.path().display(),
+        1e3 / fsync_p50,
+        8e3 / fsync_p50,
+        64e3 / fsync_p50,
+    );
     let floor = Floor::start(root.path())?;
     let mut floors = Vec::new();
     for n in CLIENTS {
@@ -172,11 +184,13 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         let pids = Some((d.daemon.pid(), d.notes_pid));
         let (c, cpu) = closed_loop(&sock, *n, "closed", warmup, window, pids).await?;
         let caught_up = drained(&d.daemon).await?;
+        let bound = *n as f64 * 1e3 / fsync_p50;
         println!(
-            "daemon {n:>2} client{}: {:>7.0} acks/s ({:.2}× the floor), p50 {:.3} ms ({:.1}× floor), p99 {:.3} ms; CPU per event: daemon {:.0} µs, notes {:.0} µs; routed all {:.2} s after the run",
+            "daemon {n:>2} client{}: {:>7.0} acks/s ({:.2}× the floor, {:.2}× the fsync bound), p50 {:.3} ms ({:.1}× floor), p99 {:.3} ms; CPU per event: daemon {:.0} µs, notes {:.0} µs; routed all {:.2} s after the run",
             if *n == 1 { " " } else { "s" },
             c.events_per_s,
             c.events_per_s / floor.1.events_per_s,
+            c.events_per_s / bound,
             c.ack_p50_ms,
             c.ack_p50_ms / floor.1.ack_p50_ms,
             c.ack_p99_ms,
@@ -188,6 +202,8 @@ async fn run(args: &Args) -> anyhow::Result<()> {
             n.to_string(),
             json!({
                 "floor_ratio": c.events_per_s / floor.1.events_per_s,
+                "fsync_bound_per_s": bound,
+                "fsync_bound_ratio": c.events_per_s / bound,
                 "daemon_cpu_us_per_event": cpu.daemon_us,
                 "notes_cpu_us_per_event": cpu.notes_us,
                 "routed_all_s_after": caught_up.as_secs_f64(),
@@ -255,10 +271,12 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         writer_hold_p99_ms: q("writer_hold", "0.99"),
     };
     let commits = metric(&text, "conduit_ingress_commits_total");
+    let passes = metric(&text, "conduit_host_loop_passes_total");
+    let pass_s = metric(&text, "conduit_host_loop_pass_seconds_total");
     let new = metric(&text, "conduit_ingress_events_total{outcome=\"new\"}");
     let opt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
     println!(
-        "fixed {:.0}/s offered for {} s: {:.0} acks/s; ack p50 {:.3} ms p99 {:.3} ms; ack-to-route p50 {:.3} ms p99 {:.3} ms (from {a2r_source}); writer wait p99 {} ms, hold p99 {} ms; {} events in {} commits; routed all {:.2} s after",
+        "fixed {:.0}/s offered for {} s: {:.0} acks/s; ack p50 {:.3} ms p99 {:.3} ms; ack-to-route p50 {:.3} ms p99 {:.3} ms (from {a2r_source}); writer wait p99 {} ms, hold p99 {} ms; {} events in {} commits; {} host-loop passes, {} s in them; routed all {:.2} s after",
         args.rate,
         args.fixed_seconds,
         fixed.achieved_per_s,
@@ -270,6 +288,8 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         opt(f.writer_hold_p99_ms),
         opt(new),
         opt(commits),
+        opt(passes),
+        opt(pass_s),
         caught_up.as_secs_f64(),
     );
     d.daemon.stop()?;
@@ -297,6 +317,10 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         ),
     );
     extra.insert("clients_extra".into(), Value::Object(extra_runs));
+    extra.insert(
+        "fsync_floor".into(),
+        json!({ "p50_ms": fsync_p50, "p99_ms": fsync_p99 }),
+    );
     extra.insert("eight_over_one".into(), json!(eight / one));
     extra.insert(
         "fixed_rate_extra".into(),
@@ -309,6 +333,8 @@ async fn run(args: &Args) -> anyhow::Result<()> {
             "writer_hold_p50_ms": q("writer_hold", "0.5"),
             "events": new,
             "commits": commits,
+            "host_loop_passes": passes,
+            "host_loop_pass_s": pass_s,
         }),
     );
     extra.insert(
