@@ -197,27 +197,33 @@ impl Drop for Floor {
     }
 }
 
-/// The durability floor of the file system under `dir`: `n` appends of 4 KiB to one file, each
-/// followed by `fdatasync` (what a WAL commit at `synchronous=FULL` waits for), as p50 and p99
-/// in milliseconds. `c` clients that each wait for a durable acknowledgement before sending
-/// again get at most `c / p50` acknowledgements per second, however commits are grouped.
-pub fn fsync_floor(dir: &Path, n: usize) -> anyhow::Result<(f64, f64)> {
-    use std::io::Write as _;
-    let path = dir.join("fsync-floor");
-    let mut f =
-        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    let block = [0x5au8; 4096];
+/// The store's commit floor on the file system under `dir`: one event accepted alone per write
+/// transaction (`Store::write`, WAL, `synchronous=FULL`: what a commit of the daemon's waits
+/// for, without HTTP or grouping), `n` times after `n / 5` untimed (so the WAL is past its first
+/// growth, as in a running daemon). In milliseconds: (p50, p99, mean). `c` clients that each
+/// wait for a durable acknowledgement before sending again get at most `c / mean` per second,
+/// however commits are grouped (each acknowledgement waits for at least one commit).
+pub fn commit_floor(dir: &Path, n: usize) -> anyhow::Result<(f64, f64, f64)> {
+    let path = dir.join("commit-floor.db");
+    let store = conduit_store::Store::open(&path).context("the commit floor's store")?;
+    let payload = json!({"thread": "t-1", "author": "bench", "text": "the quick brown fox"});
     let mut took = Vec::with_capacity(n);
-    for _ in 0..n {
+    for i in 0..n + n / 5 {
         let t = std::time::Instant::now();
-        f.write_all(&block)?;
-        f.sync_data()?;
-        took.push(t.elapsed().as_secs_f64() * 1e3);
+        store
+            .write(|tx| tx.accept_event("floor", &i.to_string(), "note.posted", &payload, 0))
+            .context("a commit of the floor")?;
+        if i >= n / 5 {
+            took.push(t.elapsed().as_secs_f64() * 1e3);
+        }
     }
-    drop(f);
-    let _ = std::fs::remove_file(&path);
+    drop(store);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let mean = took.iter().sum::<f64>() / took.len().max(1) as f64;
     took.sort_by(f64::total_cmp);
-    Ok((percentile(&took, 0.5), percentile(&took, 0.99)))
+    Ok((percentile(&took, 0.5), percentile(&took, 0.99), mean))
 }
 
 /// A sample's value in the Prometheus text `text`: the line that starts with `series` (the

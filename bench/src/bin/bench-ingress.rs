@@ -9,12 +9,12 @@
 //!
 //! Run with `make bench-ingress` (release). One run, in this order:
 //!
-//! 1. **The floors**: the disk's (300 appends of 4 KiB to a file in the same folder as the
-//!    state directories, each followed by `fdatasync`, which is what a commit waits for: `n`
-//!    clients that each wait for a durable acknowledgement get at most `n / p50` per second,
-//!    however commits are grouped), and the same clients against a server that only answers
-//!    (`201` and an id, on axum over hyper with two workers, as the daemon), so every figure is
-//!    also a ratio.
+//! 1. **The floors**: the store's commit (1,000 transactions of one event each through
+//!    `conduit_store::Store` itself, in the folder the state directories are in: what a commit
+//!    waits for without HTTP or grouping; `n` clients that each wait for a durable
+//!    acknowledgement get at most `n / mean` per second, however commits are grouped), and the
+//!    same clients against a server that only answers (`201` and an id, on axum over hyper
+//!    with two workers, as the daemon), so every figure is also a ratio.
 //! 2. **Closed loop** on a release daemon with `notes` installed, on a fresh state directory:
 //!    1, 8 and 64 clients, each its own keep-alive connection to the management socket, each
 //!    pushing `POST /v1/events` back to back and waiting for every acknowledgement (1 s warm-up,
@@ -45,7 +45,7 @@ use anyhow::{Context, ensure};
 use clap::Parser;
 use conduit_bench::daemon::Daemon;
 use conduit_bench::ingress::{
-    CLIENTS, Closed, Conn, Fixed, Floor, Reads, Results, check_shape, fsync_floor, metric, pace,
+    CLIENTS, Closed, Conn, Fixed, Floor, Reads, Results, check_shape, commit_floor, metric, pace,
     percentile, push_body, quantile_ms,
 };
 use conduit_bench::machine::{self, Machine};
@@ -151,14 +151,14 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     let warmup = Duration::from_secs_f64(args.warmup);
     let window = Duration::from_secs_f64(args.seconds);
 
-    // 1. The floors: the disk's, and a server that only answers.
-    let (fsync_p50, fsync_p99) = fsync_floor(root.path(), 300)?;
+    // 1. The floors: the store's commit, and a server that only answers.
+    let (commit_p50, commit_p99, commit_mean) = commit_floor(root.path(), 1000)?;
     println!(
-        "fsync floor (4 KiB append + fdatasync, {}): p50 {fsync_p50:.3} ms, p99 {fsync_p99:.3} ms: n clients that each wait for a durable acknowledgement get at most n / p50 per second (1: {:.0}/s, 8: {:.0}/s, 64: {:.0}/s)",
+        "commit floor (one event per store transaction, synchronous=FULL, {}): p50 {commit_p50:.3} ms, p99 {commit_p99:.3} ms, mean {commit_mean:.3} ms: n clients that each wait for a durable acknowledgement get at most n / mean per second (1: {:.0}/s, 8: {:.0}/s, 64: {:.0}/s)",
         root.path().display(),
-        1e3 / fsync_p50,
-        8e3 / fsync_p50,
-        64e3 / fsync_p50,
+        1e3 / commit_mean,
+        8e3 / commit_mean,
+        64e3 / commit_mean,
     );
     let floor = Floor::start(root.path())?;
     let mut floors = Vec::new();
@@ -184,9 +184,9 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         let pids = Some((d.daemon.pid(), d.notes_pid));
         let (c, cpu) = closed_loop(&sock, *n, "closed", warmup, window, pids).await?;
         let caught_up = drained(&d.daemon).await?;
-        let bound = *n as f64 * 1e3 / fsync_p50;
+        let bound = *n as f64 * 1e3 / commit_mean;
         println!(
-            "daemon {n:>2} client{}: {:>7.0} acks/s ({:.2}× the floor, {:.2}× the fsync bound), p50 {:.3} ms ({:.1}× floor), p99 {:.3} ms; CPU per event: daemon {:.0} µs, notes {:.0} µs; routed all {:.2} s after the run",
+            "daemon {n:>2} client{}: {:>7.0} acks/s ({:.2}× the floor, {:.2}× the commit bound), p50 {:.3} ms ({:.1}× floor), p99 {:.3} ms; CPU per event: daemon {:.0} µs, notes {:.0} µs; routed all {:.2} s after the run",
             if *n == 1 { " " } else { "s" },
             c.events_per_s,
             c.events_per_s / floor.1.events_per_s,
@@ -202,8 +202,8 @@ async fn run(args: &Args) -> anyhow::Result<()> {
             n.to_string(),
             json!({
                 "floor_ratio": c.events_per_s / floor.1.events_per_s,
-                "fsync_bound_per_s": bound,
-                "fsync_bound_ratio": c.events_per_s / bound,
+                "commit_bound_per_s": bound,
+                "commit_bound_ratio": c.events_per_s / bound,
                 "daemon_cpu_us_per_event": cpu.daemon_us,
                 "notes_cpu_us_per_event": cpu.notes_us,
                 "routed_all_s_after": caught_up.as_secs_f64(),
@@ -318,8 +318,8 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     );
     extra.insert("clients_extra".into(), Value::Object(extra_runs));
     extra.insert(
-        "fsync_floor".into(),
-        json!({ "p50_ms": fsync_p50, "p99_ms": fsync_p99 }),
+        "commit_floor".into(),
+        json!({ "p50_ms": commit_p50, "p99_ms": commit_p99, "mean_ms": commit_mean }),
     );
     extra.insert("eight_over_one".into(), json!(eight / one));
     extra.insert(

@@ -98,6 +98,16 @@ impl Conn {
         body: Option<&Value>,
     ) -> std::io::Result<(u16, Value)> {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
+        self.request_text(method, path, &body)
+    }
+
+    /// [`Conn::request`] with the body as text, sent as it is (not JSON, say).
+    pub fn request_text(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> std::io::Result<(u16, Value)> {
         write!(
             self.s,
             "{method} {path} HTTP/1.1\r\nhost: conduit\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",

@@ -1,4 +1,6 @@
-//! The host loop: one pass at a time, every poll interval and at once when nudged.
+//! The host loop: one pass at a time, every poll interval and at once when nudged (but no sooner
+//! than `decide::MIN_PASS_SPACING` after the previous pass began, so a stream of events is
+//! routed in batches).
 //!
 //! A pass routes pending events to Work (`work_kind.trigger`), fires due timers
 //! (`recurrence.next`), matches active waits against new events (`dependency.filter`) and
@@ -57,7 +59,10 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 pub use calls::failure_text;
-pub use decide::{RECURRENCE_FALLBACK_MS, fallback_groups, trigger_verdict, work_kind_of};
+pub use decide::{
+    MIN_PASS_SPACING, RECURRENCE_FALLBACK_MS, fallback_groups, nudged_pass_delay, trigger_verdict,
+    work_kind_of,
+};
 pub use ingress::INGRESS_LIMIT;
 pub use poll::INGRESS_INTERVAL;
 
@@ -143,7 +148,7 @@ impl HostLoop {
             // Until the registry is applied no kind's owner is known: routing now would send
             // every event of a package about to start to no Work.
             if !self.core.registry_applied() {
-                self.idle();
+                self.idle(None);
                 continue;
             }
             let t = Instant::now();
@@ -209,22 +214,27 @@ impl HostLoop {
                     "host loop pass"
                 );
             }
-            self.idle();
+            self.idle(Some(t));
         }
     }
 
-    /// Wait for the next pass: the poll interval, a nudge or the shutdown.
-    fn idle(&self) {
-        {
-            let (core, shutdown, poll) = (self.core.clone(), self.shutdown.clone(), self.poll);
-            self.rt.block_on(async move {
-                tokio::select! {
-                    () = tokio::time::sleep(poll) => {}
-                    () = core.nudged() => {}
-                    () = shutdown.cancelled() => {}
-                }
-            });
-        }
+    /// Wait for the next pass: the poll interval, a nudge or the shutdown. A nudge within
+    /// [`decide::MIN_PASS_SPACING`] of the last pass's start (`last`) waits out the rest of it,
+    /// so a stream of commits is routed in batches, not one pass per commit.
+    fn idle(&self, last: Option<Instant>) {
+        let (core, shutdown, poll) = (self.core.clone(), self.shutdown.clone(), self.poll);
+        self.rt.block_on(async move {
+            tokio::select! {
+                () = tokio::time::sleep(poll) => {}
+                () = async {
+                    core.nudged().await;
+                    if let Some(last) = last {
+                        tokio::time::sleep(decide::nudged_pass_delay(last.elapsed())).await;
+                    }
+                } => {}
+                () = shutdown.cancelled() => {}
+            }
+        });
     }
 
     /// One pass over everything live.
