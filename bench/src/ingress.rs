@@ -197,35 +197,6 @@ impl Drop for Floor {
     }
 }
 
-/// The store's commit floor on the file system under `dir`: one event accepted alone per write
-/// transaction (`Store::write`, WAL, `synchronous=FULL`: what a commit of the daemon's waits
-/// for, without HTTP or grouping), `n` times after `n / 5` untimed (so the WAL is past its first
-/// growth, as in a running daemon). In milliseconds: (p50, p99, mean). `c` clients that each
-/// wait for a durable acknowledgement before sending again get at most `c / mean` per second,
-/// however commits are grouped (each acknowledgement waits for at least one commit).
-pub fn commit_floor(dir: &Path, n: usize) -> anyhow::Result<(f64, f64, f64)> {
-    let path = dir.join("commit-floor.db");
-    let store = conduit_store::Store::open(&path).context("the commit floor's store")?;
-    let payload = json!({"thread": "t-1", "author": "bench", "text": "the quick brown fox"});
-    let mut took = Vec::with_capacity(n);
-    for i in 0..n + n / 5 {
-        let t = std::time::Instant::now();
-        store
-            .write(|tx| tx.accept_event("floor", &i.to_string(), "note.posted", &payload, 0))
-            .context("a commit of the floor")?;
-        if i >= n / 5 {
-            took.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-    drop(store);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
-    let mean = took.iter().sum::<f64>() / took.len().max(1) as f64;
-    took.sort_by(f64::total_cmp);
-    Ok((percentile(&took, 0.5), percentile(&took, 0.99), mean))
-}
-
 /// A sample's value in the Prometheus text `text`: the line that starts with `series` (the
 /// family's name and its labels as the daemon writes them, e.g.
 /// `conduit_latency_quantile_seconds{measure="writer_wait",quantile="0.99"}`).
