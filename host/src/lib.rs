@@ -8,6 +8,7 @@ pub mod check;
 pub mod client;
 pub mod core;
 pub mod daemon;
+pub mod doctor;
 pub mod error_chain;
 pub mod manifest;
 pub mod packages;

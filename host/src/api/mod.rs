@@ -21,6 +21,9 @@
 //! GET  /v1/timers?after=&limit=           timers, waits, emissions (without records): oldest
 //!      /v1/waits, /v1/emissions           first, in any state, the same paging as events
 //! GET  /v1/artifacts/{id}                 the content (id: `sha256:<hex>`)
+//! POST /v1/timers/{id}/delete             end by hand, kept: a timer deleted, a wait
+//! POST /v1/waits/{id}/cancel              cancelled, a Work closed ({"reason"?}); answered
+//! POST /v1/work/{id}/close                {"<record>": …, "changed"} (`manual.rs`)
 //! ```
 //!
 //! Access: the socket is 0600 inside a 0700 folder, and each connection's peer uid (read once
@@ -37,14 +40,16 @@
 //! The module's parts: `server.rs` the transport (the socket, the accept loop, the connection
 //! cap, the header timeout, the peer check), `error.rs` the error answers (`ApiError`, the
 //! store's and the core's errors as answers, the envelope of the framework's rejections),
-//! `extensions.rs` the daemon's own endpoints (health, metrics, extensions, reload) and
+//! `extensions.rs` the daemon's own endpoints (health, metrics, extensions, reload),
 //! `records.rs` the events, Work, timers, waits, emissions and artifacts, whose rules are the
-//! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer.
+//! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer, and
+//! `manual.rs` what an operator ends by hand (`core::manual`).
 //!
 //! Only this module knows HTTP.
 
 mod error;
 mod extensions;
+mod manual;
 mod records;
 mod server;
 
@@ -59,6 +64,7 @@ use tokio_util::sync::CancellationToken;
 use crate::daemon::handle::Daemon;
 
 pub use error::{ApiError, MAX_BODY, MAX_PUSH_BODY};
+pub use manual::MAX_CLOSE_REASON;
 pub use server::{HEADER_TIMEOUT_ENV, Limits, MAX_CONNECTIONS_ENV, PeerCred, bind};
 
 /// The router, without the transport and without the layers [`serve_with`] adds (the peer
@@ -67,6 +73,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .merge(extensions::routes())
         .merge(records::routes())
+        .merge(manual::routes())
         .fallback(|req: Request| async move {
             ApiError::new(
                 StatusCode::NOT_FOUND,

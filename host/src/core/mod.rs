@@ -28,7 +28,8 @@
 //! [`LoopStats`], `fault.rs` for the store-fault mapping and [`DiskFullLog`],
 //! `host_loop/poll.rs` for the ingress poll bookkeeping, `group_commit.rs` for the ingress
 //! queue, `timings.rs` for the writer's and ingress's histograms), and the modules that work on
-//! a `Core` (`ops.rs`, `callbacks.rs`, `host_loop/`) import it from `shared.rs`, never from here.
+//! a `Core` (`ops.rs`, `callbacks.rs`, `manual.rs` — what an operator ends by hand —,
+//! `host_loop/`) import it from `shared.rs`, never from here.
 
 pub mod artifacts;
 pub mod callbacks;
@@ -36,6 +37,7 @@ mod fault;
 pub mod group_commit;
 pub mod health;
 pub mod host_loop;
+mod manual;
 pub mod ops;
 mod shared;
 mod stats;

@@ -179,11 +179,12 @@ impl Daemon {
         }
     }
 
-    /// Restart a running extension now. `false` if it is not running here.
+    /// Restart a running extension now, at an operator's request (the exit's record says so).
+    /// `false` if it is not running here.
     pub fn restart(&self, name: &str) -> bool {
         match self.supervisor.get(name) {
             Some(ext) => {
-                ext.restart();
+                ext.restart(conduit_supervisor::StopRequest::operator_restart());
                 true
             }
             None => false,

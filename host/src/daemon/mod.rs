@@ -13,6 +13,10 @@
 //!   reload. It imports none of them.
 //! - [`reload`]: what a reload starts, stops and restarts, a pure function of the registry's
 //!   records and what is supervised.
+//! - [`trouble`]: whether an extension is in trouble and since when, and the daemon's health
+//!   summed up from that, pure functions of the views (what every health report reads).
+//! - [`routes`]: where an event stands with routing (in a Work, in none, or waiting and for
+//!   whom), read back from the views by the host loop's own rules.
 //! - `run`: the startup and shutdown wiring (signals, the store, the host loop thread, the
 //!   API, the notifier); the only part that imports the API.
 //!
@@ -22,7 +26,9 @@
 
 pub mod handle;
 pub mod reload;
+pub mod routes;
 mod run;
+pub mod trouble;
 
 pub use handle::{
     Daemon, ExtensionView, POLL_INTERVAL, ReloadReport, SOCKET_NAME, SettingError, socket_path,

@@ -29,9 +29,11 @@ mod artifacts;
 mod conn;
 mod counts;
 mod emissions;
+mod ended;
 mod error;
 mod events;
 mod ingress;
+mod inspect;
 mod limits;
 mod pool;
 mod rows;
@@ -45,8 +47,10 @@ mod work;
 pub use artifacts::Artifact;
 pub use counts::Counts;
 pub use emissions::{Emission, EmissionState, Planned};
+pub use ended::Ended;
 pub use error::{Fault, StoreError};
 pub use events::{Accepted, EventRecord};
+pub use inspect::{Inspection, QuickCheck, inspect, read_only};
 pub use limits::{
     BUSY_TIMEOUT, MAX_PAGE, MAX_READERS, READER_CHECKOUT_TIMEOUT, TEST_MAX_PAGE_COUNT_ENV,
 };

@@ -127,6 +127,17 @@ CREATE TABLE ingress_cursors (
     PRIMARY KEY (extension, source)
 ) STRICT, WITHOUT ROWID;
 "#,
+    // 4 (it follows retention's 3; on a branch without that one, it is the third entry): what
+    // an operator ended by hand, kept rather than erased. A deleted timer has no `next_at` and
+    // a `deleted_at`; a cancelled wait is in state `cancelled` with a `cancelled_at`; a closed
+    // Work is `done` with a `closed_at` and the operator's reason. Each leaves its live partial
+    // index (`timers_due`, `waits_active`, `work_live`) as a finished record does.
+    r#"
+ALTER TABLE timers ADD COLUMN deleted_at INTEGER;
+ALTER TABLE waits ADD COLUMN cancelled_at INTEGER;
+ALTER TABLE work ADD COLUMN closed_at INTEGER;
+ALTER TABLE work ADD COLUMN close_reason TEXT;
+"#,
 ];
 
 /// Brings the file at `path` (already open as `conn`) up to `MIGRATIONS.len()`.

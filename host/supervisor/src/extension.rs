@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::log::Tail;
 use crate::stats::{self, LatencyHistogram, Traffic};
-use crate::status::{InFlightCall, State, Status};
+use crate::status::{InFlightCall, State, Status, StopRequest};
 use crate::tree::{self, ProcId, ProcStat};
 use crate::usage::Usage;
 
@@ -74,7 +74,8 @@ impl ExtCallError {
 
 /// What the actor is asked to do, by the handle and the registry.
 pub(crate) enum Cmd {
-    Restart,
+    /// End the current run as the request says, then start again at once.
+    Restart(StopRequest),
     Stop,
 }
 
@@ -378,9 +379,11 @@ impl Extension {
     }
 
     /// Ask the actor to restart the extension now (also from `backing-off`, `crash-looping`,
-    /// `incompatible` or `refused`); resets the failure count.
-    pub fn restart(&self) {
-        let _ = self.inner.cmds.send(Cmd::Restart);
+    /// `incompatible` or `refused`); `req` says who asks and why, as the exit's record will.
+    /// An operator's restart resets the failure count and the failing streak; the host's
+    /// (unresponsive) keeps them.
+    pub fn restart(&self, req: StopRequest) {
+        let _ = self.inner.cmds.send(Cmd::Restart(req));
     }
 
     /// The calls awaiting an answer now, oldest first.

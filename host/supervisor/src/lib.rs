@@ -54,6 +54,7 @@ pub use crate::extension::{ExtCallError, Extension, RunBrief};
 pub use crate::spec::{BulkSink, CallbackHandlers, ExtensionSpec, no_callbacks};
 pub use crate::stats::{Latency, LatencyHistogram, MethodStats, Traffic};
 pub use crate::status::{
-    ExitCause, ExitRecord, InFlightCall, RECENT_EXITS, Resources, State, Status, now_ms,
+    ExitCause, ExitRecord, InFlightCall, RECENT_EXITS, Requester, Resources, State, Status,
+    StopRequest, now_ms,
 };
 pub use crate::supervisor::Supervisor;
