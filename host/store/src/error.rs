@@ -200,6 +200,11 @@ impl StoreError {
                 found: *found,
                 known: *known,
             },
+            StoreError::NotMigrated { path, found, known } => StoreError::NotMigrated {
+                path: path.clone(),
+                found: *found,
+                known: *known,
+            },
             StoreError::Migration { version, cause } => StoreError::Migration {
                 version: *version,
                 cause: sql(cause),
