@@ -27,13 +27,6 @@ fn socket(f: &Fixture) -> PathBuf {
     f.state().join("run/conduit.sock")
 }
 
-fn rounds() -> usize {
-    std::env::var("CONDUIT_DRILL_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5)
-}
-
 const SOURCE: &str = "notes-inbox";
 
 fn payload(i: usize) -> Value {
@@ -91,7 +84,7 @@ fn group_commit_sigkill() {
     // Delivery → the event id its acknowledgement gave; deliveries sent but never answered.
     let acked: Arc<Mutex<HashMap<String, i64>>> = Arc::default();
     let unanswered: Arc<Mutex<HashSet<String>>> = Arc::default();
-    let rounds = rounds();
+    let rounds = drill::rounds();
     for round in 0..rounds {
         f.start_daemon();
         f.wait_state("notes", "ready", PATIENCE);

@@ -331,11 +331,7 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     );
     let json = results.to_json(extra);
     check_shape(&json).map_err(anyhow::Error::msg)?;
-    if let Some(dir) = args.json.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(&args.json, serde_json::to_string_pretty(&json)? + "\n")
-        .with_context(|| format!("writing {}", args.json.display()))?;
+    machine::write_results(&args.json, &json)?;
     println!("results written to {}", args.json.display());
     Ok(())
 }

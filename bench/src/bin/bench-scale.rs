@@ -189,11 +189,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         "runs": runs.iter().map(|(l, r)| (l.clone(), serde_json::to_value(r).unwrap_or(Value::Null))).collect::<serde_json::Map<_, _>>(),
         "echo_p50_ratio": large_p50 / small_p50,
     });
-    if let Some(dir) = args.json.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(&args.json, serde_json::to_string_pretty(&json)? + "\n")
-        .with_context(|| format!("writing {}", args.json.display()))?;
+    machine::write_results(&args.json, &json)?;
     println!("results written to {}", args.json.display());
     Ok(())
 }
