@@ -263,16 +263,19 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     let new = metric(&text, "conduit_ingress_events_total{outcome=\"new\"}");
     let opt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
     println!(
-        "fixed {:.0}/s offered for {} s: {:.0} acks/s; ack p50 {:.3} ms p99 {:.3} ms; ack-to-route p50 {:.3} ms p99 {:.3} ms (from {a2r_source}); writer wait p99 {} ms, hold p99 {} ms; {} events in {} commits; {} host-loop passes, {} s in them; routed all {:.2} s after",
+        "fixed {:.0}/s offered for {} s: {:.0} acks/s; ack p50 {:.3} ms p99 {:.3} ms max {:.3} ms; ack-to-route p50 {:.3} ms p99 {:.3} ms (from {a2r_source}); writer wait p99 {} ms max {} ms, hold p99 {} ms max {} ms; {} events in {} commits; {} host-loop passes, {} s in them; routed all {:.2} s after",
         args.rate,
         args.fixed_seconds,
         fixed.achieved_per_s,
         fixed.p50_ms,
         fixed.p99_ms,
+        fixed.max_ms,
         a2r_p50,
         a2r_p99,
         opt(f.writer_wait_p99_ms),
+        opt(q("writer_wait", "1")),
         opt(f.writer_hold_p99_ms),
+        opt(q("writer_hold", "1")),
         opt(new),
         opt(commits),
         opt(passes),
@@ -312,8 +315,12 @@ async fn run(args: &Args) -> anyhow::Result<()> {
             "achieved_per_s": fixed.achieved_per_s,
             "ack_p50_ms": fixed.p50_ms,
             "ack_to_route_source": a2r_source,
+            "ack_max_ms": fixed.max_ms,
             "writer_wait_p50_ms": q("writer_wait", "0.5"),
             "writer_hold_p50_ms": q("writer_hold", "0.5"),
+            "writer_wait_max_ms": q("writer_wait", "1"),
+            "writer_hold_max_ms": q("writer_hold", "1"),
+            "ack_to_route_max_ms": q("ack_to_route", "1"),
             "events": new,
             "commits": commits,
             "host_loop_passes": passes,
@@ -509,6 +516,7 @@ struct FixedRun {
     achieved_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
+    max_ms: f64,
 }
 
 /// `args.rate` events per second, event `i` due at `i / rate` and sent on connection
@@ -554,6 +562,7 @@ async fn fixed_rate(args: &Args, socket: &Path, warmup: Duration) -> anyhow::Res
         achieved_per_s: count as f64 / took.max(args.fixed_seconds),
         p50_ms: all.value_at_quantile(0.5) as f64 / 1e6,
         p99_ms: all.value_at_quantile(0.99) as f64 / 1e6,
+        max_ms: all.max() as f64 / 1e6,
     })
 }
 
