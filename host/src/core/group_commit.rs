@@ -45,6 +45,8 @@ use conduit_protocol::CheckedPayload;
 use conduit_store::{Accepted, Store, StoreError, WriteTx};
 use tokio::sync::oneshot;
 
+use super::fault::panic_text;
+
 /// The most events one group commit takes (unless a single submission holds more).
 pub const MAX_BATCH_EVENTS: usize = 1_000;
 
@@ -343,15 +345,6 @@ pub fn write_submission(tx: &mut WriteTx<'_>, d: &Submission, now: i64) -> Answe
         tx.set_ingress_cursor(&c.extension, &d.source, &c.cursor, now)?;
     }
     Ok(accepted)
-}
-
-/// A panic's message, when it has one that is text.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use conduit_store::{Store, StoreError};
 use conduit_supervisor::{Extension, Supervisor};
 use tokio::sync::Notify;
 
-use super::fault::DiskFullLog;
+use super::fault::{DiskFullLog, panic_text};
 use super::group_commit::GroupCommit;
 use super::host_loop::poll::PollState;
 use super::stats::LoopStats;
@@ -215,7 +215,7 @@ impl Core {
     fn panicked(&self, what: &'static str, e: tokio::task::JoinError) -> StoreError {
         self.store_panics.fetch_add(1, Ordering::Relaxed);
         let reason = match e.try_into_panic() {
-            Ok(payload) => panic_message(payload.as_ref()),
+            Ok(payload) => panic_text(payload.as_ref()),
             Err(e) => e.to_string(),
         };
         tracing::error!(what, %reason, "a store operation panicked (a bug in the host)");
@@ -227,15 +227,6 @@ impl Core {
     pub fn store_panics(&self) -> u64 {
         self.store_panics.load(Ordering::Relaxed)
     }
-}
-
-/// A panic's message, when it has one that is text.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// Clears the in-transaction mark when dropped.
