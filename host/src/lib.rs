@@ -15,3 +15,4 @@ pub mod packages;
 pub mod service;
 pub mod state_dir;
 pub mod telemetry;
+pub mod views;

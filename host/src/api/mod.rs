@@ -24,6 +24,18 @@
 //! POST /v1/timers/{id}/delete             end by hand, kept: a timer deleted, a wait
 //! POST /v1/waits/{id}/cancel              cancelled, a Work closed ({"reason"?}); answered
 //! POST /v1/work/{id}/close                {"<record>": …, "changed"} (`manual.rs`)
+//!
+//! For the operator views (`views.rs`):
+//! GET  /v1/overview?sort=&order=&filter=&offset=&limit=&detail=
+//!                                         daemon figures, counts, one page of the extensions
+//!                                         table, one extension's detail: `conduit top`'s one
+//!                                         request per refresh
+//! POST /v1/extensions/{name}/enable       set the registry's flag and apply it (also disable)
+//! GET  /v1/extensions/{name}/latency      per-method latency counts between fixed bounds
+//! GET  /v1/work/recent?state=&kind=&before=&limit=
+//!                                         Work newest first, from indexes, with counts
+//! GET  /v1/work/{id}/events?after=&limit= one Work and a page of its events
+//! GET  /v1/artifacts?before=&limit=       artifacts, newest first
 //! ```
 //!
 //! Access: the socket is 0600 inside a 0700 folder, and each connection's peer uid (read once
@@ -42,16 +54,18 @@
 //! store's and the core's errors as answers, the envelope of the framework's rejections),
 //! `extensions.rs` the daemon's own endpoints (health, metrics, extensions, reload),
 //! `records.rs` the events, Work, timers, waits, emissions and artifacts, whose rules are the
-//! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer, and
-//! `manual.rs` what an operator ends by hand (`core::manual`).
+//! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer,
+//! `manual.rs` what an operator ends by hand (`core::manual`), and `views.rs` what the operator
+//! views read (the overview, pages from indexes) and do.
 //!
-//! Only this module knows HTTP.
+//! Of the daemon, only this module knows HTTP (its clients — `client.rs`, the views — speak it too).
 
 mod error;
 mod extensions;
 mod manual;
 mod records;
 mod server;
+mod views;
 
 use std::sync::Arc;
 
@@ -73,6 +87,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .merge(extensions::routes())
         .merge(records::routes())
+        .merge(views::routes())
         .merge(manual::routes())
         .fallback(|req: Request| async move {
             ApiError::new(

@@ -240,3 +240,14 @@ pub(crate) fn api_error(status: hyper::StatusCode, body: &serde_json::Value) -> 
         CliError::failure(msg)
     }
 }
+
+/// The daemon's client for a view (`top`, `web`), and the state directory it serves, found
+/// without creating or changing anything; exit 3, saying how to start one, when none answers.
+pub(crate) fn view_client(
+    rt: &tokio::runtime::Runtime,
+    state: &StateArgs,
+) -> Result<(PathBuf, Client), CliError> {
+    let dir = state.open_read_only()?;
+    let client = need_daemon(rt, &dir)?;
+    Ok((dir.path().to_owned(), client))
+}

@@ -37,6 +37,8 @@ mod metrics;
 mod outcome;
 mod service;
 mod table;
+mod top;
+mod web;
 
 use std::process::ExitCode;
 
@@ -118,6 +120,8 @@ enum Command {
     Metrics(metrics::Args),
     /// Check this installation: each check ok, warn or fail, with the command that fixes it.
     Doctor(doctor::Args),
+    Top(top::Args),
+    Web(web::Args),
     /// Print a shell completion script (subcommands, flags, installed package names).
     Completions(docs_gen::CompletionsArgs),
     /// Write man pages (one per command) into a folder (`make man` runs this).
@@ -283,6 +287,8 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
         Command::Metrics(args) => metrics::run(args, &state),
         Command::Doctor(args) => doctor::run(args, &state),
+        Command::Top(args) => top::run(args, &state),
+        Command::Web(args) => web::run(args, &state),
         Command::Completions(args) => docs_gen::completions(args),
         Command::Man(args) => docs_gen::man(args, Cli::command()),
     }

@@ -197,10 +197,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             })
             .await
             .map_err(store_fault)?;
-            to_raw(&ArtifactStored {
-                artifact_id: format!("sha256:{sha}"),
-                size,
-            })
+            to_raw(&ArtifactStored::new(sha, size))
         }
         ext::ARTIFACT_ABORT => {
             let p: ArtifactAbort = params(&req)?;

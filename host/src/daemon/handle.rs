@@ -95,6 +95,22 @@ pub struct Daemon {
     started_from: Mutex<HashMap<String, String>>,
     reloads: mpsc::Sender<oneshot::Sender<ReloadReport>>,
     started_at_ms: i64,
+    /// The registry's records as last read for an overview, with the stamp of the files they
+    /// were read from (see [`Daemon::records`]).
+    records: Mutex<Option<(RegistryStamp, Arc<Vec<PackageRecord>>)>>,
+}
+
+/// When the registry's files last changed: the records folder and `registry.json` (every record
+/// is replaced by a rename into the folder, which changes its modification time).
+type RegistryStamp = [Option<std::time::SystemTime>; 2];
+
+fn registry_stamp(state: &StateDir) -> RegistryStamp {
+    let dir = state.packages_dir();
+    let at = |p: PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    [
+        at(dir.join(packages::RECORDS_DIR)),
+        at(dir.join(packages::REGISTRY_FILE)),
+    ]
 }
 
 impl std::fmt::Debug for Daemon {
@@ -120,6 +136,7 @@ impl Daemon {
             started_from: Mutex::new(HashMap::new()),
             reloads,
             started_at_ms: now_ms(),
+            records: Mutex::new(None),
         }
     }
 
@@ -148,6 +165,25 @@ impl Daemon {
     pub fn extensions(&self) -> anyhow::Result<Vec<ExtensionView>> {
         let records = packages::list(&self.state)?;
         Ok(records.iter().map(|r| self.view(r)).collect())
+    }
+
+    /// Every installed package's record, ordered by name, read again only when the registry's
+    /// files changed since the last read or a reload ran: an overview of a thousand packages
+    /// every two seconds then costs two `stat`s, not a thousand files parsed. A change within
+    /// the file system's timestamp granularity of the last read could go unseen, but every
+    /// change the CLI makes is followed by a reload, which drops what is kept.
+    pub fn records(&self) -> anyhow::Result<Arc<Vec<PackageRecord>>> {
+        let stamp = registry_stamp(&self.state);
+        let mut kept = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, recs)) = &*kept
+            && *at == stamp
+            && stamp[0].is_some()
+        {
+            return Ok(recs.clone());
+        }
+        let recs = Arc::new(packages::list(&self.state)?);
+        *kept = Some((stamp, recs.clone()));
+        Ok(recs)
     }
 
     /// One package's view, or `None` if it is not installed.
@@ -205,6 +241,7 @@ impl Daemon {
     /// [`reload::decide`]), then stop and start through the supervisor. Only the reconciler
     /// task calls it, one request at a time.
     pub(crate) async fn reconcile(&self) -> ReloadReport {
+        *self.records.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let mut report = ReloadReport::default();
         let records = match packages::list(&self.state) {
             Ok(r) => r,

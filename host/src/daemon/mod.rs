@@ -11,6 +11,8 @@
 //! - [`handle`]: the [`Daemon`] handle the API, the telemetry, the service notifier and the CLI
 //!   use, with the types they read ([`ExtensionView`], [`ReloadReport`]) and the I/O of a
 //!   reload. It imports none of them.
+//! - [`overview`]: `GET /v1/overview`, what `conduit top` and `conduit web` read: the
+//!   extensions table filtered, sorted and paged by a pure [`overview::select`].
 //! - [`reload`]: what a reload starts, stops and restarts, a pure function of the registry's
 //!   records and what is supervised.
 //! - [`trouble`]: whether an extension is in trouble and since when, and the daemon's health
@@ -25,6 +27,7 @@
 //! (bounded) for its report.
 
 pub mod handle;
+pub mod overview;
 pub mod reload;
 pub mod routes;
 mod run;

@@ -37,7 +37,7 @@ macro_rules! artifact_select {
 const SQL_BY_ID: &str = concat!(artifact_select!(), "WHERE id = ?1");
 const SQL_BY_SHA: &str = concat!(artifact_select!(), "WHERE sha256 = ?1");
 
-fn decode(row: &Row<'_>) -> Result<Artifact, StoreError> {
+pub(crate) fn decode(row: &Row<'_>) -> Result<Artifact, StoreError> {
     let id: i64 = col(row, 0)?;
     let size: i64 = col(row, 2)?;
     Ok(Artifact {

@@ -41,6 +41,7 @@ mod schema;
 mod store;
 mod timers;
 mod tx;
+mod views;
 mod waits;
 mod work;
 
@@ -58,5 +59,6 @@ pub use schema::MIGRATIONS;
 pub use store::{Durability, Store, WriteTimes};
 pub use timers::Timer;
 pub use tx::{ReadTx, WriteTx};
+pub use views::{ViewCounts, WorkCount, WorkFilter, WorkSummary};
 pub use waits::{Wait, WaitState};
 pub use work::{WorkRecord, WorkState};

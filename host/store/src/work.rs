@@ -43,7 +43,8 @@ impl WorkState {
         }
     }
 
-    fn parse(s: &str) -> Option<WorkState> {
+    /// The state named `s` as stored (`open`, `ready`, `done`), if it is one.
+    pub fn parse(s: &str) -> Option<WorkState> {
         match s {
             "open" => Some(WorkState::Open),
             "ready" => Some(WorkState::Ready),

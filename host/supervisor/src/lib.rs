@@ -52,9 +52,11 @@ pub mod usage;
 
 pub use crate::extension::{ExtCallError, Extension, RunBrief};
 pub use crate::spec::{BulkSink, CallbackHandlers, ExtensionSpec, no_callbacks};
-pub use crate::stats::{Latency, LatencyHistogram, MethodStats, Traffic};
+pub use crate::stats::{
+    CallSummary, Latency, LatencyHistogram, MethodStats, RATE_BUCKET, RATE_BUCKETS, Traffic,
+};
 pub use crate::status::{
-    ExitCause, ExitRecord, InFlightCall, RECENT_EXITS, Requester, Resources, State, Status,
-    StopRequest, now_ms,
+    ExitCause, ExitGlance, ExitRecord, Glance, InFlightCall, RECENT_EXITS, Requester, Resources,
+    State, Status, StopRequest, now_ms,
 };
 pub use crate::supervisor::Supervisor;

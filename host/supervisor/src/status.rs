@@ -51,6 +51,11 @@ impl State {
         State::Disabled,
     ];
 
+    /// The state named `s` (`crash-looping`), if it is one.
+    pub fn parse(s: &str) -> Option<State> {
+        State::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             State::Starting => "starting",
@@ -393,6 +398,99 @@ impl Status {
         }
         self.recent_exits.insert(0, rec);
         self.recent_exits.truncate(RECENT_EXITS);
+    }
+}
+
+/// What an overview shows of one extension, read without copying its whole status (see
+/// `Extension::glance`): a thousand of these are read for one overview.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct Glance {
+    pub state: State,
+    pub pid: Option<u32>,
+    pub restarts: u32,
+    pub ready_since_ms: Option<i64>,
+    pub next_start_at_ms: Option<i64>,
+    /// The newest of the recent exits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<ExitGlance>,
+    /// Resident memory of the tree and its CPU share now, while it runs and is sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    /// The memory and CPU limits in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_limit: Option<f64>,
+    /// Host calls awaiting the extension's answer now.
+    pub in_flight: u32,
+    pub calls: crate::stats::CallSummary,
+}
+
+/// The newest exit, as an overview shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ExitGlance {
+    pub at_ms: i64,
+    pub cause: ExitCause,
+    pub summary: String,
+    /// The exit code or signal, when the child's status was collected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitInfo>,
+    /// How many calls were in flight then.
+    pub in_flight: u32,
+}
+
+impl ExitGlance {
+    /// A few words: the exit code or signal (`exit code 3`, `killed by SIGKILL`), else the
+    /// cause (`closed-stdout`, `stopped-by-host`, `over-limit`).
+    pub fn brief(&self) -> String {
+        match (self.cause, self.exit) {
+            (ExitCause::Exited | ExitCause::Signalled, Some(e)) => e.to_string(),
+            (cause, Some(e)) => format!("{}, {e}", cause.as_str()),
+            (cause, None) => cause.as_str().to_owned(),
+        }
+    }
+}
+
+impl ExitCause {
+    /// The name on the wire (`closed-stdout`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExitCause::Exited => "exited",
+            ExitCause::Signalled => "signalled",
+            ExitCause::ClosedStdout => "closed-stdout",
+            ExitCause::StoppedByHost => "stopped-by-host",
+            ExitCause::OverLimit => "over-limit",
+        }
+    }
+}
+
+impl Glance {
+    /// What `status` holds, with no call figures yet.
+    pub fn of(status: &Status) -> Glance {
+        let res = status.resources.as_ref();
+        let usage = res.and_then(|r| r.usage.as_ref());
+        Glance {
+            state: status.state,
+            pid: status.pid,
+            restarts: status.restarts,
+            ready_since_ms: status.ready_since_ms,
+            next_start_at_ms: status.next_start_at_ms,
+            last_exit: status.recent_exits.first().map(|e| ExitGlance {
+                at_ms: e.at_ms,
+                cause: e.cause,
+                summary: e.summary.clone(),
+                exit: e.exit,
+                in_flight: e.in_flight.len() as u32,
+            }),
+            rss_bytes: usage.map(|u| u.rss_bytes),
+            cpu: usage.map(|u| u.cpu),
+            memory_limit: res.map(|r| r.limits.memory),
+            cpu_limit: res.map(|r| r.limits.cpu),
+            in_flight: 0,
+            calls: Default::default(),
+        }
     }
 }
 
