@@ -336,3 +336,53 @@ async fn a_submission_the_store_refuses_fails_alone_and_takes_its_cursor_with_it
         .unwrap();
     assert_eq!(cursor, None, "the cursor moves only with its events");
 }
+
+#[test]
+fn a_pass_that_leaves_a_full_page_of_due_timers_or_emissions_asks_for_the_next_at_once() {
+    use super::host_loop::{HostLoop, PASS_LIMIT};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The supervisor starts its tasks on the runtime it is made in.
+    let _entered = rt.enter();
+    let (core, _dir) = core();
+    let limit = PASS_LIMIT as usize;
+    // Two pages and a half of due timers, a page and one of planned emissions; no extension
+    // runs, so each gets its fallback (rescheduled, failed) and leaves the due and planned sets.
+    rt.block_on(async {
+        for _ in 0..limit * 5 / 2 {
+            core.create_timer("notes".into(), "every".into(), "1s".into(), Some(5))
+                .await
+                .unwrap();
+        }
+        for _ in 0..=limit {
+            core.plan_emission("notes".into(), "mail".into(), None, serde_json::json!({}))
+                .await
+                .unwrap();
+        }
+    });
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let host_loop = HostLoop::new(
+        core.clone(),
+        rt.handle().clone(),
+        std::time::Duration::from_secs(3600),
+        shutdown,
+    );
+    let passes: Vec<_> = (0..4)
+        .map(|_| {
+            let r = host_loop.pass();
+            assert!(r.errors.is_empty(), "{r:?}");
+            (r.timers_fired, r.emissions_failed, r.more)
+        })
+        .collect();
+    assert_eq!(
+        passes,
+        [
+            (limit, limit, true),
+            (limit, 1, true),
+            (limit / 2, 0, false),
+            (0, 0, false)
+        ]
+    );
+}

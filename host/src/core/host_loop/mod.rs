@@ -34,6 +34,13 @@
 //!
 //! Each pass also starts an `ingress.poll` of every declared ingress source that is due
 //! (`ingress.rs`). Polls are not in-transaction calls: they run as tasks on the runtime.
+//!
+//! A backlog (after a restart, or an owner that was away) drains in bounded steps: routing
+//! reads [`ROUTE_BATCH`] events at a time through the unrouted index, each batch its own
+//! transaction; timers, waits and emissions take [`PASS_LIMIT`] each a pass, and a pass that
+//! read a full page of due timers or planned emissions it could act on is followed by the next
+//! one at once (`PassReport::more`, still [`MIN_PASS_SPACING`] apart), not after the poll
+//! interval.
 
 mod calls;
 mod decide;
@@ -97,6 +104,9 @@ pub struct PassReport {
     pub emissions_failed: usize,
     pub fallbacks: usize,
     pub errors: Vec<String>,
+    /// A step read a full page and made progress with it: more may be waiting, so the next
+    /// pass starts without waiting for the poll interval or a nudge.
+    pub more: bool,
 }
 
 /// The loop; [`HostLoop::spawn`] runs it on its own thread.
@@ -148,7 +158,7 @@ impl HostLoop {
             // Until the registry is applied no kind's owner is known: routing now would send
             // every event of a package about to start to no Work.
             if !self.core.registry_applied() {
-                self.idle(None);
+                self.idle(None, false);
                 continue;
             }
             let t = Instant::now();
@@ -214,20 +224,23 @@ impl HostLoop {
                     "host loop pass"
                 );
             }
-            self.idle(Some(t));
+            self.idle(Some(t), report.more);
         }
     }
 
     /// Wait for the next pass: the poll interval, a nudge or the shutdown. A nudge within
     /// [`decide::MIN_PASS_SPACING`] of the last pass's start (`last`) waits out the rest of it,
-    /// so a stream of commits is routed in batches, not one pass per commit.
-    fn idle(&self, last: Option<Instant>) {
+    /// so a stream of commits is routed in batches, not one pass per commit. With `more` (the
+    /// last pass left a full page behind) the next pass needs no nudge.
+    fn idle(&self, last: Option<Instant>, more: bool) {
         let (core, shutdown, poll) = (self.core.clone(), self.shutdown.clone(), self.poll);
         self.rt.block_on(async move {
             tokio::select! {
                 () = tokio::time::sleep(poll) => {}
                 () = async {
-                    core.nudged().await;
+                    if !more {
+                        core.nudged().await;
+                    }
                     if let Some(last) = last {
                         tokio::time::sleep(decide::nudged_pass_delay(last.elapsed())).await;
                     }
@@ -539,6 +552,9 @@ impl HostLoop {
     ) -> Result<(), conduit_store::StoreError> {
         let now = now_ms();
         let due = self.core.store.read(|rd| rd.due_timers(now, PASS_LIMIT))?;
+        // A fired timer is rescheduled past now, so the next page is other timers.
+        r.more |= due.len() == PASS_LIMIT as usize
+            && due.iter().any(|t| !self.held(settling, &t.extension));
         for t in due {
             if self.shutdown.is_cancelled() {
                 return Ok(());
@@ -653,6 +669,9 @@ impl HostLoop {
             .core
             .store
             .read(|rd| rd.planned_emissions(PASS_LIMIT))?;
+        // A committed or failed emission is no longer planned: the next page is others.
+        r.more |= planned.len() == PASS_LIMIT as usize
+            && planned.iter().any(|em| !self.held(settling, &em.extension));
         for em in planned {
             if self.shutdown.is_cancelled() {
                 return Ok(());
