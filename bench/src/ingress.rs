@@ -21,9 +21,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use conduit_host::packages::{self, InstallOptions};
+use conduit_host::state_dir::StateDir;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
+
+use crate::daemon::Daemon;
 
 /// The client counts the closed-loop phase measures, as the results file names them.
 pub const CLIENTS: [usize; 3] = [1, 8, 64];
@@ -129,6 +133,44 @@ pub fn push_body(phase: &str, client: usize, n: u64) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
+}
+
+/// A fresh state directory `root/<label>-state` with `notes` (the binary `notes`, the example's
+/// manifest) installed, as `conduit ext install` would; its path.
+pub fn notes_state(root: &Path, label: &str, notes: &Path) -> anyhow::Result<PathBuf> {
+    let state = root.join(format!("{label}-state"));
+    let pkg = root.join(format!("{label}-pkg")).join("notes");
+    std::fs::create_dir_all(&pkg)?;
+    let manifest =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/notes/conduit-extension.toml");
+    std::fs::copy(&manifest, pkg.join("conduit-extension.toml"))
+        .with_context(|| format!("copying {}", manifest.display()))?;
+    std::fs::copy(notes, pkg.join("conduit-notes"))
+        .with_context(|| format!("copying {}", notes.display()))?;
+    let dir = StateDir::open(&state).context("the state directory")?;
+    packages::install(&dir, &pkg, &InstallOptions::default()).context("installing notes")?;
+    Ok(state)
+}
+
+/// Wait at most `within` for extension `name` to be ready; its pid.
+pub async fn ready_pid(d: &Daemon, name: &str, within: Duration) -> anyhow::Result<Option<u32>> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let list = d.client.get("/v1/extensions").await?;
+        let ready = list["extensions"]
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e["name"] == name))
+            .filter(|e| e["state"] == "ready")
+            .map(|e| e["pid"].as_u64().map(|p| p as u32));
+        if let Some(pid) = ready {
+            return Ok(pid);
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{name} was not ready within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The floor: a server that only answers `POST /v1/events` as the daemon does (`201` and an

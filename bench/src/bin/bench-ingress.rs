@@ -44,13 +44,11 @@ use anyhow::{Context, ensure};
 use clap::Parser;
 use conduit_bench::daemon::Daemon;
 use conduit_bench::ingress::{
-    CLIENTS, Closed, Conn, Fixed, Floor, Reads, Results, check_shape, metric, pace, percentile,
-    push_body, quantile_ms,
+    CLIENTS, Closed, Conn, Fixed, Floor, Reads, Results, check_shape, metric, notes_state, pace,
+    percentile, push_body, quantile_ms, ready_pid,
 };
 use conduit_bench::machine::{self, Machine};
 use conduit_bench::measure::{new_histogram, proc_cpu_ticks, record};
-use conduit_host::packages::{self, InstallOptions};
-use conduit_host::state_dir::StateDir;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use tokio::time::sleep_until;
@@ -351,33 +349,9 @@ struct Started {
 }
 
 async fn start(root: &Path, label: &str, conduit: &Path, notes: &Path) -> anyhow::Result<Started> {
-    let state = root.join(format!("{label}-state"));
-    let pkg = root.join(format!("{label}-pkg")).join("notes");
-    std::fs::create_dir_all(&pkg)?;
-    let manifest =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/notes/conduit-extension.toml");
-    std::fs::copy(&manifest, pkg.join("conduit-extension.toml"))
-        .with_context(|| format!("copying {}", manifest.display()))?;
-    std::fs::copy(notes, pkg.join("conduit-notes"))
-        .with_context(|| format!("copying {}", notes.display()))?;
-    let dir = StateDir::open(&state).context("the state directory")?;
-    packages::install(&dir, &pkg, &InstallOptions::default()).context("installing notes")?;
-    drop(dir);
+    let state = notes_state(root, label, notes)?;
     let daemon = Daemon::start(conduit, &state, Duration::from_secs(60)).await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let notes_pid = loop {
-        let list = daemon.client.get("/v1/extensions").await?;
-        let ready = list["extensions"]
-            .as_array()
-            .and_then(|a| a.iter().find(|e| e["name"] == "notes"))
-            .filter(|e| e["state"] == "ready")
-            .map(|e| e["pid"].as_u64().map(|p| p as u32));
-        if let Some(pid) = ready {
-            break pid;
-        }
-        ensure!(Instant::now() < deadline, "notes was not ready within 60 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let notes_pid = ready_pid(&daemon, "notes", Duration::from_secs(60)).await?;
     Ok(Started {
         socket: state.join("run").join("conduit.sock"),
         daemon,
