@@ -135,6 +135,55 @@ pub fn push_body(phase: &str, client: usize, n: u64) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Run `fut` on a current-thread runtime in a `LocalSet` (its clients cost one CPU at most, and
+/// `spawn_local` lets them share counters without locks); errors are printed after `name`.
+/// `Ok(true)` exits 0, `Ok(false)` 2 (a bound missed), an error 1.
+pub fn run_local(
+    name: &str,
+    fut: impl std::future::Future<Output = anyhow::Result<bool>>,
+) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: a tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match tokio::task::LocalSet::new().block_on(&rt, fut) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(2),
+        Err(e) => {
+            eprintln!("{name}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The `conduit` binary (`given`, else the one beside this executable) and `conduit-notes`
+/// beside it; an error naming the one missing and the `make` target that builds both.
+pub fn conduit_and_notes(given: Option<&Path>, make: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let conduit = match given {
+        Some(p) => p.to_owned(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("this executable's folder")?
+            .join("conduit"),
+    };
+    let notes = conduit.with_file_name("conduit-notes");
+    for p in [&conduit, &notes] {
+        ensure!(
+            p.is_file(),
+            "{} is missing: build it first (`make {make}` builds both in release)",
+            p.display()
+        );
+    }
+    Ok((conduit, notes))
+}
+
 /// A fresh state directory `root/<label>-state` with `notes` (the binary `notes`, the example's
 /// manifest) installed, as `conduit ext install` would; its path.
 pub fn notes_state(root: &Path, label: &str, notes: &Path) -> anyhow::Result<PathBuf> {

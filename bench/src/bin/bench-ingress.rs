@@ -44,8 +44,8 @@ use anyhow::{Context, ensure};
 use clap::Parser;
 use conduit_bench::daemon::Daemon;
 use conduit_bench::ingress::{
-    CLIENTS, Closed, Conn, Fixed, Floor, Reads, Results, check_shape, metric, notes_state, pace,
-    percentile, push_body, quantile_ms, ready_pid,
+    CLIENTS, Closed, Conn, Fixed, Floor, Reads, Results, check_shape, conduit_and_notes, metric,
+    notes_state, pace, percentile, push_body, quantile_ms, ready_pid, run_local,
 };
 use conduit_bench::machine::{self, Machine};
 use conduit_bench::measure::{new_histogram, proc_cpu_ticks, record};
@@ -89,48 +89,17 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("bench-ingress: a tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    // A current-thread runtime holds every client: they cost one CPU at most, and
-    // `spawn_local` lets them share counters without locks.
-    let local = tokio::task::LocalSet::new();
-    match local.block_on(&rt, run(&args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench-ingress: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    run_local("bench-ingress", run(&args))
 }
 
-async fn run(args: &Args) -> anyhow::Result<()> {
+/// The whole run; `true`: it has no bound of its own to miss (the figures are judged from the
+/// results file).
+async fn run(args: &Args) -> anyhow::Result<bool> {
     ensure!(
         args.seconds > 0.0 && args.fixed_seconds > 0.0 && args.rate > 0.0,
         "durations and the rate must be positive"
     );
-    let conduit = match &args.conduit {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("this executable's folder")?
-            .join("conduit"),
-    };
-    let notes = conduit.with_file_name("conduit-notes");
-    for p in [&conduit, &notes] {
-        ensure!(
-            p.is_file(),
-            "{} is missing: build it first (`make bench-ingress` builds both in release)",
-            p.display()
-        );
-    }
+    let (conduit, notes) = conduit_and_notes(args.conduit.as_deref(), "bench-ingress")?;
     let machine = Machine::this();
     println!(
         "bench-ingress: commit {}, {} build of this benchmark, daemon {}; {} CPUs, {}; load {}",
@@ -338,7 +307,7 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     check_shape(&json).map_err(anyhow::Error::msg)?;
     machine::write_results(&args.json, &json)?;
     println!("results written to {}", args.json.display());
-    Ok(())
+    Ok(true)
 }
 
 /// A daemon on a fresh state directory with `notes` installed and ready.

@@ -48,7 +48,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use clap::Parser;
 use conduit_bench::daemon::Daemon;
-use conduit_bench::ingress::{Conn, metric, notes_state, pace, quantile_ms, ready_pid};
+use conduit_bench::ingress::{
+    Conn, conduit_and_notes, metric, notes_state, pace, quantile_ms, ready_pid, run_local,
+};
 use conduit_bench::machine::{self, Machine};
 use conduit_bench::measure::{new_histogram, proc_cpu_ticks, record};
 use conduit_host::core::host_loop::STALL_FILE_VAR;
@@ -90,25 +92,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("drill-backlog: a tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let local = tokio::task::LocalSet::new();
-    match local.block_on(&rt, run(&args)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(2),
-        Err(e) => {
-            eprintln!("drill-backlog: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    run_local("drill-backlog", run(&args))
 }
 
 /// One size's figures.
@@ -140,21 +124,7 @@ async fn run(args: &Args) -> anyhow::Result<bool> {
         "--sizes needs at least one size of 10 events or more"
     );
     ensure!(args.push_rate > 0.0, "--push-rate must be above 0");
-    let conduit = match &args.conduit {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("this executable's folder")?
-            .join("conduit"),
-    };
-    let notes = conduit.with_file_name("conduit-notes");
-    for p in [&conduit, &notes] {
-        ensure!(
-            p.is_file(),
-            "{} is missing: build it first (`make drill-backlog` builds both in release)",
-            p.display()
-        );
-    }
+    let (conduit, notes) = conduit_and_notes(args.conduit.as_deref(), "drill-backlog")?;
     let machine = Machine::this();
     println!(
         "drill-backlog: commit {}, daemon {}; {} CPUs, {}; load {}",
@@ -472,7 +442,10 @@ async fn push_at(
                 sleep_until(due.into()).await;
                 let body = note(DRAIN, &format!("d-{i}"), &format!("d-{}", i % 100));
                 let (status, _) = conn.request("POST", "/v1/events", &body).await?;
-                ensure!(status == 201, "a push during the drain was answered {status}");
+                ensure!(
+                    status == 201,
+                    "a push during the drain was answered {status}"
+                );
                 record(&mut h, due.elapsed());
                 i += DRAIN_CONNS;
             }
