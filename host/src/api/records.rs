@@ -17,8 +17,8 @@ use serde_json::json;
 
 use super::error::{ApiError, ApiResult, Body, EVENTS_PATH, bad_request, body_limit};
 use crate::core::Incoming;
-use crate::core::ops::Declared;
 use crate::daemon::handle::Daemon;
+use conduit_protocol::Capability;
 
 /// The routes of the records' endpoints.
 pub(super) fn routes() -> Router<Arc<Daemon>> {
@@ -215,7 +215,11 @@ struct TimerBody {
 
 async fn create_timer(State(d): State<Arc<Daemon>>, Body(b): Body<TimerBody>) -> ApiResult {
     let core = d.core();
-    let ext = core.owner(b.extension.as_deref(), Declared::Recurrence, &b.recurrence)?;
+    let ext = core.owner(
+        b.extension.as_deref(),
+        Capability::Recurrences,
+        &b.recurrence,
+    )?;
     let id = core
         .create_timer(ext, b.recurrence, b.spec, b.first_at_ms)
         .await?;
@@ -234,7 +238,7 @@ async fn create_wait(State(d): State<Arc<Daemon>>, Body(b): Body<WaitBody>) -> A
     let core = d.core();
     let ext = core.owner(
         b.extension.as_deref(),
-        Declared::DependencyFilter,
+        Capability::DependencyFilters,
         &b.filter,
     )?;
     let id = core
@@ -255,7 +259,7 @@ struct EmissionBody {
 async fn create_emission(State(d): State<Arc<Daemon>>, Body(b): Body<EmissionBody>) -> ApiResult {
     let payload = payload(b.payload)?;
     let core = d.core();
-    let ext = core.owner(b.extension.as_deref(), Declared::Emission, &b.emission)?;
+    let ext = core.owner(b.extension.as_deref(), Capability::Emissions, &b.emission)?;
     let planned = core
         .plan_emission(ext, b.emission, b.work_id, payload)
         .await?;

@@ -29,10 +29,13 @@
 //! `host_loop/poll.rs` for the ingress poll bookkeeping, `group_commit.rs` for the ingress
 //! queue, `timings.rs` for the writer's and ingress's histograms), and the modules that work on
 //! a `Core` (`ops.rs`, `callbacks.rs`, `manual.rs` — what an operator ends by hand —,
-//! `host_loop/`) import it from `shared.rs`, never from here.
+//! `host_loop/`) import it from `shared.rs`, never from here. `dispatch.rs` is the one callback
+//! dispatcher and the trait a host implements behind it (the daemon in `callbacks.rs`, the
+//! checker in `check/callbacks.rs`); it knows no `Core`.
 
 pub mod artifacts;
 pub mod callbacks;
+pub mod dispatch;
 mod fault;
 pub mod group_commit;
 pub mod health;

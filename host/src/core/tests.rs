@@ -9,7 +9,8 @@ use conduit_supervisor::Supervisor;
 use super::Core;
 use super::fault::store_fault;
 use super::group_commit::{Incoming, IngressCursor};
-use super::ops::{Declared, OwnerError};
+use super::ops::OwnerError;
+use conduit_protocol::Capability;
 
 /// A core over a fresh store; the directory lives as long as the core is used.
 fn core() -> (Arc<Core>, tempfile::TempDir) {
@@ -185,19 +186,19 @@ async fn timers_and_emissions_nudge_the_loop_and_a_store_refusal_keeps_its_class
 async fn with_no_extension_running_no_name_has_an_owner() {
     let (core, _dir) = core();
     assert_eq!(
-        core.owner(Some("notes"), Declared::Recurrence, "every"),
+        core.owner(Some("notes"), Capability::Recurrences, "every"),
         Err(OwnerError::NotRunning {
             ext: "notes".into()
         })
     );
     assert_eq!(
-        core.owner(None, Declared::Recurrence, "every"),
+        core.owner(None, Capability::Recurrences, "every"),
         Err(OwnerError::NoOwner {
-            kind: Declared::Recurrence,
+            kind: Capability::Recurrences,
             name: "every".into()
         })
     );
-    assert!(!core.declares("notes", Declared::Ingress, "inbox"));
+    assert!(!core.declares("notes", Capability::Ingress, "inbox"));
 }
 
 /// Holds the store's writer on a thread of its own until the returned sender is used or

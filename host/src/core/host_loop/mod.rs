@@ -55,12 +55,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use conduit_protocol::IN_TRANSACTION_DEADLINE;
-use conduit_protocol::calls::{Event, TriggerParams, TriggerResult};
-use conduit_protocol::methods::host;
+use conduit_protocol::calls::{Event, TriggerParams};
+use conduit_protocol::methods::{Method, WorkKindTrigger, host};
 use conduit_store::Durability;
 use conduit_supervisor::{Extension, now_ms};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 pub use calls::failure_text;
@@ -92,7 +90,7 @@ pub const WAIT_EVENTS: u32 = 50;
 pub const STALL_FILE_VAR: &str = "CONDUIT_FAULT_STALL_HOST_LOOP";
 
 /// What one pass did, for tests and logs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PassReport {
     pub routed: usize,
     pub timers_fired: usize,
@@ -338,14 +336,14 @@ impl HostLoop {
     /// Make one in-transaction call and read its answer with `check` (the method's rule, and
     /// what the step takes from the answer). A failed call, or an answer `check` refuses
     /// (recorded against the method as a bad answer), gives the fallback and why.
-    fn in_tx_call<P: Serialize, R: DeserializeOwned, T>(
+    fn in_tx_call<M: Method, T>(
         &self,
         ext: Option<&Extension>,
-        method: &str,
-        params: &P,
-        check: impl FnOnce(R) -> Result<T, String>,
+        params: &M::Params,
+        check: impl FnOnce(M::Result) -> Result<T, String>,
     ) -> Outcome<T> {
-        match self.call::<P, R>(ext, method, params) {
+        let method = M::NAME;
+        match self.call::<M>(ext, params) {
             Ok(res) => match check(res) {
                 Ok(v) => Outcome::Answered(v),
                 Err(why) => {
@@ -364,12 +362,12 @@ impl HostLoop {
     /// Make one in-transaction call: the one place the loop talks to an extension (the
     /// in-transaction mark, the deadline, the stats and the health bookkeeping, degrading on a
     /// miss). `Err` carries why the fallback applies.
-    fn call<P: Serialize, R: DeserializeOwned>(
+    fn call<M: Method>(
         &self,
         ext: Option<&Extension>,
-        method: &str,
-        params: &P,
-    ) -> Result<R, String> {
+        params: &M::Params,
+    ) -> Result<M::Result, String> {
+        let method = M::NAME;
         let Some(ext) = ext else {
             return Err("no running extension serves it".into());
         };
@@ -380,7 +378,7 @@ impl HostLoop {
             .fetch_add(1, Ordering::Relaxed);
         let res = self
             .rt
-            .block_on(ext.call::<P, R>(method, params, Some(IN_TRANSACTION_DEADLINE)));
+            .block_on(ext.call::<M>(params, Some(IN_TRANSACTION_DEADLINE)));
         match &res {
             Ok(_) => self.record_answer(ext),
             Err(e) => match answered(e) {
@@ -493,19 +491,11 @@ impl HostLoop {
                         let mut fell_back = None;
                         self.write(|tx| {
                             let groups = if *trigger {
-                                let params = TriggerParams {
-                                    kind: kind.clone(),
-                                    inputs,
-                                };
+                                let params = TriggerParams::new(kind.clone(), inputs);
                                 let (groups, why) = self
-                                    .in_tx_call(
-                                        Some(*ext),
-                                        host::WORK_KIND_TRIGGER,
-                                        &params,
-                                        |res: TriggerResult| {
-                                            trigger_verdict(&res, &ids).map(|()| res.groups)
-                                        },
-                                    )
+                                    .in_tx_call::<WorkKindTrigger, _>(Some(*ext), &params, |res| {
+                                        trigger_verdict(&res, &ids).map(|()| res.groups)
+                                    })
                                     .or_fallback(|_| fallback_groups(&ids));
                                 fell_back = why;
                                 groups

@@ -11,10 +11,8 @@
 //! Invariant: each step reads at most [`PASS_LIMIT`] records (and [`WAIT_EVENTS`] events per
 //! wait), and skips what a settling or degraded extension would be called for.
 
-use conduit_protocol::calls::{
-    CommitParams, CommitResult, FilterParams, FilterResult, RecurrenceParams, RecurrenceResult,
-};
-use conduit_protocol::methods::host;
+use conduit_protocol::calls::{CommitParams, FilterParams, RecurrenceParams};
+use conduit_protocol::methods::{DependencyFilter, EmitCommit, RecurrenceNext, host};
 use conduit_supervisor::now_ms;
 
 use super::decide::{self, Commit};
@@ -43,19 +41,12 @@ impl HostLoop {
             let mut fell_back = None;
             self.write(|tx| {
                 let fired_at = now_ms();
-                let params = RecurrenceParams {
-                    recurrence: t.recurrence.clone(),
-                    timer_id: t.id,
-                    spec: t.spec.clone(),
-                    fired_at_ms: fired_at,
-                };
+                let params =
+                    RecurrenceParams::new(t.recurrence.clone(), t.id, t.spec.clone(), fired_at);
                 let (next, why) = self
-                    .in_tx_call(
-                        ext,
-                        host::RECURRENCE_NEXT,
-                        &params,
-                        |res: RecurrenceResult| res.check(fired_at).map_err(|e| e.0),
-                    )
+                    .in_tx_call::<RecurrenceNext, _>(ext, &params, |res| {
+                        res.check(fired_at).map_err(|e| e.0)
+                    })
                     .or_fallback(|_| decide::recurrence_fallback(fired_at));
                 fell_back = why;
                 tx.reschedule_timer(t.id, next, fired_at)
@@ -102,19 +93,9 @@ impl HostLoop {
                 let ev_id = ev.id;
                 let mut fell_back = None;
                 let satisfied = self.write(|tx| {
-                    let params = FilterParams {
-                        filter: w.filter.clone(),
-                        wait_id: w.id,
-                        subject: w.subject.clone(),
-                        event: ev,
-                    };
+                    let params = FilterParams::new(w.filter.clone(), w.id, w.subject.clone(), ev);
                     let (satisfied, why) = self
-                        .in_tx_call(
-                            ext,
-                            host::DEPENDENCY_FILTER,
-                            &params,
-                            |res: FilterResult| Ok(res.satisfied),
-                        )
+                        .in_tx_call::<DependencyFilter, _>(ext, &params, |res| Ok(res.satisfied))
                         .or_fallback(|_| decide::filter_fallback());
                     fell_back = why;
                     if satisfied {
@@ -159,14 +140,14 @@ impl HostLoop {
             let ext = exts.get(&em.extension).map(|(e, _)| e);
             let mut failed = None;
             self.write(|tx| {
-                let params = CommitParams {
-                    emission: em.emission.clone(),
-                    commit_id: em.commit_id.clone(),
-                    work_id: em.work_id,
-                    payload: em.payload.clone(),
-                };
+                let params = CommitParams::new(
+                    em.emission.clone(),
+                    em.commit_id.clone(),
+                    em.payload.clone(),
+                )
+                .with_work_id(em.work_id);
                 let (commit, why) = self
-                    .in_tx_call(ext, host::EMIT_COMMIT, &params, |res: CommitResult| {
+                    .in_tx_call::<EmitCommit, _>(ext, &params, |res| {
                         res.check().map_err(|e| e.0)?;
                         Ok(Commit::Records(res.records))
                     })
