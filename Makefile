@@ -26,6 +26,14 @@
 #                            first time: the fixture is kept for the next run)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
+#   make bench-ingress       pushes through the management socket with 1, 8 and 64 keep-alive
+#                            clients, a fixed 2,000 events/s, list reads idle and beside pushes,
+#                            beside a server that only answers (about 2 minutes; writes
+#                            target/bench-ingress/results.json; BENCH_INGRESS_ARGS passes options)
+#   make drill-backlog       a release daemon restarted onto 10,000 and 20,000 unrouted events
+#                            (a tenth as many Work and due timers) made by the daemon itself:
+#                            first route, drained, timers fired, peak RSS, pushes meanwhile
+#                            (a few minutes; writes target/drill-backlog/results.json)
 #   make bench-telemetry     1,000 calls through the API with export (spans, metrics) off, against a collector
 #                            that never answers, and against a closed port (7 rounds, medians)
 #   make drill               the drill suite alone (host/tests/drill_*.rs): misbehaving extensions,
@@ -43,7 +51,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-scale-on-demand bench-views
+.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-scale-on-demand bench-views bench-ingress drill-backlog
 
 build:
 	$(CARGO) build --workspace --bins
@@ -147,6 +155,18 @@ bench-scale-on-demand:
 
 bench-history:
 	$(CARGO) bench -p conduit-store --bench history
+
+# Ingress throughput, acknowledgement latency, acknowledgement-to-routing, the writer's wait and
+# hold, and list reads beside pushes, on a release daemon with notes (docs/performance.md).
+bench-ingress:
+	$(CARGO) build --release -p conduit-host -p conduit-example-notes -p conduit-bench --bin conduit --bin conduit-notes --bin bench-ingress
+	$(TARGET_DIR)/release/bench-ingress --json $(TARGET_DIR)/bench-ingress/results.json $(BENCH_INGRESS_ARGS)
+
+# A restart onto a large backlog (docs/reliability.md). DRILL_BACKLOG_ARGS passes options
+# (e.g. --sizes 1000,2000 or --push-rate 500).
+drill-backlog:
+	$(CARGO) build --release -p conduit-host -p conduit-example-notes -p conduit-bench --bin conduit --bin conduit-notes --bin drill-backlog
+	$(TARGET_DIR)/release/drill-backlog --json $(TARGET_DIR)/drill-backlog/results.json $(DRILL_BACKLOG_ARGS)
 
 # The operator views at scale (docs/perf-log/2026-12-04-views.md). BENCH_VIEWS_ARGS passes
 # options (e.g. --extensions 100 --events 100000, or --fresh to make the fixture anew).

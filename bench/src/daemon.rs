@@ -39,6 +39,16 @@ impl Daemon {
     /// Start `conduit daemon run` on `state` (log level `warn`, no telemetry export) and wait
     /// at most `within` for its socket to answer.
     pub async fn start(conduit: &Path, state: &Path, within: Duration) -> anyhow::Result<Daemon> {
+        Daemon::start_with(conduit, state, within, &[]).await
+    }
+
+    /// [`Daemon::start`] with more variables in the daemon's environment (a fault switch).
+    pub async fn start_with(
+        conduit: &Path,
+        state: &Path,
+        within: Duration,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> anyhow::Result<Daemon> {
         let socket = state.join("run").join("conduit.sock");
         let _ = std::fs::remove_file(&socket);
         let deadline = Instant::now() + within;
@@ -47,6 +57,7 @@ impl Daemon {
             .env("CONDUIT_STATE_DIR", state)
             .env("CONDUIT_LOG", "warn")
             .env("OTEL_SDK_DISABLED", "true")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -6,7 +6,10 @@
 //! - [`floor`]: this machine's floors (raw pipe round trip, pipelined pipe messages, pipe
 //!   throughput, bare spawn, SIGKILL to EOF), host and child side.
 //! - [`daemon`]: a release `conduit daemon run` started, connected to and stopped for a
-//!   benchmark (`bench-scale`, the transport comparison's artifact through the daemon).
+//!   benchmark (`bench-scale`, `bench-ingress`, the transport comparison's artifact through the
+//!   daemon).
+//! - [`ingress`]: what `bench-ingress` is made of: a keep-alive HTTP/1.1 client for the
+//!   management socket, the floor server, reading the daemon's metrics, the results' shape.
 //! - [`measure`]: histograms, CPU time of both processes, median and spread.
 //! - [`machine`]: what a result file says about where it was measured.
 //! - [`ordered`]: JSON objects that keep their keys in the order they were measured.
@@ -22,6 +25,7 @@
 pub mod daemon;
 pub mod floor;
 pub mod gate;
+pub mod ingress;
 pub mod machine;
 pub mod measure;
 pub mod ordered;

@@ -1,5 +1,5 @@
-//! Where a benchmark ran: the commit, the build profile and the machine, for result files; and
-//! how busy the rest of the machine was meanwhile.
+//! Where a benchmark ran: the commit, the build profile and the machine, for result files; how
+//! busy the rest of the machine was meanwhile; and writing a result file.
 //!
 //! Everything is read from `git` and `/proc` at the moment of asking; what cannot be read is
 //! `"unknown"` (or zero), never an error, since a figure without its context is still a figure.
@@ -146,6 +146,17 @@ fn process_ticks(pid: u32) -> Option<u64> {
     let utime: u64 = f.get(11)?.parse().ok()?;
     let stime: u64 = f.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// Write a result file: pretty JSON and a newline, its folder made first.
+pub fn write_results(path: &std::path::Path, results: &impl Serialize) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut text = serde_json::to_string_pretty(results)?;
+    text.push('\n');
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]

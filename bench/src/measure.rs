@@ -21,6 +21,7 @@
 //! (the awake regime's spinners outlive every measurement of their regime), so the
 //! `RUSAGE_CHILDREN` delta is the measured children alone.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -263,6 +264,33 @@ impl Spread {
             runs,
         }
     }
+}
+
+/// utime + stime of a whole process, exited threads included, in clock ticks (`/proc/<pid>/stat`
+/// fields 14 and 15).
+pub fn proc_cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    proc_cpu_ticks_at(Path::new(&format!("/proc/{pid}/stat")))
+}
+
+/// utime + stime from a `stat` file of `/proc` (a process's or one thread's).
+pub fn proc_cpu_ticks_at(path: &Path) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(path)?;
+    // The command name is in parentheses and may hold spaces: count fields after the last `)`.
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("/proc/<pid>/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After `)`, field 3 (state) is index 0, so fields 14 and 15 are indexes 11 and 12.
+    let utime: u64 = fields
+        .get(11)
+        .and_then(|v| v.parse().ok())
+        .context("utime")?;
+    let stime: u64 = fields
+        .get(12)
+        .and_then(|v| v.parse().ok())
+        .context("stime")?;
+    Ok(utime + stime)
 }
 
 #[cfg(test)]

@@ -896,3 +896,109 @@ fn an_extension_may_have_16_artifact_streams_open_and_no_more() {
         (left == 0).then_some(())
     });
 }
+
+#[test]
+fn concurrent_pushers_are_each_answered_once_and_a_bad_push_fails_alone() {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::{Arc, Mutex};
+    use support::http::Conn;
+
+    let mut f = Fixture::new();
+    let notes = support::stage_rust_example("notes", &f.dir.path().join("staged")).unwrap();
+    f.install(&notes);
+    f.start_daemon();
+    f.wait_state("notes", "ready", PATIENCE);
+    let sock = f.state().join("run/conduit.sock");
+    // (delivery, event id, duplicate) of every acknowledgement.
+    let acks: Arc<Mutex<Vec<(String, i64, bool)>>> = Arc::default();
+    let threads: Vec<_> = (0..12)
+        .map(|t| {
+            let (sock, acks) = (sock.clone(), acks.clone());
+            std::thread::spawn(move || {
+                let mut c = Conn::connect(&sock).unwrap();
+                let payload = |i: usize| serde_json::json!({"thread": format!("t-{}", i % 4), "author": "ops", "text": "hello"});
+                for i in 0..40 {
+                    // Every thread also pushes the same five deliveries, at the same time.
+                    for delivery in [format!("own-{t}-{i}"), format!("shared-{}", i % 5)] {
+                        let (code, v) = c
+                            .push("notes-inbox", &delivery, "note.posted", payload(i))
+                            .unwrap();
+                        assert!(code == 200 || code == 201, "{delivery}: {code} {v}");
+                        let dup = v["duplicate"].as_bool().unwrap();
+                        assert_eq!(code == 200, dup, "{v}");
+                        acks.lock()
+                            .unwrap()
+                            .push((delivery, v["event_id"].as_i64().unwrap(), dup));
+                    }
+                    if t == 0 && i == 20 {
+                        // Too deep, and not JSON: refused before any commit, this caller only.
+                        let deep: Value = serde_json::from_str(&conduit_protocol::depth::nested(
+                            conduit_protocol::MAX_PAYLOAD_DEPTH + 1,
+                            "0",
+                        ))
+                        .unwrap();
+                        let (code, v) = c
+                            .push("notes-inbox", "too-deep", "note.posted", deep)
+                            .unwrap();
+                        assert_eq!((code, v["error"]["code"].as_str()), (400, Some("too_deep")));
+                        let (code, _) = c.request_text("POST", "/v1/events", "{nope").unwrap();
+                        assert_eq!(code, 400);
+                        let (code, _) = c
+                            .request_text("POST", "/v1/events", r#"{"source":"notes-inbox"}"#)
+                            .unwrap();
+                        assert_eq!(code, 422);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let acks = acks.lock().unwrap().clone();
+    // Each delivery has one id whoever pushed it, and exactly one of its pushes was new.
+    let mut ids: HashMap<&str, HashSet<i64>> = HashMap::new();
+    let mut fresh: HashMap<&str, usize> = HashMap::new();
+    for (d, id, dup) in &acks {
+        ids.entry(d).or_default().insert(*id);
+        *fresh.entry(d).or_default() += usize::from(!dup);
+    }
+    assert_eq!(ids.len(), 12 * 40 + 5);
+    assert!(ids.values().all(|s| s.len() == 1), "one id per delivery");
+    assert!(fresh.values().all(|n| *n == 1), "one new push per delivery");
+    // Stored exactly once each, nothing of the refused pushes, and every one in one Work.
+    let events = f.wait_until("every event routed", || {
+        let all = f.all_events();
+        all.iter()
+            .all(|e| e.get("routed_at_ms").is_some())
+            .then_some(all)
+    });
+    let stored: HashMap<i64, &str> = events
+        .iter()
+        .map(|e| {
+            (
+                e["id"].as_i64().unwrap(),
+                e["delivery_id"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(stored.len(), ids.len());
+    for (d, id) in &ids {
+        let id = id.iter().next().unwrap();
+        assert_eq!(stored.get(id), Some(d), "acknowledged {d} as {id}");
+    }
+    assert!(!stored.values().any(|d| *d == "too-deep"));
+    assert!(events.iter().all(|e| e["work_id"].as_i64().is_some()));
+    // The group commit counted the same: each new event once, every repeat a duplicate.
+    let text = f.conduit(&["metrics"]).stdout();
+    let count = |outcome: &str| -> f64 {
+        let series = format!("conduit_ingress_events_total{{outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    assert_eq!(count("new"), ids.len() as f64);
+    assert_eq!(count("duplicate"), (acks.len() - ids.len()) as f64);
+    assert_eq!(count("refused"), 0.0);
+}

@@ -174,19 +174,12 @@ fn try_push(sock: &Path, source: &str, delivery: &str, kind: &str, payload: Valu
     v["event_id"].as_i64()
 }
 
-fn rounds() -> usize {
-    std::env::var("CONDUIT_DRILL_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5)
-}
-
 #[test]
 fn restart_flood() {
     let mut f = Fixture::new();
     f.install(&notes_pkg(&f));
     let accepted: Arc<Mutex<HashSet<i64>>> = Arc::default();
-    let rounds = rounds();
+    let rounds = drill::rounds();
     for round in 0..rounds {
         f.start_daemon();
         f.wait_state("notes", "ready", PATIENCE);

@@ -664,6 +664,9 @@ fn metrics_parse_as_prometheus_text_and_count_exactly_the_calls_made() {
     let events_before = get(&before, "conduit_events_total", &[]);
     let unrouted_before = get(&before, "conduit_events_unrouted", &[]);
     let work_before = total(&before, "conduit_work");
+    let new = [("outcome", "new")];
+    let new_before = get(&before, "conduit_ingress_events_total", &new);
+    let timed_before = get(&before, "conduit_ingress_ack_to_route_seconds_count", &[]);
 
     rt.block_on(echo_calls(&c, 7));
     let v = rt
@@ -718,6 +721,36 @@ fn metrics_parse_as_prometheus_text_and_count_exactly_the_calls_made() {
         Some(count)
     );
     assert!(get(&after, "conduit_extension_call_duration_seconds_sum", &em) > 0.0);
+    // The group commit: four new events, each timed from its acknowledgement to the routing
+    // decision about it (every one was routed above); every write timed, wait and hold.
+    assert_eq!(
+        get(&after, "conduit_ingress_events_total", &new),
+        new_before + 4.0
+    );
+    assert_eq!(
+        get(&after, "conduit_ingress_ack_to_route_seconds_count", &[]),
+        timed_before + 4.0
+    );
+    // At least one commit; the sink's ingress polls commit their cursors too.
+    let commits = get(&after, "conduit_ingress_commits_total", &[]);
+    assert!(commits >= 1.0, "{commits}");
+    let holds = get(&after, "conduit_store_writer_hold_seconds_count", &[]);
+    assert_eq!(
+        get(&after, "conduit_store_writer_wait_seconds_count", &[]),
+        holds
+    );
+    assert!(holds >= commits + 1.0, "the routing's writes are timed too");
+    assert_eq!(
+        sample(
+            &after,
+            "conduit_store_writer_hold_seconds_bucket",
+            &[("le", "+Inf")]
+        ),
+        Some(holds)
+    );
+    let max_hold = [("measure", "writer_hold"), ("quantile", "1")];
+    assert!(sample(&after, "conduit_latency_quantile_seconds", &max_hold).unwrap() > 0.0);
+    assert_eq!(sample(&after, "conduit_ingress_queued", &[]), Some(0.0));
     let p99 = [
         ("extension", "echo"),
         ("method", "echo"),

@@ -56,7 +56,9 @@ use anyhow::{Context, ensure};
 use clap::Parser;
 use conduit_bench::daemon::Daemon;
 use conduit_bench::machine::{self, Machine};
-use conduit_bench::measure::{new_histogram, quantile_us, record};
+use conduit_bench::measure::{
+    new_histogram, proc_cpu_ticks, proc_cpu_ticks_at, quantile_us, record,
+};
 use conduit_bench::ordered::Ordered;
 use conduit_host::packages::{self, InstallOptions};
 use conduit_host::state_dir::StateDir;
@@ -206,11 +208,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         "runs": runs.iter().map(|(l, r)| (l.clone(), serde_json::to_value(r).unwrap_or(Value::Null))).collect::<serde_json::Map<_, _>>(),
         "echo_p50_ratio": large_p50 / small_p50,
     });
-    if let Some(dir) = args.json.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(&args.json, serde_json::to_string_pretty(&json)? + "\n")
-        .with_context(|| format!("writing {}", args.json.display()))?;
+    machine::write_results(&args.json, &json)?;
     println!("results written to {}", args.json.display());
     Ok(())
 }
@@ -852,33 +850,6 @@ fn ready_floor(echo: &Path, n: usize) -> anyhow::Result<f64> {
         let _ = child.wait();
     }
     Ok(took)
-}
-
-/// utime + stime of a whole process, exited threads included, in clock ticks (`/proc/<pid>/stat`
-/// fields 14 and 15).
-fn proc_cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    proc_cpu_ticks_at(Path::new(&format!("/proc/{pid}/stat")))
-}
-
-/// utime + stime from a `stat` file of `/proc` (a process's or one thread's).
-fn proc_cpu_ticks_at(path: &Path) -> anyhow::Result<u64> {
-    let text = std::fs::read_to_string(path)?;
-    // The command name is in parentheses and may hold spaces: count fields after the last `)`.
-    let rest = text
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .context("/proc/<pid>/stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After `)`, field 3 (state) is index 0, so fields 14 and 15 are indexes 11 and 12.
-    let utime: u64 = fields
-        .get(11)
-        .and_then(|v| v.parse().ok())
-        .context("utime")?;
-    let stime: u64 = fields
-        .get(12)
-        .and_then(|v| v.parse().ok())
-        .context("stime")?;
-    Ok(utime + stime)
 }
 
 /// Each live thread of `pid`: its id, name and utime + stime in clock ticks

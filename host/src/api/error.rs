@@ -22,6 +22,27 @@ pub const MAX_PUSH_BODY: usize = 1024 * 1024;
 /// The largest body of every other endpoint (axum's default, named here so the error can say it).
 pub const MAX_BODY: usize = 2 * 1024 * 1024;
 
+/// The path whose body limit is [`MAX_PUSH_BODY`].
+pub(super) const EVENTS_PATH: &str = "/v1/events";
+
+/// The body limit of a path: the one rule the routes apply (`DefaultBodyLimit`) and the
+/// `too_large` answers name.
+pub(super) fn body_limit(path: &str) -> usize {
+    if path == EVENTS_PATH {
+        MAX_PUSH_BODY
+    } else {
+        MAX_BODY
+    }
+}
+
+/// What a body over its path's limit is told.
+fn too_large(path: &str) -> String {
+    format!(
+        "the body is over the {}-byte limit of {path}",
+        body_limit(path)
+    )
+}
+
 /// Rewrites an error answer that is not already the JSON envelope (the framework's rejections:
 /// 405 with an empty body, 413, 415, 422 and bad query strings or paths as plain text) into
 /// `{"error": {"code", "message"}}`, keeping its status and headers (`allow` on a 405). Applied
@@ -54,12 +75,7 @@ pub(super) async fn envelope(method: axum::http::Method, path: String, res: Resp
                 None => format!("{path} does not take {method}"),
             },
         ),
-        StatusCode::PAYLOAD_TOO_LARGE => (
-            "too_large",
-            format!(
-                "the body is over the limit ({MAX_PUSH_BODY} bytes for /v1/events, {MAX_BODY} for the others)"
-            ),
-        ),
+        StatusCode::PAYLOAD_TOO_LARGE => ("too_large", too_large(&path)),
         StatusCode::NOT_FOUND => ("not_found", or(text, "not found")),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => (
             "invalid",
@@ -178,6 +194,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let path = req.uri().path().to_owned();
         match Json::<T>::from_request(req, state).await {
             Ok(Json(v)) => Ok(Body(v)),
             Err(rej) => {
@@ -188,7 +205,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
                     "invalid"
                 };
                 let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                    format!("the body is over the {MAX_PUSH_BODY}-byte limit")
+                    too_large(&path)
                 } else {
                     rej.body_text()
                 };
@@ -201,6 +218,20 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_too_large_is_told_the_limit_of_its_own_path() {
+        assert_eq!(body_limit("/v1/events"), MAX_PUSH_BODY);
+        assert_eq!(body_limit("/v1/timers"), MAX_BODY);
+        assert_eq!(
+            too_large("/v1/events"),
+            "the body is over the 1048576-byte limit of /v1/events"
+        );
+        assert_eq!(
+            too_large("/v1/extensions/m/call"),
+            "the body is over the 2097152-byte limit of /v1/extensions/m/call"
+        );
+    }
 
     fn answer(e: StoreError) -> (StatusCode, &'static str) {
         let a = ApiError::from(e);

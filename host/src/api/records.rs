@@ -14,12 +14,13 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use conduit_protocol::CheckedPayload;
 use conduit_store::StoreError;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::error::{ApiError, ApiResult, Body, MAX_PUSH_BODY, bad_request};
-use crate::core::Core;
+use super::error::{ApiError, ApiResult, Body, EVENTS_PATH, bad_request, body_limit};
+use crate::core::{Core, Incoming};
 use crate::daemon::handle::Daemon;
 use conduit_protocol::Capability;
 
@@ -38,10 +39,12 @@ pub(super) fn routes(core: Arc<Core>) -> Router<Arc<Daemon>> {
         .with_state(core);
     Router::new()
         .route(
-            "/v1/events",
+            EVENTS_PATH,
             post(push_event)
                 .get(list_events)
-                .layer(axum::extract::DefaultBodyLimit::max(MAX_PUSH_BODY)),
+                .layer(axum::extract::DefaultBodyLimit::max(body_limit(
+                    EVENTS_PATH,
+                ))),
         )
         .merge(from_core)
 }
@@ -50,14 +53,20 @@ pub(super) fn routes(core: Arc<Core>) -> Router<Arc<Daemon>> {
 /// depth gets the answer that names the limit.
 type RawPayload = Option<Box<serde_json::value::RawValue>>;
 
-/// Check a raw payload against `MAX_PAYLOAD_DEPTH`, then parse it; absent is `null`.
+/// Check a raw payload against `MAX_PAYLOAD_DEPTH` (400 `too_deep` past it), keeping its text;
+/// absent is `null`.
+fn checked(raw: RawPayload) -> Result<CheckedPayload, ApiError> {
+    match raw {
+        None => Ok(CheckedPayload::null()),
+        Some(raw) => CheckedPayload::check(raw)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "too_deep", e.to_string())),
+    }
+}
+
+/// Check a raw payload as [`checked`] does, then parse it (an emission's payload is a value).
 fn payload(raw: RawPayload) -> Result<serde_json::Value, ApiError> {
-    let Some(raw) = raw else {
-        return Ok(serde_json::Value::Null);
-    };
-    conduit_protocol::check_payload_depth(raw.get())
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "too_deep", e.to_string()))?;
-    serde_json::from_str(raw.get())
+    let text = checked(raw)?;
+    serde_json::from_str(text.as_str())
         .map_err(|e| bad_request(format!("the payload does not parse: {e}")))
 }
 
@@ -70,10 +79,16 @@ struct PushBody {
     payload: RawPayload,
 }
 
+/// `POST /v1/events`: the payload goes from the body to the row as text (checked for depth
+/// once, never parsed into a value), through the group commit; answered after its commit.
 async fn push_event(State(d): State<Arc<Daemon>>, Body(b): Body<PushBody>) -> ApiResult {
     conduit_protocol::check_event_fields(&b.source, &b.delivery_id, &b.kind)
         .map_err(|e| bad_request(e.to_string()))?;
-    let event = conduit_protocol::calls::NewEvent::new(b.delivery_id, b.kind, payload(b.payload)?);
+    let event = Incoming {
+        payload: checked(b.payload)?,
+        delivery_id: b.delivery_id,
+        kind: b.kind,
+    };
     let kind = event.kind.clone();
     let accepted = d.core().accept_event(b.source, event).await?;
     let status = if accepted.duplicate {

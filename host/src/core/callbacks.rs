@@ -12,19 +12,19 @@ use std::sync::{Arc, Weak};
 
 use conduit_protocol::calls::{
     ArtifactAbort, ArtifactChunk, ArtifactClose, ArtifactOpen, ArtifactStored, EmitParams,
-    EmitResult, Empty, EventRef, EventsPage, EventsQuery, NewEvent, PushParams, PushResult,
-    WorkRef,
+    EmitResult, Empty, EventRef, EventsPage, EventsQuery, PushParams, PushResult, WorkRef,
 };
 use conduit_protocol::methods::{
     ArtifactAbort as Abort, ArtifactChunk as Chunk, ArtifactClose as Close, ArtifactOpen as Open,
     IngressPush, OperationEmit, StateEvent, StateEvents, StateWork,
 };
-use conduit_protocol::{Capability, ErrorCode, RpcError};
+use conduit_protocol::{Capability, CheckedPayload, ErrorCode, RpcError};
 use conduit_rpc::{BoxFuture, Handler, HandlerResult, Peer, Request};
 use conduit_supervisor::now_ms;
 
 use super::dispatch::{HostCallbacks, Reply, dispatch};
 use super::fault::store_fault;
+use super::group_commit::Incoming;
 use super::shared::Core;
 
 /// Serves one extension's callbacks.
@@ -157,7 +157,11 @@ impl HostCallbacks for Daemon {
     }
 
     async fn ingress_push(&self, p: PushParams) -> Reply<IngressPush> {
-        let event = NewEvent::new(p.delivery_id, p.kind, p.payload);
+        let event = Incoming {
+            payload: CheckedPayload::from_value(&p.payload)?,
+            delivery_id: p.delivery_id,
+            kind: p.kind,
+        };
         let accepted = self
             .core
             .accept_event(p.source, event)
@@ -199,14 +203,17 @@ impl HostCallbacks for Daemon {
     }
 }
 
-/// The rules a polled event follows: those of `conduit_protocol::check_event_fields`, and the payload depth
-/// limit (the poll's result was parsed already, so the payload is measured as re-serialised).
+/// The rules a polled event follows: those of `conduit_protocol::check_event_fields`, and the
+/// payload depth limit (the poll's answer was parsed already, so the payload is serialised
+/// once, checked, and stored as that text).
 pub fn check_polled_event(
     source: &str,
-    e: &conduit_protocol::calls::NewEvent,
-) -> Result<(), RpcError> {
+    e: conduit_protocol::calls::NewEvent,
+) -> Result<Incoming, RpcError> {
     conduit_protocol::check_event_fields(source, &e.delivery_id, &e.kind)?;
-    Ok(conduit_protocol::check_payload_depth(
-        &e.payload.to_string(),
-    )?)
+    Ok(Incoming {
+        payload: CheckedPayload::from_value(&e.payload)?,
+        delivery_id: e.delivery_id,
+        kind: e.kind,
+    })
 }

@@ -1,6 +1,6 @@
 //! Store failures as callers see them: the one mapping of a [`StoreError`]'s [`Fault`] to a
-//! wire error for callbacks, the message for a full disk, and the log that says once when
-//! writes start and stop failing for want of space.
+//! wire error for callbacks, the message for a full disk, the log that says once when
+//! writes start and stop failing for want of space, and the text of a panic in store work.
 //!
 //! This module classifies and reports; it does not retry or decide anything about the store.
 
@@ -65,4 +65,14 @@ impl DiskFullLog {
             _ => {}
         }
     }
+}
+
+/// A panic's message, when it has one that is text (the reason of a
+/// [`StoreError::Panicked`]).
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }

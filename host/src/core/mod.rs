@@ -20,19 +20,24 @@
 //! - Nothing here blocks a runtime worker on SQLite: async code goes through `spawn_blocking`,
 //!   the host loop runs on its own thread.
 //!
+//! - Accepted events are committed in groups (`group_commit.rs`): concurrent callers share one
+//!   transaction and one fsync, each answered after the commit that holds its events.
+//!
 //! Layout: this file only declares the modules and re-exports. [`Core`] is in `shared.rs`;
 //! what it holds is in leaves it imports (`artifacts.rs`, `health.rs`, `stats.rs` for
 //! [`LoopStats`], `fault.rs` for the store-fault mapping and [`DiskFullLog`],
-//! `host_loop/poll.rs` for the ingress poll bookkeeping), and the modules that work on a `Core`
-//! (`ops.rs`, `callbacks.rs`, `manual.rs` — what an operator ends by hand —, `host_loop/`)
-//! import it from `shared.rs`, never from here. `dispatch.rs` is the one callback dispatcher and
-//! the trait a host implements behind it (the daemon in `callbacks.rs`, the checker in
-//! `check/callbacks.rs`); it knows no `Core`.
+//! `host_loop/poll.rs` for the ingress poll bookkeeping, `group_commit.rs` for the ingress
+//! queue, `timings.rs` for the writer's and ingress's histograms), and the modules that work on
+//! a `Core` (`ops.rs`, `callbacks.rs`, `manual.rs` — what an operator ends by hand —,
+//! `host_loop/`) import it from `shared.rs`, never from here. `dispatch.rs` is the one callback
+//! dispatcher and the trait a host implements behind it (the daemon in `callbacks.rs`, the
+//! checker in `check/callbacks.rs`); it knows no `Core`.
 
 pub mod artifacts;
 pub mod callbacks;
 pub mod dispatch;
 mod fault;
+pub mod group_commit;
 pub mod health;
 pub mod host_loop;
 mod manual;
@@ -40,8 +45,10 @@ pub mod ops;
 pub mod pending;
 mod shared;
 mod stats;
+pub mod timings;
 
 pub use fault::{DiskFullLog, disk_full_message};
+pub use group_commit::{Incoming, IngressCursor, Submission};
 pub use host_loop::HostLoop;
 pub use shared::{Core, Dormant};
 pub use stats::LoopStats;

@@ -5,17 +5,25 @@
 //! nudged afterwards. The callers only parse their request and shape the answer; nothing here
 //! knows HTTP or the wire's error codes (`StoreError::fault` is how both decide what to say).
 //!
+//! Accepting events goes through the group commit (`group_commit.rs`): the caller queues its
+//! delivery, the first caller to find no committer running starts one on the blocking pool,
+//! and every caller awaits the answer of the commit that holds its events. The other
+//! operations write in a transaction of their own through [`Core::write`]. Both meet at the
+//! store's one writer, which serialises them: what a caller was answered before another caller
+//! asked is in the store before the other's transaction begins, whichever path either took.
+//!
 //! Invariant: an operation that may give the host loop something to do (a new event, a timer, a
 //! planned emission) nudges it after its transaction commits, never before and never on failure;
 //! a delivery accepted before (a duplicate) writes nothing and does not nudge.
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use conduit_protocol::calls::NewEvent;
 use conduit_protocol::{Capabilities, Capability};
 use conduit_store::{Accepted, Planned, StoreError};
 use conduit_supervisor::now_ms;
 
+use super::group_commit::{Committed, Incoming, IngressCursor, Submission};
 use super::shared::Core;
 
 /// Why no extension could be taken as the owner of a name.
@@ -74,19 +82,6 @@ pub fn pick_owner<'a>(
         })
 }
 
-/// Whether accepting these deliveries gave the host loop something to route: at least one was
-/// new.
-pub fn any_fresh(accepted: &[Accepted]) -> bool {
-    accepted.iter().any(|a| !a.duplicate)
-}
-
-/// Where an ingress poll got to, written with the events it returned.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IngressCursor {
-    pub extension: String,
-    pub cursor: String,
-}
-
 impl Core {
     /// The extension that owns `name` of `kind`: the one the caller named, if it is running
     /// and declares it, or else the first running extension that declares it.
@@ -120,43 +115,79 @@ impl Core {
             .is_some_and(|c| c.declares(kind, name))
     }
 
-    /// Accept one delivery from `source` (see [`Core::accept_events`]).
+    /// Accept one event from `source` (see [`Core::accept_events`]).
     pub async fn accept_event(
         self: &Arc<Self>,
         source: String,
-        event: NewEvent,
+        event: Incoming,
     ) -> Result<Accepted, StoreError> {
         let mut accepted = self.accept_events(source, vec![event], None).await?;
         Ok(accepted.remove(0))
     }
 
-    /// Accept deliveries from `source` and, in the same transaction, move an ingress cursor (so a
-    /// crash never loses events behind a cursor that moved past them); then nudge the host loop
-    /// unless every delivery was a duplicate. One [`Accepted`] per event, in order. The events'
-    /// fields and payload depth are the caller's to check first (the protocol's rules).
+    /// Accept events from `source` and, in the same transaction, move an ingress cursor (so a
+    /// crash never loses events behind a cursor that moved past them). One [`Accepted`] per
+    /// event, in order, once the group commit that holds them has committed; the host loop is
+    /// nudged after that commit unless every delivery in it was a duplicate. The events'
+    /// fields and payload depth are the caller's to check first (the protocol's rules; an
+    /// [`Incoming`]'s payload cannot be made unchecked).
     pub async fn accept_events(
         self: &Arc<Self>,
         source: String,
-        events: Vec<NewEvent>,
+        events: Vec<Incoming>,
         cursor: Option<IngressCursor>,
     ) -> Result<Vec<Accepted>, StoreError> {
-        let accepted = self
-            .write(move |tx| {
-                let now = now_ms();
-                let accepted = events
-                    .iter()
-                    .map(|e| tx.accept_event(&source, &e.delivery_id, &e.kind, &e.payload, now))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if let Some(c) = &cursor {
-                    tx.set_ingress_cursor(&c.extension, &source, &c.cursor, now)?;
-                }
-                Ok(accepted)
+        let (answer, start) = self.group.enqueue(Submission {
+            source,
+            events,
+            cursor,
+        });
+        if start {
+            let core = self.clone();
+            self.tasks.spawn_blocking(move || core.commit_queued());
+        }
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::Panicked {
+                what: "group commit",
+                reason: "the committer ended without an answer".into(),
             })
-            .await?;
-        if any_fresh(&accepted) {
+        })
+    }
+
+    /// The group committer: runs on the blocking pool while submissions are queued. Before
+    /// each `COMMIT` the new events are marked as about to be acknowledged (so a routing
+    /// decision that comes before their stamp is still matched); after it, before the callers
+    /// are answered, they are stamped for acknowledgement-to-routing, counted, and the host
+    /// loop nudged if any was new.
+    fn commit_queued(&self) {
+        self.group.run(
+            &self.store,
+            now_ms,
+            |new| self.timings.committing(new),
+            |c| self.committed(c),
+        );
+    }
+
+    fn committed(&self, c: &Committed<'_>) {
+        let at = Instant::now();
+        let full = c
+            .answers
+            .iter()
+            .find(|a| a.as_ref().is_err_and(|e| e.is_disk_full()));
+        match full {
+            Some(full) => self.disk_full.note(full),
+            None if c.result.is_ok() => self.disk_full.note(&Ok::<(), StoreError>(())),
+            None => {}
+        }
+        let t = c.tally();
+        self.timings.ingress.count(c.result.is_ok(), t);
+        if c.result.is_err() {
+            // The events marked before `COMMIT` were rolled back (their ids may come again).
+            self.timings.abandoned(c.written);
+        } else if t.new > 0 {
+            self.timings.accepted(c.written, at);
             self.nudge();
         }
-        Ok(accepted)
     }
 
     /// Create a timer of `ext`'s `recurrence`, first due at `first_at_ms` (now when absent),
@@ -298,20 +329,5 @@ mod tests {
                 assert_eq!(c.declares(kind, other), other == name, "{kind:?} {other}");
             }
         }
-    }
-
-    #[test]
-    fn only_a_fresh_delivery_gives_the_loop_something_to_route() {
-        let dup = Accepted {
-            event_id: 1,
-            duplicate: true,
-        };
-        let new = Accepted {
-            event_id: 2,
-            duplicate: false,
-        };
-        assert!(!any_fresh(&[]));
-        assert!(!any_fresh(&[dup, dup]));
-        assert!(any_fresh(&[dup, new]));
     }
 }

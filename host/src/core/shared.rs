@@ -3,8 +3,8 @@
 //! each extension's health.
 //!
 //! What `Core` holds is defined in leaves it imports (`artifacts.rs`, `health.rs`, `stats.rs`,
-//! `fault.rs`, `host_loop/poll.rs`); the operations on it live in `ops.rs` and `callbacks.rs`,
-//! which import `Core` from here.
+//! `fault.rs`, `host_loop/poll.rs`, `group_commit.rs`, `timings.rs`); the operations on it live
+//! in `ops.rs` and `callbacks.rs`, which import `Core` from here.
 //!
 //! Invariant: no lock here is held across an await; store work runs off the async runtime.
 
@@ -18,9 +18,11 @@ use conduit_store::{Store, StoreError};
 use conduit_supervisor::{Extension, Supervisor};
 use tokio::sync::Notify;
 
-use super::fault::DiskFullLog;
+use super::fault::{DiskFullLog, panic_text};
+use super::group_commit::GroupCommit;
 use super::host_loop::poll::PollState;
 use super::stats::LoopStats;
+use super::timings::Timings;
 use super::{artifacts, health};
 
 /// Installed extensions that are not supervised (disabled), with what they declare: the host
@@ -55,6 +57,10 @@ pub struct Core {
     dormant: Mutex<Arc<Dormant>>,
     /// Pending work dropped by an operator (`ext disable --drop-pending`), by record.
     pub dropped: super::pending::DroppedCounts,
+    /// Accepted events waiting for their group commit (`ops.rs` runs the committer).
+    pub(crate) group: GroupCommit,
+    /// The writer's wait and hold, acknowledgement-to-routing, the group commit's counters.
+    pub timings: Arc<Timings>,
 }
 
 impl std::fmt::Debug for Core {
@@ -72,6 +78,11 @@ impl Core {
         artifacts_dir: PathBuf,
         tmp_dir: PathBuf,
     ) -> Self {
+        let timings = Arc::new(Timings::default());
+        let observer = timings.clone();
+        // Every write transaction is timed, whoever makes it (the daemon makes one store and one
+        // core; a second core over the same store keeps the first one's observer).
+        store.observe_writes(move |t| observer.write(t));
         Core {
             store,
             supervisor,
@@ -88,7 +99,14 @@ impl Core {
             store_panics: AtomicU64::new(0),
             dormant: Mutex::new(Arc::default()),
             dropped: super::pending::DroppedCounts::default(),
+            group: GroupCommit::default(),
+            timings,
         }
+    }
+
+    /// Submissions waiting for a group commit now (the metrics).
+    pub fn group_queued(&self) -> usize {
+        self.group.queued()
     }
 
     /// Consecutive failures that make an extension unresponsive.
@@ -221,7 +239,7 @@ impl Core {
     fn panicked(&self, what: &'static str, e: tokio::task::JoinError) -> StoreError {
         self.store_panics.fetch_add(1, Ordering::Relaxed);
         let reason = match e.try_into_panic() {
-            Ok(payload) => panic_message(payload.as_ref()),
+            Ok(payload) => panic_text(payload.as_ref()),
             Err(e) => e.to_string(),
         };
         tracing::error!(what, %reason, "a store operation panicked (a bug in the host)");
@@ -233,15 +251,6 @@ impl Core {
     pub fn store_panics(&self) -> u64 {
         self.store_panics.load(Ordering::Relaxed)
     }
-}
-
-/// A panic's message, when it has one that is text.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// Clears the in-transaction mark when dropped.

@@ -2,14 +2,14 @@
 
 use std::sync::Arc;
 
-use conduit_protocol::ErrorCode;
-use conduit_protocol::calls::NewEvent;
+use conduit_protocol::{CheckedPayload, ErrorCode};
 use conduit_store::{Fault, Store, StoreError};
 use conduit_supervisor::Supervisor;
 
 use super::Core;
 use super::fault::store_fault;
-use super::ops::{IngressCursor, OwnerError};
+use super::group_commit::{Incoming, IngressCursor};
+use super::ops::OwnerError;
 use conduit_protocol::Capability;
 
 /// A core over a fresh store; the directory lives as long as the core is used.
@@ -35,8 +35,12 @@ async fn take_nudge(core: &Core) -> bool {
     }
 }
 
-fn event(delivery_id: &str) -> NewEvent {
-    NewEvent::new(delivery_id, "note", serde_json::json!({ "n": 1 }))
+fn event(delivery_id: &str) -> Incoming {
+    Incoming {
+        delivery_id: delivery_id.to_owned(),
+        kind: "note".to_owned(),
+        payload: CheckedPayload::from_value(&serde_json::json!({ "n": 1 })).unwrap(),
+    }
 }
 
 #[tokio::test]
@@ -195,4 +199,191 @@ async fn with_no_extension_running_no_name_has_an_owner() {
         })
     );
     assert!(!core.declares("notes", Capability::Ingress, "inbox"));
+}
+
+/// Holds the store's writer on a thread of its own until the returned sender is used or
+/// dropped: what queues meanwhile waits for one commit.
+fn hold_writer(core: &Core) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let store = core.store.clone();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (held, holding) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        store
+            .write(|_| {
+                held.send(()).unwrap();
+                let _ = released.recv();
+                Ok(())
+            })
+            .unwrap();
+    });
+    holding.recv().unwrap();
+    (release, thread)
+}
+
+/// Queue one submission from its own task, and wait until it is queued, so submissions queue
+/// in the order this is called.
+async fn submit(
+    core: &Arc<Core>,
+    events: Vec<Incoming>,
+    cursor: Option<IngressCursor>,
+) -> tokio::task::JoinHandle<Result<Vec<conduit_store::Accepted>, StoreError>> {
+    let before = core.group.queued();
+    let c = core.clone();
+    let task = tokio::spawn(async move { c.accept_events("inbox".into(), events, cursor).await });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while core.group.queued() == before {
+        assert!(std::time::Instant::now() < deadline, "never queued");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    task
+}
+
+fn commits(core: &Core) -> u64 {
+    core.timings
+        .ingress
+        .commits
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[tokio::test]
+async fn callers_that_queue_while_the_writer_is_busy_share_one_commit_in_their_order() {
+    let (core, _dir) = core();
+    let (release, holder) = hold_writer(&core);
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        tasks.push(submit(&core, vec![event(&format!("d{i}"))], None).await);
+    }
+    // The same delivery twice in the batch, and a poll's events with its cursor.
+    tasks.push(submit(&core, vec![event("d3")], None).await);
+    let cursor = IngressCursor {
+        extension: "notes".into(),
+        cursor: "c1".into(),
+    };
+    tasks.push(submit(&core, vec![event("p1"), event("p2")], Some(cursor)).await);
+    assert_eq!(core.group.queued(), 22, "all wait behind the held writer");
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap().unwrap());
+    }
+    assert_eq!(commits(&core), 1, "one transaction for the 22 callers");
+    // Ids follow the order of arrival; the repeated delivery is the first's, a duplicate.
+    let ids: Vec<i64> = answers[..20].iter().map(|a| a[0].event_id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    assert!(answers[..20].iter().all(|a| !a[0].duplicate));
+    assert_eq!(answers[20][0].event_id, ids[3]);
+    assert!(answers[20][0].duplicate);
+    assert!(
+        answers[21]
+            .iter()
+            .all(|a| !a.duplicate && a.event_id > ids[19])
+    );
+    let stored = core
+        .read(|r| r.ingress_cursor("notes", "inbox"))
+        .await
+        .unwrap();
+    assert_eq!(stored.as_deref(), Some("c1"));
+    // One nudge for the commit; each new event stamped for acknowledgement-to-routing.
+    assert!(take_nudge(&core).await);
+    assert_eq!(core.timings.waiting(), 22);
+}
+
+#[tokio::test]
+async fn a_submission_the_store_refuses_fails_alone_and_takes_its_cursor_with_it() {
+    let (core, dir) = core();
+    // A store refusal of one row: a trigger, as a constraint the store did not expect.
+    rusqlite::Connection::open(dir.path().join("conduit.db"))
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER refuse_bad BEFORE INSERT ON events WHEN NEW.delivery_id = 'bad' \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    let (release, holder) = hold_writer(&core);
+    let a = submit(&core, vec![event("a")], None).await;
+    let cursor = IngressCursor {
+        extension: "notes".into(),
+        cursor: "9".into(),
+    };
+    let poll = submit(&core, vec![event("x"), event("bad")], Some(cursor)).await;
+    let c = submit(&core, vec![event("c")], None).await;
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    let (a, poll, c) = (a.await.unwrap(), poll.await.unwrap(), c.await.unwrap());
+    assert!(!a.unwrap()[0].duplicate);
+    let e = poll.unwrap_err();
+    assert!(e.to_string().contains("refused by the test"), "{e}");
+    assert_eq!(e.fault(), Fault::Store);
+    assert!(!c.unwrap()[0].duplicate);
+    assert_eq!(commits(&core), 1);
+    let refused = core
+        .timings
+        .ingress
+        .refused
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(refused, 2, "the refused submission's two events");
+    let stored: Vec<String> = core
+        .read(|r| r.list_events(None, None, 10))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event.delivery_id)
+        .collect();
+    assert_eq!(stored, ["a", "c"]);
+    let cursor = core
+        .read(|r| r.ingress_cursor("notes", "inbox"))
+        .await
+        .unwrap();
+    assert_eq!(cursor, None, "the cursor moves only with its events");
+}
+
+#[test]
+fn a_pass_that_leaves_a_full_page_of_due_timers_or_emissions_asks_for_the_next_at_once() {
+    use super::host_loop::{HostLoop, PASS_LIMIT};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The supervisor starts its tasks on the runtime it is made in.
+    let _entered = rt.enter();
+    let (core, _dir) = core();
+    let limit = PASS_LIMIT as usize;
+    // Two pages and a half of due timers, a page and one of planned emissions; no extension
+    // runs, so each gets its fallback (rescheduled, failed) and leaves the due and planned sets.
+    rt.block_on(async {
+        for _ in 0..limit * 5 / 2 {
+            core.create_timer("notes".into(), "every".into(), "1s".into(), Some(5))
+                .await
+                .unwrap();
+        }
+        for _ in 0..=limit {
+            core.plan_emission("notes".into(), "mail".into(), None, serde_json::json!({}))
+                .await
+                .unwrap();
+        }
+    });
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let host_loop = HostLoop::new(
+        core.clone(),
+        rt.handle().clone(),
+        std::time::Duration::from_secs(3600),
+        shutdown,
+    );
+    let passes: Vec<_> = (0..4)
+        .map(|_| {
+            let r = host_loop.pass();
+            assert!(r.errors.is_empty(), "{r:?}");
+            (r.timers_fired, r.emissions_failed, r.more)
+        })
+        .collect();
+    assert_eq!(
+        passes,
+        [
+            (limit, limit, true),
+            (limit, 1, true),
+            (limit / 2, 0, false),
+            (0, 0, false)
+        ]
+    );
 }

@@ -57,27 +57,56 @@ pub fn gather(d: &Daemon) -> anyhow::Result<Snapshot> {
         .map(|e| {
             let handle = d.supervisor().get(&e.status.name);
             let traffic = handle.as_ref().map(|h| h.traffic()).unwrap_or_default();
-            let bounds: Vec<u64> = LATENCY_BOUNDS_S
-                .iter()
-                .map(|s| (s * 1e6).round() as u64)
-                .collect();
             let hists = handle
                 .as_ref()
-                .map(|h| h.latency_histograms(&bounds))
+                .map(|h| h.latency_histograms(&bounds_us()))
                 .unwrap_or_default();
             (traffic, hists)
         })
         .collect();
     let now = conduit_supervisor::now_ms();
+    let core = d.core();
+    let ingress = Ingress {
+        timings: &core.timings,
+        queued: core.group_queued(),
+    };
     Ok(build(
         &exts,
         &live,
-        &d.core().stats,
-        d.core().dropped.snapshot(),
+        &core.stats,
+        core.dropped.snapshot(),
+        &ingress,
         counts.as_ref(),
         d.started_at_ms(),
         now,
     ))
+}
+
+/// What the writer and ingress report: their timings and counters, and the submissions
+/// waiting for a group commit now.
+struct Ingress<'a> {
+    timings: &'a crate::core::timings::Timings,
+    queued: usize,
+}
+
+/// [`LATENCY_BOUNDS_S`] in microseconds, as the HDR histograms are kept.
+fn bounds_us() -> Vec<u64> {
+    LATENCY_BOUNDS_S
+        .iter()
+        .map(|s| (s * 1e6).round() as u64)
+        .collect()
+}
+
+/// A histogram sample from an HDR histogram's buckets at [`LATENCY_BOUNDS_S`].
+fn hist(labels: Vec<(&'static str, String)>, h: &conduit_supervisor::LatencyHistogram) -> Sample {
+    Sample {
+        labels,
+        value: Value::Hist(Hist {
+            cumulative: h.cumulative.clone(),
+            count: h.count,
+            sum: h.sum_us as f64 / 1e6,
+        }),
+    }
 }
 
 type Live = (
@@ -90,6 +119,7 @@ fn build(
     live: &[Live],
     stats: &crate::core::LoopStats,
     dropped: crate::core::pending::Pending,
+    ingress: &Ingress<'_>,
     counts: Option<&conduit_store::Counts>,
     started_at_ms: i64,
     now: i64,
@@ -319,14 +349,8 @@ fn build(
     );
     for ((_, hists), e) in live.iter().zip(exts) {
         for (m, h) in hists {
-            f.samples.push(Sample {
-                labels: vec![("extension", name(e)), ("method", m.clone())],
-                value: Value::Hist(Hist {
-                    cumulative: h.cumulative.clone(),
-                    count: h.count,
-                    sum: h.sum_us as f64 / 1e6,
-                }),
-            });
+            f.samples
+                .push(hist(vec![("extension", name(e)), ("method", m.clone())], h));
         }
     }
     let f = s.family(
@@ -447,6 +471,7 @@ fn build(
     ] {
         f.num(&[("record", record)], u(n));
     }
+    write_ingress(&mut s, ingress);
 
     if let Some(c) = counts {
         s.family(
@@ -528,6 +553,75 @@ fn build(
     .num(&[("signal", "traces")], u(l(&x.failed_attempts)))
     .num(&[("signal", "metrics")], u(l(&m.failed_attempts)));
     s
+}
+
+/// The writer's wait and hold, acknowledgement-to-routing and the group commit's counters.
+fn write_ingress(s: &mut Snapshot, ingress: &Ingress<'_>) {
+    use crate::core::timings::{IngressCounts, QUANTILES};
+    let [wait, hold, a2r] = ingress.timings.export(&bounds_us());
+    for (fam, help, e) in [
+        (
+            "conduit_store_writer_wait_seconds",
+            "Time each write transaction waited for the store's one writer: from asking for it to BEGIN IMMEDIATE done (every writer: ingress, the host loop, the API's other writes).",
+            &wait,
+        ),
+        (
+            "conduit_store_writer_hold_seconds",
+            "Time each write transaction held the writer: from BEGIN IMMEDIATE done to COMMIT (its fsync included) or the rollback done.",
+            &hold,
+        ),
+        (
+            "conduit_ingress_ack_to_route_seconds",
+            "Time from the commit that acknowledged an event to the commit of the routing decision about it (events accepted by this daemon).",
+            &a2r,
+        ),
+    ] {
+        s.family(fam, Kind::Histogram, help)
+            .samples
+            .push(hist(Vec::new(), &e.histogram));
+    }
+    let f = s.family(
+        "conduit_latency_quantile_seconds",
+        Kind::Gauge,
+        "Quantiles of the writer's wait and hold and of acknowledgement-to-routing since the daemon started (HDR histograms, 3 significant digits; quantile=1 is the maximum).",
+    );
+    for (measure, e) in [
+        ("writer_wait", &wait),
+        ("writer_hold", &hold),
+        ("ack_to_route", &a2r),
+    ] {
+        for ((q, _), us) in QUANTILES.iter().zip(e.quantiles_us) {
+            f.num(&[("measure", measure), ("quantile", q)], us as f64 / 1e6);
+        }
+    }
+    let n = &ingress.timings.ingress;
+    let l = IngressCounts::load;
+    s.family(
+        "conduit_ingress_commits_total",
+        Kind::Counter,
+        "Group commits of accepted events (transactions; divide the events' rate by its rate for the mean batch).",
+    )
+    .num(&[], u(l(&n.commits)));
+    s.family(
+        "conduit_ingress_events_total",
+        Kind::Counter,
+        "Events answered by the group commit, by outcome: new, duplicate (accepted before), refused (by the store).",
+    )
+    .num(&[("outcome", "new")], u(l(&n.new)))
+    .num(&[("outcome", "duplicate")], u(l(&n.duplicate)))
+    .num(&[("outcome", "refused")], u(l(&n.refused)));
+    s.family(
+        "conduit_ingress_untimed_total",
+        Kind::Counter,
+        "Events accepted while 100,000 were already waiting to be routed: not in conduit_ingress_ack_to_route_seconds.",
+    )
+    .num(&[], u(l(&n.untimed)));
+    s.family(
+        "conduit_ingress_queued",
+        Kind::Gauge,
+        "Callers' submissions waiting for a group commit now (not the batch being committed).",
+    )
+    .num(&[], ingress.queued as f64);
 }
 
 /// A label value escaped as the format requires (backslash, quote, newline).

@@ -175,6 +175,94 @@ impl StoreError {
         }
     }
 
+    /// A copy for another caller of the same failed operation (every caller of a group commit
+    /// whose transaction failed is told why): the same variant, so the same fault and text.
+    /// A SQLite error is copied by its codes and message; the rare one that has neither (a
+    /// conversion error) becomes a generic SQLite error with its text.
+    pub fn shared(&self) -> StoreError {
+        let sql = copy_sqlite;
+        match self {
+            StoreError::Open { path, what, cause } => StoreError::Open {
+                path: path.clone(),
+                what,
+                cause: sql(cause),
+            },
+            StoreError::NotWal { path, mode } => StoreError::NotWal {
+                path: path.clone(),
+                mode: mode.clone(),
+            },
+            StoreError::Corrupt { path, problems } => StoreError::Corrupt {
+                path: path.clone(),
+                problems: problems.clone(),
+            },
+            StoreError::TooNew { path, found, known } => StoreError::TooNew {
+                path: path.clone(),
+                found: *found,
+                known: *known,
+            },
+            StoreError::NotMigrated { path, found, known } => StoreError::NotMigrated {
+                path: path.clone(),
+                found: *found,
+                known: *known,
+            },
+            StoreError::Migration { version, cause } => StoreError::Migration {
+                version: *version,
+                cause: sql(cause),
+            },
+            StoreError::Begin(cause) => StoreError::Begin(sql(cause)),
+            StoreError::Commit(cause) => StoreError::Commit(sql(cause)),
+            StoreError::ReaderTimeout { waited } => StoreError::ReaderTimeout { waited: *waited },
+            StoreError::Sql { what, cause } => StoreError::Sql {
+                what: what.clone(),
+                cause: sql(cause),
+            },
+            StoreError::NotFound { record, id } => StoreError::NotFound { record, id: *id },
+            StoreError::WrongState {
+                record,
+                id,
+                state,
+                expected,
+            } => StoreError::WrongState {
+                record,
+                id: *id,
+                state: state.clone(),
+                expected,
+            },
+            StoreError::InvalidLimit { limit, max } => StoreError::InvalidLimit {
+                limit: *limit,
+                max: *max,
+            },
+            StoreError::Invalid { field, reason } => StoreError::Invalid {
+                field,
+                reason: reason.clone(),
+            },
+            StoreError::Decode {
+                record,
+                id,
+                field,
+                reason,
+            } => StoreError::Decode {
+                record,
+                id: *id,
+                field,
+                reason: reason.clone(),
+            },
+            StoreError::ArtifactMismatch {
+                sha256,
+                recorded,
+                size,
+            } => StoreError::ArtifactMismatch {
+                sha256: sha256.clone(),
+                recorded: *recorded,
+                size: *size,
+            },
+            StoreError::Panicked { what, reason } => StoreError::Panicked {
+                what,
+                reason: reason.clone(),
+            },
+        }
+    }
+
     /// The SQLite error underneath, if there is one.
     pub fn sqlite_error(&self) -> Option<&rusqlite::Error> {
         match self {
@@ -233,6 +321,18 @@ impl StoreError {
             }
             _ => false,
         }
+    }
+}
+
+/// A copy of a SQLite error that keeps what `sqlite` prints and what the classification reads
+/// (the codes).
+fn copy_sqlite(e: &rusqlite::Error) -> rusqlite::Error {
+    match e {
+        rusqlite::Error::SqliteFailure(f, msg) => rusqlite::Error::SqliteFailure(*f, msg.clone()),
+        other => rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(other.to_string()),
+        ),
     }
 }
 
@@ -415,7 +515,36 @@ mod tests {
         for (e, fault) in cases {
             assert!(!e.is_disk_full(), "{e}");
             assert_eq!(e.fault(), fault, "{e}");
+            // Every caller of a failed group commit gets the same answer.
+            let copy = e.shared();
+            assert_eq!((copy.fault(), copy.to_string()), (fault, e.to_string()));
         }
+    }
+
+    #[test]
+    fn a_shared_copy_of_a_sqlite_error_keeps_its_codes_and_message() {
+        let full = StoreError::Commit(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            Some("database or disk is full".into()),
+        ));
+        let copy = full.shared();
+        assert!(copy.is_disk_full());
+        assert_eq!(copy.to_string(), full.to_string());
+        // A SQLite error without codes keeps its text.
+        let odd = StoreError::Sql {
+            what: Cow::Borrowed("read a row"),
+            cause: rusqlite::Error::InvalidColumnIndex(7),
+        };
+        assert!(
+            odd.shared()
+                .to_string()
+                .contains(&rusqlite::Error::InvalidColumnIndex(7).to_string())
+        );
+        let panicked = StoreError::Panicked {
+            what: "write",
+            reason: "boom".into(),
+        };
+        assert_eq!(panicked.shared().fault(), Fault::Host);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! Invariant: a delivery is accepted at most once. A duplicate returns the first Event's id and
 //! writes nothing, so a retried push is acknowledged without a second Event.
 
+use conduit_protocol::CheckedPayload;
 use conduit_protocol::calls::{Event, PushResult};
 use rusqlite::{Row, params};
 use serde::{Deserialize, Serialize};
@@ -212,8 +213,10 @@ impl ReadTx<'_> {
 }
 
 impl WriteTx<'_> {
-    /// Accepts a delivery: a new Event, or the first one's id when `(source, delivery_id)`
-    /// was accepted before.
+    /// Accepts a delivery whose payload is a parsed value: serialised once and checked against
+    /// the payload depth limit here (the only check on this path), then as
+    /// [`WriteTx::accept_checked`]. For tools and tests; the daemon's ingress keeps payloads as
+    /// text from the request to the row and calls `accept_checked`.
     pub fn accept_event(
         &mut self,
         source: &str,
@@ -222,19 +225,27 @@ impl WriteTx<'_> {
         payload: &Value,
         now: i64,
     ) -> Result<Accepted, StoreError> {
+        let payload = CheckedPayload::from_value(payload).map_err(|err| StoreError::Invalid {
+            field: "payload",
+            reason: err.to_string(),
+        })?;
+        self.accept_checked(source, delivery_id, kind, &payload, now)
+    }
+
+    /// Accepts a delivery: a new Event, or the first one's id when `(source, delivery_id)`
+    /// was accepted before (in an earlier transaction or earlier in this one). The payload's
+    /// text is stored as it is; its depth was checked when it was made (a `CheckedPayload`
+    /// cannot be made otherwise), so it is not measured again.
+    pub fn accept_checked(
+        &mut self,
+        source: &str,
+        delivery_id: &str,
+        kind: &str,
+        payload: &CheckedPayload,
+        now: i64,
+    ) -> Result<Accepted, StoreError> {
         let what = || format!("accept event {source}/{delivery_id}");
-        // Serialising a `Value` cannot fail (its keys are strings); the error path is here
-        // only to avoid a panic in a library.
-        let body = serde_json::to_string(payload).map_err(|err| StoreError::Invalid {
-            field: "payload",
-            reason: err.to_string(),
-        })?;
-        // Every caller checks the depth before it parses a payload; this is the backstop that
-        // keeps a payload no receiver could read out of the store whatever the path.
-        conduit_protocol::check_payload_depth(&body).map_err(|err| StoreError::Invalid {
-            field: "payload",
-            reason: err.to_string(),
-        })?;
+        let body = payload.as_str();
         // Insert first: a new delivery, the common case, costs one statement. `DO NOTHING`
         // returns no row on a duplicate, and then the first Event is looked up.
         let mut insert = self

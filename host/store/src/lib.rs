@@ -17,7 +17,9 @@
 //!   never fails half-way with `SQLITE_BUSY` on an upgrade) and either commits or rolls back as a
 //!   whole, on an error or a panic alike.
 //! - WAL mode and `synchronous=FULL`: a committed transaction survives a power cut, and readers
-//!   never wait for the writer.
+//!   never wait for the writer. The one exception is asked for by name ([`Durability::Deferred`], the
+//!   host loop's own steps, which are redone when undone): committed without an fsync of its
+//!   own, made durable by the next synced commit or checkpoint.
 //! - The live reads (`unrouted_events`, `open_work`, `due_timers`, `active_waits`,
 //!   `planned_emissions`) go through partial indexes over the live set, so their cost follows
 //!   what is live, not the history retained (see `schema.rs`).
@@ -56,7 +58,7 @@ pub use limits::{
 };
 pub use pending::Owned;
 pub use schema::MIGRATIONS;
-pub use store::Store;
+pub use store::{Durability, Store, WriteTimes};
 pub use timers::Timer;
 pub use tx::{ReadTx, WriteTx};
 pub use views::{ViewCounts, WorkCount, WorkFilter, WorkSummary};

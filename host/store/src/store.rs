@@ -3,11 +3,15 @@
 //!
 //! Invariant: every write happens inside [`Store::write`], on the one writer connection, in a
 //! transaction that starts with `BEGIN IMMEDIATE` and either commits or rolls back as a whole,
-//! on an error or a panic alike.
+//! on an error or a panic alike. Every write is timed ([`WriteTimes`]: how long it waited for
+//! the writer, how long it held it) and the times handed to the observer the daemon set, after
+//! the writer is released.
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, TransactionBehavior};
 
@@ -23,15 +27,57 @@ use crate::{pool, schema};
 #[path = "tests.rs"]
 mod tests;
 
+/// Whether a write transaction's `COMMIT` waits for its own fsync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous=FULL`: the WAL is fsynced before `COMMIT` returns; the transaction
+    /// survives a power cut once it is committed. Every write whose outcome a caller is told
+    /// (an acknowledged event, a timer, a wait or an emission made through the API) is this.
+    Synced,
+    /// `synchronous=NORMAL`: `COMMIT` returns once the WAL is written, without an fsync of its
+    /// own. A process crash loses nothing (the bytes are with the OS); a power cut may undo the
+    /// last such commits, unless a `Full` commit or a checkpoint came after them (the WAL is
+    /// appended to in order, so their fsync covers every commit before). Only for work that is
+    /// redone when it is undone: the host loop's steps, whose in-transaction calls are made
+    /// again after a crash before their commit anyway (docs/protocol.md, "MUST NOT count on
+    /// being called only once").
+    Deferred,
+}
+
+/// What one write transaction cost the writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteTimes {
+    /// From asking for the writer (entering [`Store::write`]) to `BEGIN IMMEDIATE` succeeding:
+    /// the time spent behind other writes.
+    pub wait: Duration,
+    /// From `BEGIN IMMEDIATE` succeeding to `COMMIT` (or the rollback) done: what this write
+    /// made every other write wait. A commit's fsync is in it.
+    pub hold: Duration,
+}
+
+/// What [`Store::write`] tells about each write transaction (see [`Store::observe_writes`]).
+type WriteObserver = Box<dyn Fn(WriteTimes) + Send + Sync>;
+
 /// The store: one writer connection and a pool of readers over one SQLite file.
 ///
 /// `Store` is `Send + Sync`; share it in an `Arc`. Writes serialise on the writer; reads run
 /// alongside them on the readers.
-#[derive(Debug)]
 pub struct Store {
     path: PathBuf,
     writer: Mutex<Connection>,
+    /// Whether the writer is at `synchronous=NORMAL` now ([`Durability::Deferred`]); changed only
+    /// under the writer's lock, outside a transaction.
+    deferred: AtomicBool,
     readers: pool::Readers,
+    observer: OnceLock<WriteObserver>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Store {
@@ -85,7 +131,16 @@ impl Store {
             readers: pool::Readers::new(path.clone(), MAX_READERS),
             path,
             writer: Mutex::new(conn),
+            deferred: AtomicBool::new(false),
+            observer: OnceLock::new(),
         })
+    }
+
+    /// Hand every write transaction's [`WriteTimes`] to `f` from now on (the daemon's metrics).
+    /// Set once; a second observer is refused (`false`). `f` runs on the writing thread after
+    /// the writer is released, so it delays that caller but no other write: keep it short.
+    pub fn observe_writes(&self, f: impl Fn(WriteTimes) + Send + Sync + 'static) -> bool {
+        self.observer.set(Box::new(f)).is_ok()
     }
 
     /// The file this store was opened on.
@@ -105,6 +160,40 @@ impl Store {
         &self,
         f: impl FnOnce(&mut WriteTx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        self.write_with(Durability::Synced, f)
+    }
+
+    /// [`Store::write`], its `COMMIT` as durable as `durability` says (see
+    /// [`Durability::Deferred`] for when a commit may skip its own fsync).
+    pub fn write_with<T>(
+        &self,
+        durability: Durability,
+        f: impl FnOnce(&mut WriteTx<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let asked = Instant::now();
+        let mut begun = None;
+        let res = self.write_timed(durability, f, &mut begun);
+        if let (Some(begun), Some(observe)) = (begun, self.observer.get()) {
+            observe(WriteTimes {
+                wait: begun - asked,
+                hold: begun.elapsed(),
+            });
+        }
+        match res {
+            Ok(out) => out,
+            Err(panic) => resume_unwind(panic),
+        }
+    }
+
+    /// [`Store::write`] without its timing: sets `begun` once `BEGIN IMMEDIATE` succeeded, and
+    /// returns a panic of `f` (after the rollback, the writer released) for the caller to
+    /// resume once the write is timed.
+    fn write_timed<T>(
+        &self,
+        durability: Durability,
+        f: impl FnOnce(&mut WriteTx<'_>) -> Result<T, StoreError>,
+        begun: &mut Option<Instant>,
+    ) -> std::thread::Result<Result<T, StoreError>> {
         // A panic in an earlier `f` poisons the lock after its transaction was rolled back, so
         // the connection itself is sound; take it as is.
         let mut conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
@@ -112,11 +201,25 @@ impl Store {
             // A rollback that failed while unwinding would leave a transaction open; end it
             // here so that this one starts clean.
             tracing::warn!("writer connection was left inside a transaction; rolling it back");
-            conn.execute_batch("ROLLBACK").map_err(StoreError::Begin)?;
+            if let Err(e) = conn.execute_batch("ROLLBACK") {
+                return Ok(Err(StoreError::Begin(e)));
+            }
         }
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(StoreError::Begin)?;
+        // Set only when it changes (between transactions, where SQLite allows it). Should the
+        // change fail, the write fails before it begins.
+        let deferred = durability == Durability::Deferred;
+        if self.deferred.load(Ordering::Relaxed) != deferred {
+            let level = if deferred { "NORMAL" } else { "FULL" };
+            if let Err(e) = conn.pragma_update(None, "synchronous", level) {
+                return Ok(Err(StoreError::Begin(e)));
+            }
+            self.deferred.store(deferred, Ordering::Relaxed);
+        }
+        let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+            Ok(tx) => tx,
+            Err(e) => return Ok(Err(StoreError::Begin(e))),
+        };
+        *begun = Some(Instant::now());
         let mut wtx = WriteTx {
             read: ReadTx { conn: &tx },
         };
@@ -125,21 +228,18 @@ impl Store {
         // panic resumes.
         let res = catch_unwind(AssertUnwindSafe(|| f(&mut wtx)));
         match res {
-            Ok(Ok(out)) => {
-                tx.commit().map_err(StoreError::Commit)?;
-                Ok(out)
-            }
+            Ok(Ok(out)) => Ok(tx.commit().map_err(StoreError::Commit).map(|()| out)),
             Ok(Err(err)) => {
                 if let Err(rb) = tx.rollback() {
                     tracing::warn!(error = %rb, "rollback after a failed write transaction failed");
                 }
-                Err(err)
+                Ok(Err(err))
             }
             Err(panic) => {
                 if let Err(rb) = tx.rollback() {
                     tracing::warn!(error = %rb, "rollback after a panic in a write transaction failed");
                 }
-                resume_unwind(panic)
+                Err(panic)
             }
         }
     }

@@ -540,3 +540,176 @@ fn work_pages_go_newest_first_by_state_and_kind() {
         Err(StoreError::InvalidLimit { .. })
     ));
 }
+
+/// A trigger that refuses the event with delivery id `bad`: a store refusal of that one row
+/// (a constraint error, as SQLite reports it), for the tests of isolation.
+fn refuse_bad_deliveries(store: &Store) {
+    store
+        .writer
+        .lock()
+        .unwrap()
+        .execute_batch(
+            "CREATE TEMP TRIGGER refuse_bad BEFORE INSERT ON events WHEN NEW.delivery_id = 'bad' \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+}
+
+fn deliveries(store: &Store) -> Vec<String> {
+    store
+        .read(|r| r.list_events(None, None, 200))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event.delivery_id)
+        .collect()
+}
+
+#[test]
+fn a_delivery_accepted_twice_in_one_transaction_is_one_event() {
+    let (_dir, store) = temp_store();
+    let (first, second, third) = store
+        .write(|tx| {
+            let a = tx.accept_event("s", "d1", "k", &json!({"n": 1}), 1)?;
+            let b = tx.accept_event("s", "d1", "k", &json!({"n": 2}), 1)?;
+            // Another source's delivery of the same id is another event.
+            let c = tx.accept_event("t", "d1", "k", &json!({}), 1)?;
+            Ok((a, b, c))
+        })
+        .unwrap();
+    assert!(!first.duplicate && second.duplicate && !third.duplicate);
+    assert_eq!(second.event_id, first.event_id);
+    assert_ne!(third.event_id, first.event_id);
+    // And in a later transaction, still the first.
+    let later = store
+        .write(|tx| tx.accept_event("s", "d1", "k", &json!({}), 2))
+        .unwrap();
+    assert_eq!((later.event_id, later.duplicate), (first.event_id, true));
+    let kept = store.read(|r| r.event(first.event_id)).unwrap().unwrap();
+    assert_eq!(
+        kept.event.payload,
+        json!({"n": 1}),
+        "the first payload stays"
+    );
+}
+
+#[test]
+fn an_isolated_failure_undoes_only_its_own_writes() {
+    let (_dir, store) = temp_store();
+    refuse_bad_deliveries(&store);
+    let (a, b, c) = store
+        .write(|tx| {
+            let a = tx.isolated(|tx| tx.accept_event("s", "a", "k", &json!({}), 1))?;
+            // Two events and a cursor, the second event refused: none of the three stays.
+            let b = tx.isolated(|tx| {
+                tx.accept_event("s", "x", "k", &json!({}), 1)?;
+                tx.set_ingress_cursor("ext", "s", "9", 1)?;
+                tx.accept_event("s", "bad", "k", &json!({}), 1)
+            })?;
+            // The delivery undone with `b` is new again here.
+            let c = tx.isolated(|tx| tx.accept_event("s", "x", "k", &json!({}), 1))?;
+            Ok((a, b, c))
+        })
+        .unwrap();
+    assert!(!a.unwrap().duplicate);
+    let refused = b.unwrap_err();
+    assert!(
+        refused.to_string().contains("refused by the test"),
+        "{refused}"
+    );
+    assert!(!c.unwrap().duplicate);
+    assert_eq!(deliveries(&store), ["a", "x"]);
+    assert_eq!(store.read(|r| r.ingress_cursor("ext", "s")).unwrap(), None);
+}
+
+#[test]
+fn a_full_disk_refuses_only_the_isolated_part_that_needs_room() {
+    let (_dir, store) = temp_store();
+    // Room for small events in the pages the file has, none for a new page.
+    store
+        .write(|tx| tx.accept_event("s", "warm", "k", &json!({}), 1))
+        .unwrap();
+    {
+        let conn = store.writer.lock().unwrap();
+        let pages: i64 = conn
+            .pragma_query_value(None, "page_count", |r| r.get(0))
+            .unwrap();
+        conn.pragma_update(None, "max_page_count", pages).unwrap();
+    }
+    let big = json!({ "text": "x".repeat(64 * 1024) });
+    let (small, large) = store
+        .write(|tx| {
+            let small = tx.isolated(|tx| tx.accept_event("s", "small", "k", &json!({}), 1))?;
+            let large = tx.isolated(|tx| tx.accept_event("s", "large", "k", &big, 1))?;
+            Ok((small, large))
+        })
+        .unwrap();
+    // SQLite undoes the one statement that needed room (it may also give up a whole
+    // transaction on a full disk, which `isolated` reports as the outer error): the small
+    // event commits, the large one is refused as a full disk.
+    assert!(!small.unwrap().duplicate);
+    assert!(large.unwrap_err().is_disk_full());
+    assert_eq!(deliveries(&store), ["warm", "small"]);
+}
+
+#[test]
+fn every_write_is_timed_after_the_writer_is_released() {
+    let (_dir, store) = temp_store();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    assert!(store.observe_writes(move |t| s2.lock().unwrap().push(t)));
+    assert!(!store.observe_writes(|_| {}), "one observer");
+    store
+        .write(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(())
+        })
+        .unwrap();
+    // A failed write and a panicking one are timed too.
+    let _ = store.write(|_| -> Result<(), StoreError> {
+        Err(StoreError::Invalid {
+            field: "f",
+            reason: "r".into(),
+        })
+    });
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        store.write(|_| -> Result<(), StoreError> { panic!("a bug") })
+    }));
+    assert!(panicked.is_err());
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 3);
+    assert!(seen[0].hold >= Duration::from_millis(20), "{:?}", seen[0]);
+    // The observer ran with the writer free: a write from inside it would not deadlock.
+    assert!(store.writer.try_lock().is_ok());
+}
+
+#[test]
+fn a_deferred_write_commits_without_its_own_fsync_and_the_next_synced_one_is_full_again() {
+    let (dir, store) = temp_store();
+    let level = |store: &Store| -> i64 {
+        store
+            .writer
+            .lock()
+            .unwrap()
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap()
+    };
+    let seen_inside: i64 = store
+        .write_with(Durability::Deferred, |tx| {
+            tx.accept_event("s", "routed-later", "k", &json!({}), 1)?;
+            tx.read
+                .conn
+                .pragma_query_value(None, "synchronous", |r| r.get(0))
+                .context("read synchronous")
+        })
+        .unwrap();
+    assert_eq!(seen_inside, 1, "NORMAL while deferred");
+    assert_eq!(level(&store), 1, "left as it is until a synced write asks");
+    store
+        .write(|tx| tx.accept_event("s", "acknowledged", "k", &json!({}), 1))
+        .unwrap();
+    assert_eq!(level(&store), 2, "FULL for every synced write");
+    // Both are committed: a new connection (as after a crash) reads them.
+    drop(store);
+    let again = Store::open(dir.path().join("conduit.db")).unwrap();
+    assert_eq!(deliveries(&again), ["routed-later", "acknowledged"]);
+}

@@ -67,7 +67,7 @@ pub use crate::spec::{
     BulkSink, CallbackHandlers, DEFAULT_START_TIMEOUT, ExtensionSpec, ReadyHook, no_callbacks,
 };
 pub use crate::stats::{
-    CallSummary, LatencyHistogram, MethodStats, RATE_BUCKET, RATE_BUCKETS, Traffic,
+    CallSummary, Latency, LatencyHistogram, MethodStats, RATE_BUCKET, RATE_BUCKETS, Traffic,
 };
 pub use crate::status::{
     ExitCause, ExitGlance, ExitRecord, Glance, InFlightCall, RECENT_EXITS, Requester, Resources,

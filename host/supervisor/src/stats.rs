@@ -1,6 +1,8 @@
 //! Per-method call counts and latency percentiles, for the status; and, across methods, the
 //! figures an overview shows of every extension at once ([`CallSummary`]: counts, p50/p99 and
-//! the calls of each of the last [`RATE_BUCKETS`] periods of [`RATE_BUCKET`]).
+//! the calls of each of the last [`RATE_BUCKETS`] periods of [`RATE_BUCKET`]); and [`Latency`],
+//! the HDR histogram with its sum that every latency the daemon exports is kept in (the calls
+//! here, the writer's wait and hold and ingress's acknowledgement-to-routing in the host).
 //!
 //! Recording takes a short lock (never across an await), two histogram updates and a bucket
 //! increment. A summary's percentiles are computed again only when calls were recorded since
@@ -126,20 +128,69 @@ pub struct Traffic {
     pub overloaded_callbacks: u64,
 }
 
-struct Method {
+/// Latencies from 1 µs to an hour at 3 significant digits (HDR), with their sum, for the
+/// status's percentiles and the metrics' histograms. Not synchronised: hold it in a lock.
+#[derive(Clone, Debug)]
+pub struct Latency {
     h: Histogram<u64>,
-    errors: u64,
     sum_us: u64,
 }
 
-impl Method {
-    fn new() -> Method {
-        Method {
+impl Default for Latency {
+    fn default() -> Self {
+        Latency {
             h: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds"),
-            errors: 0,
             sum_us: 0,
         }
     }
+}
+
+impl Latency {
+    /// Record one latency (clamped to 1 µs .. 1 h).
+    pub fn record(&mut self, took: Duration) {
+        let us = (took.as_micros() as u64).clamp(1, 3_600_000_000);
+        let _ = self.h.record(us);
+        self.sum_us = self.sum_us.saturating_add(us);
+    }
+
+    /// How many latencies were recorded.
+    pub fn count(&self) -> u64 {
+        self.h.len()
+    }
+
+    /// The latency at quantile `q` (0..=1; 1 is the maximum), in microseconds; 0 when empty.
+    pub fn quantile_us(&self, q: f64) -> u64 {
+        if q >= 1.0 {
+            self.h.max()
+        } else {
+            self.h.value_at_quantile(q)
+        }
+    }
+
+    /// The latencies as a histogram with fixed bounds (ascending, microseconds). HDR keeps 3
+    /// significant digits, so a latency within 0.1% of a bound may be counted on either side.
+    pub fn buckets(&self, bounds_us: &[u64]) -> LatencyHistogram {
+        let mut cumulative = Vec::with_capacity(bounds_us.len());
+        let (mut below, mut from) = (0, 1);
+        for &b in bounds_us {
+            if b >= from {
+                below += self.h.count_between(from, b);
+                from = self.h.highest_equivalent(b) + 1;
+            }
+            cumulative.push(below);
+        }
+        LatencyHistogram {
+            cumulative,
+            count: self.h.len(),
+            sum_us: self.sum_us,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Method {
+    latency: Latency,
+    errors: u64,
 }
 
 /// Every method's figures, and the figures across methods.
@@ -165,7 +216,7 @@ impl Stats {
     fn starting_at(base: Instant) -> Stats {
         Stats(Mutex::new(Table {
             methods: HashMap::new(),
-            all: Method::new(),
+            all: Method::default(),
             recent: Recent::new(base),
             cached: None,
         }))
@@ -180,16 +231,14 @@ impl Stats {
     }
 
     fn record_at(&self, method: &str, took: Duration, ok: bool, at: Instant) {
-        let us = (took.as_micros() as u64).clamp(1, 3_600_000_000);
         let mut t = self.table();
         let t = &mut *t;
         if !t.methods.contains_key(method) {
-            t.methods.insert(method.to_owned(), Method::new());
+            t.methods.insert(method.to_owned(), Method::default());
         }
         let m = t.methods.get_mut(method).expect("inserted above");
         for m in [m, &mut t.all] {
-            let _ = m.h.record(us);
-            m.sum_us = m.sum_us.saturating_add(us);
+            m.latency.record(took);
             if !ok {
                 m.errors += 1;
             }
@@ -201,24 +250,21 @@ impl Stats {
     /// answer was malformed after a successful round trip).
     pub(crate) fn mark_error(&self, method: &str) {
         let mut t = self.table();
-        t.methods
-            .entry(method.to_owned())
-            .or_insert_with(Method::new)
-            .errors += 1;
+        t.methods.entry(method.to_owned()).or_default().errors += 1;
         t.all.errors += 1;
     }
 
     /// The figures across methods, the recent periods ending at `now`.
     pub(crate) fn summary(&self, now: Instant) -> CallSummary {
         let mut t = self.table();
-        let count = t.all.h.len();
+        let count = t.all.latency.count();
         let (p50_us, p99_us) = match t.cached {
             Some((n, p50, p99)) if n == count => (p50, p99),
             _ if count == 0 => (0, 0),
             _ => {
                 let (p50, p99) = (
-                    t.all.h.value_at_quantile(0.50),
-                    t.all.h.value_at_quantile(0.99),
+                    t.all.latency.quantile_us(0.50),
+                    t.all.latency.quantile_us(0.99),
                 );
                 t.cached = Some((count, p50, p99));
                 (p50, p99)
@@ -237,43 +283,26 @@ impl Stats {
         let t = self.table();
         t.methods
             .iter()
-            .map(|(m, Method { h, errors, .. })| {
+            .map(|(m, Method { latency: l, errors })| {
                 let s = MethodStats {
-                    count: h.len(),
+                    count: l.count(),
                     errors: *errors,
-                    p50_us: h.value_at_quantile(0.50),
-                    p95_us: h.value_at_quantile(0.95),
-                    p99_us: h.value_at_quantile(0.99),
-                    max_us: h.max(),
+                    p50_us: l.quantile_us(0.50),
+                    p95_us: l.quantile_us(0.95),
+                    p99_us: l.quantile_us(0.99),
+                    max_us: l.quantile_us(1.0),
                 };
                 (m.clone(), s)
             })
             .collect()
     }
 
-    /// Each method's latencies at `bounds_us` (ascending). HDR keeps 3 significant digits, so
-    /// a call within 0.1% of a bound may be counted on either side of it.
+    /// Each method's latencies at `bounds_us` (ascending; see [`Latency::buckets`]).
     pub(crate) fn histograms(&self, bounds_us: &[u64]) -> BTreeMap<String, LatencyHistogram> {
         let t = self.table();
         t.methods
             .iter()
-            .map(|(name, m)| {
-                let mut cumulative = Vec::with_capacity(bounds_us.len());
-                let (mut below, mut from) = (0, 1);
-                for &b in bounds_us {
-                    if b >= from {
-                        below += m.h.count_between(from, b);
-                        from = m.h.highest_equivalent(b) + 1;
-                    }
-                    cumulative.push(below);
-                }
-                let h = LatencyHistogram {
-                    cumulative,
-                    count: m.h.len(),
-                    sum_us: m.sum_us,
-                };
-                (name.clone(), h)
-            })
+            .map(|(name, m)| (name.clone(), m.latency.buckets(bounds_us)))
             .collect()
     }
 }

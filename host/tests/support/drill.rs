@@ -23,3 +23,11 @@ pub fn report(name: &str, bound: &str, measured: &str, ok: bool) {
     std::fs::write(dir.join(format!("{name}.txt")), line).unwrap();
     eprintln!("drill {name}: {bound}; measured {measured}: {verdict}");
 }
+
+/// How many rounds a drill of rounds runs: `CONDUIT_DRILL_ROUNDS` (`make drill` sets 20), else 5.
+pub fn rounds() -> usize {
+    std::env::var("CONDUIT_DRILL_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+}

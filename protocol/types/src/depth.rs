@@ -93,6 +93,50 @@ pub fn check_payload_depth(json: &str) -> Result<(), PayloadTooDeep> {
     }
 }
 
+/// A payload's JSON text that has passed [`check_payload_depth`]: the only ways to make one
+/// check it, so whoever takes a `CheckedPayload` (the store) need not measure it again, and the
+/// text goes from a request's body to the row as it came, never through a `Value`.
+///
+/// The text is JSON (a `RawValue` was parsed to make it), exactly as the sender wrote it,
+/// whitespace included.
+#[derive(Clone, Debug)]
+pub struct CheckedPayload(Box<serde_json::value::RawValue>);
+
+impl PartialEq for CheckedPayload {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for CheckedPayload {}
+
+impl CheckedPayload {
+    /// Check raw JSON against [`MAX_PAYLOAD_DEPTH`]; the text is kept as it is.
+    pub fn check(raw: Box<serde_json::value::RawValue>) -> Result<CheckedPayload, PayloadTooDeep> {
+        check_payload_depth(raw.get())?;
+        Ok(CheckedPayload(raw))
+    }
+
+    /// Serialise a parsed value once and check it (a polled event's payload, which arrives
+    /// parsed with its poll's answer).
+    pub fn from_value(v: &serde_json::Value) -> Result<CheckedPayload, PayloadTooDeep> {
+        // A `Value` always serialises (its keys are strings); `null` stands in if it ever did not.
+        let raw = serde_json::value::to_raw_value(v).unwrap_or_else(|_| Self::null().0);
+        Self::check(raw)
+    }
+
+    /// `null`, the payload of an event pushed without one.
+    pub fn null() -> CheckedPayload {
+        let raw = serde_json::value::RawValue::from_string("null".to_owned());
+        CheckedPayload(raw.expect("`null` is JSON"))
+    }
+
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+}
+
 impl From<PayloadTooDeep> for crate::error::RpcError {
     /// `invalid_params`, with `data` `{"limit": 64, "depth": <depth>}`.
     fn from(e: PayloadTooDeep) -> Self {
@@ -139,6 +183,25 @@ mod tests {
         let rpc = crate::RpcError::from(err);
         assert!(rpc.is(crate::ErrorCode::InvalidParams));
         assert_eq!(rpc.data.unwrap().get(), r#"{"depth":65,"limit":64}"#);
+    }
+
+    #[test]
+    fn a_checked_payload_keeps_its_text_and_holds_the_limit_at_its_edge() {
+        let raw = |s: &str| serde_json::value::RawValue::from_string(s.to_owned()).unwrap();
+        let p = CheckedPayload::check(raw(r#"{ "a" : [1, 2] }"#)).unwrap();
+        assert_eq!(p.as_str(), r#"{ "a" : [1, 2] }"#, "kept as written");
+        let at = nested(MAX_PAYLOAD_DEPTH, "0");
+        assert_eq!(CheckedPayload::check(raw(&at)).unwrap().as_str(), at);
+        let past = CheckedPayload::check(raw(&nested(MAX_PAYLOAD_DEPTH + 1, "0"))).unwrap_err();
+        assert_eq!(past.depth, MAX_PAYLOAD_DEPTH + 1);
+        let v: serde_json::Value = serde_json::from_str(&nested(MAX_PAYLOAD_DEPTH, "0")).unwrap();
+        assert!(CheckedPayload::from_value(&v).is_ok());
+        let v = serde_json::json!([v]);
+        assert_eq!(
+            CheckedPayload::from_value(&v).unwrap_err().depth,
+            MAX_PAYLOAD_DEPTH + 1
+        );
+        assert_eq!(CheckedPayload::null().as_str(), "null");
     }
 
     /// Parse a whole message line as a receiver does: the envelope with raw params, then the

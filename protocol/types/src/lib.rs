@@ -20,7 +20,9 @@ pub mod meta;
 pub mod methods;
 pub mod rules;
 
-pub use depth::{MAX_PAYLOAD_DEPTH, PayloadTooDeep, check_payload_depth, json_depth};
+pub use depth::{
+    CheckedPayload, MAX_PAYLOAD_DEPTH, PayloadTooDeep, check_payload_depth, json_depth,
+};
 pub use error::{ErrorCode, ErrorObject, RpcError};
 pub use handshake::{
     Capabilities, Capability, InitializeParams, InitializeResult, PROTOCOL_VERSION,

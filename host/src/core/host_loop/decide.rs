@@ -18,6 +18,18 @@ use conduit_supervisor::State;
 /// When a timer's `recurrence.next` fails, it fires again this much later.
 pub const RECURRENCE_FALLBACK_MS: i64 = 60_000;
 
+/// The least time from one pass's start to the next one's when a nudge asks for it: under a
+/// stream of events a pass routes what came since the last one, in one call per work kind,
+/// instead of one pass (and one writer transaction with its in-transaction call) per commit.
+pub const MIN_PASS_SPACING: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// How long a nudged pass waits before it starts, `since` the previous pass started: nothing
+/// when that was [`MIN_PASS_SPACING`] ago or more (an event after a quiet spell is routed at
+/// once), else the rest of it.
+pub fn nudged_pass_delay(since: std::time::Duration) -> std::time::Duration {
+    MIN_PASS_SPACING.saturating_sub(since)
+}
+
 /// How one in-transaction call ended for the step that made it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Outcome<T> {
@@ -211,6 +223,19 @@ mod tests {
     use conduit_protocol::handshake::WorkKind;
 
     use super::*;
+
+    #[test]
+    fn a_nudged_pass_starts_at_once_after_a_quiet_spell_and_no_sooner_than_the_spacing_in_a_stream()
+    {
+        use std::time::Duration;
+        assert_eq!(nudged_pass_delay(Duration::from_secs(1)), Duration::ZERO);
+        assert_eq!(nudged_pass_delay(MIN_PASS_SPACING), Duration::ZERO);
+        assert_eq!(
+            nudged_pass_delay(MIN_PASS_SPACING - Duration::from_millis(1)),
+            Duration::from_millis(1)
+        );
+        assert_eq!(nudged_pass_delay(Duration::ZERO), MIN_PASS_SPACING);
+    }
 
     fn group(key: &str, ids: &[i64]) -> TriggerGroup {
         TriggerGroup::new(key, ids.to_vec())

@@ -1,5 +1,7 @@
 //! Ingress polls: each pass starts an `ingress.poll` of every declared ingress source that is
-//! due, and the poll's events and new cursor are written in one transaction when it answers.
+//! due, and the poll's events and new cursor are written in one transaction when it answers
+//! (one submission to the group commit, which may share that transaction with other callers'
+//! events, never split it).
 //!
 //! Polls are not in-transaction calls: they run as tasks on the runtime (deadline 30 s), off
 //! the writer, so a slow source never holds a pass. Whether a source is polled now is a pure
@@ -16,7 +18,7 @@ use std::time::Instant;
 use conduit_protocol::Capabilities;
 use conduit_supervisor::Extension;
 
-use crate::core::ops::IngressCursor;
+use crate::core::group_commit::IngressCursor;
 use crate::core::shared::Core;
 
 /// The most events one poll may return.
@@ -83,11 +85,11 @@ async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: 
             let events: Vec<_> = r
                 .events
                 .into_iter()
-                .filter(|e| match crate::core::callbacks::check_polled_event(&source, e) {
-                    Ok(()) => true,
+                .filter_map(|e| match crate::core::callbacks::check_polled_event(&source, e) {
+                    Ok(e) => Some(e),
                     Err(err) => {
                         tracing::warn!(extension = %name, %source, error = %err.message, "skipped a polled event");
-                        false
+                        None
                     }
                 })
                 .collect();

@@ -1,4 +1,6 @@
-//! The host loop: one pass at a time, every poll interval and at once when nudged.
+//! The host loop: one pass at a time, every poll interval and at once when nudged (but no sooner
+//! than `decide::MIN_PASS_SPACING` after the previous pass began, so a stream of events is
+//! routed in batches).
 //!
 //! A pass routes pending events to Work (`work_kind.trigger`), fires due timers
 //! (`recurrence.next`), matches active waits against new events (`dependency.filter`) and
@@ -6,6 +8,9 @@
 //! transaction with the 250 ms deadline; a failed, late or malformed answer is logged, counted
 //! and replaced by the call's documented fallback (`docs/protocol.md` §6), then the transaction
 //! commits — never with a corrupt record, and never holding the writer past the deadline.
+//! These commits skip their own fsync (`HostLoop::write`, `Durability::Deferred`): a power cut
+//! may undo the last of them, and the step is then made again; every acknowledged write's
+//! fsync makes them durable too.
 //!
 //! Each step reads the same way: decide (pure, `decide.rs`), make the call
 //! (`HostLoop::in_tx_call`, the one way all four are made, which gives an
@@ -34,10 +39,18 @@
 //!
 //! Each pass also starts an `ingress.poll` of every declared ingress source that is due
 //! (`ingress.rs`). Polls are not in-transaction calls: they run as tasks on the runtime.
+//!
+//! A backlog (after a restart, or an owner that was away) drains in bounded steps: routing
+//! reads [`ROUTE_BATCH`] events at a time through the unrouted index, each batch its own
+//! transaction; timers, waits and emissions (`paged.rs`) take [`PASS_LIMIT`] each a pass, and
+//! a pass that read a full page of due timers or planned emissions it could act on is followed
+//! by the next one at once (`PassReport::more`, still [`MIN_PASS_SPACING`] apart), not after
+//! the poll interval.
 
 mod calls;
 pub(crate) mod decide;
 mod ingress;
+mod paged;
 pub(crate) mod poll;
 
 use std::cell::RefCell;
@@ -47,16 +60,16 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use conduit_protocol::IN_TRANSACTION_DEADLINE;
-use conduit_protocol::calls::{CommitParams, Event, FilterParams, RecurrenceParams, TriggerParams};
-use conduit_protocol::methods::{
-    DependencyFilter, EmitCommit, Method, RecurrenceNext, WorkKindTrigger, host,
-};
+use conduit_protocol::calls::{Event, TriggerParams};
+use conduit_protocol::methods::{Method, WorkKindTrigger, host};
+use conduit_store::Durability;
 use conduit_supervisor::{Extension, now_ms};
 use tokio_util::sync::CancellationToken;
 
 pub use calls::failure_text;
 pub use decide::{
-    RECURRENCE_FALLBACK_MS, event_owner, fallback_groups, trigger_verdict, work_kind_of,
+    MIN_PASS_SPACING, RECURRENCE_FALLBACK_MS, event_owner, fallback_groups, nudged_pass_delay,
+    trigger_verdict, work_kind_of,
 };
 pub use ingress::INGRESS_LIMIT;
 pub use poll::INGRESS_INTERVAL;
@@ -64,7 +77,7 @@ pub use poll::INGRESS_INTERVAL;
 use super::health::{self, ProbeCall, RunFacts};
 use super::shared::Core;
 use calls::{answered, probe_once};
-use decide::{Commit, Outcome, StartFacts};
+use decide::{Outcome, StartFacts};
 
 /// The live extensions of a pass and their capabilities, by name (ordered: the pass visits
 /// them, and settles a work kind two of them declare, in name order).
@@ -92,6 +105,9 @@ pub struct PassReport {
     pub emissions_failed: usize,
     pub fallbacks: usize,
     pub errors: Vec<String>,
+    /// A step read a full page and made progress with it: more may be waiting, so the next
+    /// pass starts without waiting for the poll interval or a nudge.
+    pub more: bool,
 }
 
 /// The loop; [`HostLoop::spawn`] runs it on its own thread.
@@ -146,7 +162,7 @@ impl HostLoop {
             // Until the registry is applied no kind's owner is known: routing now would send
             // every event of a package about to start to no Work.
             if !self.core.registry_applied() {
-                self.idle();
+                self.idle(None, false);
                 continue;
             }
             let t = Instant::now();
@@ -212,22 +228,30 @@ impl HostLoop {
                     "host loop pass"
                 );
             }
-            self.idle();
+            self.idle(Some(t), report.more);
         }
     }
 
-    /// Wait for the next pass: the poll interval, a nudge or the shutdown.
-    fn idle(&self) {
-        {
-            let (core, shutdown, poll) = (self.core.clone(), self.shutdown.clone(), self.poll);
-            self.rt.block_on(async move {
-                tokio::select! {
-                    () = tokio::time::sleep(poll) => {}
-                    () = core.nudged() => {}
-                    () = shutdown.cancelled() => {}
-                }
-            });
-        }
+    /// Wait for the next pass: the poll interval, a nudge or the shutdown. A nudge within
+    /// [`decide::MIN_PASS_SPACING`] of the last pass's start (`last`) waits out the rest of it,
+    /// so a stream of commits is routed in batches, not one pass per commit. With `more` (the
+    /// last pass left a full page behind) the next pass needs no nudge.
+    fn idle(&self, last: Option<Instant>, more: bool) {
+        let (core, shutdown, poll) = (self.core.clone(), self.shutdown.clone(), self.poll);
+        self.rt.block_on(async move {
+            tokio::select! {
+                () = tokio::time::sleep(poll) => {}
+                () = async {
+                    if !more {
+                        core.nudged().await;
+                    }
+                    if let Some(last) = last {
+                        tokio::time::sleep(decide::nudged_pass_delay(last.elapsed())).await;
+                    }
+                } => {}
+                () = shutdown.cancelled() => {}
+            }
+        });
     }
 
     /// One pass over everything live.
@@ -406,6 +430,21 @@ impl HostLoop {
         }
     }
 
+    /// One write transaction of a step, committed without an fsync of its own
+    /// ([`Durability::Deferred`]): a power cut may undo the last of them until the next
+    /// acknowledged write's fsync (or a checkpoint) covers them, and then the step is made
+    /// again, as after a crash before its commit. Every step's calls may be made again anyway
+    /// (protocol.md §6: in-transaction handlers answer the same params the same way), and what
+    /// a caller was told (an acknowledged event, timer, wait or planned emission) is synced by
+    /// its own commit. So the loop's steps do not each wait for the disk, nor hold the writer
+    /// through an fsync that ingress then waits behind.
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&mut conduit_store::WriteTx<'_>) -> Result<T, conduit_store::StoreError>,
+    ) -> Result<T, conduit_store::StoreError> {
+        self.core.store.write_with(Durability::Deferred, f)
+    }
+
     /// Count and log a fallback, once its transaction has committed.
     fn count_fallback(&self, r: &mut PassReport, ext: &str, method: &str, why: &str) {
         self.core.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -471,7 +510,7 @@ impl HostLoop {
                 let ids: Vec<i64> = inputs.iter().map(|e| e.id).collect();
                 match kinds.get(kind.as_str()) {
                     None => {
-                        self.core.store.write(|tx| {
+                        self.write(|tx| {
                             for id in &ids {
                                 tx.mark_routed(*id, None, now_ms())?;
                             }
@@ -482,7 +521,7 @@ impl HostLoop {
                     Some((ext, true)) if !self.callable(ext.name()) => continue,
                     Some((ext, trigger)) => {
                         let mut fell_back = None;
-                        self.core.store.write(|tx| {
+                        self.write(|tx| {
                             let groups = if *trigger {
                                 let params = TriggerParams::new(kind.clone(), inputs);
                                 let (groups, why) = self
@@ -515,163 +554,13 @@ impl HostLoop {
                         }
                     }
                 }
+                // The decision about these events has committed: acknowledgement-to-routing.
+                self.core.timings.routed(&ids, Instant::now());
                 r.routed += ids.len();
             }
             if n < ROUTE_BATCH as usize {
                 return Ok(());
             }
         }
-    }
-
-    fn fire_timers(
-        &self,
-        exts: &Exts,
-        settling: &Exts,
-        r: &mut PassReport,
-    ) -> Result<(), conduit_store::StoreError> {
-        let now = now_ms();
-        let due = self.core.store.read(|rd| rd.due_timers(now, PASS_LIMIT))?;
-        for t in due {
-            if self.shutdown.is_cancelled() {
-                return Ok(());
-            }
-            if self.held(settling, &t.extension) {
-                self.demand(settling, &t.extension, || {
-                    format!("started by timer {} of recurrence {}", t.id, t.recurrence)
-                });
-                continue;
-            }
-            let ext = exts.get(&t.extension).map(|(e, _)| e);
-            let mut fell_back = None;
-            self.core.store.write(|tx| {
-                let fired_at = now_ms();
-                let params =
-                    RecurrenceParams::new(t.recurrence.clone(), t.id, t.spec.clone(), fired_at);
-                let (next, why) = self
-                    .in_tx_call::<RecurrenceNext, _>(ext, &params, |res| {
-                        res.check(fired_at).map_err(|e| e.0)
-                    })
-                    .or_fallback(|_| decide::recurrence_fallback(fired_at));
-                fell_back = why;
-                tx.reschedule_timer(t.id, next, fired_at)
-            })?;
-            if let Some(why) = fell_back {
-                self.count_fallback(r, &t.extension, host::RECURRENCE_NEXT, &why);
-            }
-            r.timers_fired += 1;
-        }
-        Ok(())
-    }
-
-    fn match_waits(
-        &self,
-        exts: &Exts,
-        settling: &Exts,
-        r: &mut PassReport,
-    ) -> Result<(), conduit_store::StoreError> {
-        let waits = self
-            .core
-            .store
-            .read(|rd| rd.active_waits(None, PASS_LIMIT))?;
-        for w in waits {
-            if self.shutdown.is_cancelled() {
-                return Ok(());
-            }
-            let events = self
-                .core
-                .store
-                .read(|rd| rd.events_after(w.cursor_event_id, WAIT_EVENTS))?;
-            if events.is_empty() {
-                continue;
-            }
-            if self.held(settling, &w.extension) {
-                let why = || format!("started by wait {} of filter {}", w.id, w.filter);
-                self.demand(settling, &w.extension, why);
-                continue;
-            }
-            r.waits_checked += 1;
-            let ext = exts.get(&w.extension).map(|(e, _)| e);
-            for ev in events {
-                // The extension failed on an earlier event of this wait: the rest waits.
-                if !self.callable(&w.extension) {
-                    break;
-                }
-                let ev_id = ev.id;
-                let mut fell_back = None;
-                let satisfied = self.core.store.write(|tx| {
-                    let params = FilterParams::new(w.filter.clone(), w.id, w.subject.clone(), ev);
-                    let (satisfied, why) = self
-                        .in_tx_call::<DependencyFilter, _>(ext, &params, |res| Ok(res.satisfied))
-                        .or_fallback(|_| decide::filter_fallback());
-                    fell_back = why;
-                    if satisfied {
-                        tx.satisfy_wait(w.id, ev_id, now_ms())?;
-                    } else {
-                        tx.advance_wait(w.id, ev_id)?;
-                    }
-                    Ok(satisfied)
-                })?;
-                if let Some(why) = fell_back {
-                    self.count_fallback(r, &w.extension, host::DEPENDENCY_FILTER, &why);
-                }
-                if satisfied {
-                    r.waits_satisfied += 1;
-                    break;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn commit_emissions(
-        &self,
-        exts: &Exts,
-        settling: &Exts,
-        r: &mut PassReport,
-    ) -> Result<(), conduit_store::StoreError> {
-        let planned = self
-            .core
-            .store
-            .read(|rd| rd.planned_emissions(PASS_LIMIT))?;
-        for em in planned {
-            if self.shutdown.is_cancelled() {
-                return Ok(());
-            }
-            if self.held(settling, &em.extension) {
-                self.demand(settling, &em.extension, || {
-                    format!("started by emission {} ({}) to commit", em.id, em.emission)
-                });
-                continue;
-            }
-            let ext = exts.get(&em.extension).map(|(e, _)| e);
-            let mut failed = None;
-            self.core.store.write(|tx| {
-                let params = CommitParams::new(
-                    em.emission.clone(),
-                    em.commit_id.clone(),
-                    em.payload.clone(),
-                )
-                .with_work_id(em.work_id);
-                let (commit, why) = self
-                    .in_tx_call::<EmitCommit, _>(ext, &params, |res| {
-                        res.check().map_err(|e| e.0)?;
-                        Ok(Commit::Records(res.records))
-                    })
-                    .or_fallback(decide::commit_fallback);
-                failed = why;
-                match commit {
-                    Commit::Records(records) => tx.commit_emission(em.id, &records, now_ms()),
-                    Commit::Fail(why) => tx.fail_emission(em.id, &why, now_ms()),
-                }
-            })?;
-            match failed {
-                Some(why) => {
-                    self.count_fallback(r, &em.extension, host::EMIT_COMMIT, &why);
-                    r.emissions_failed += 1;
-                }
-                None => r.emissions_committed += 1,
-            }
-        }
-        Ok(())
     }
 }
