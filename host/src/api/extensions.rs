@@ -9,8 +9,9 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use serde_json::value::RawValue;
 
 use super::error::{ApiError, ApiResult};
 use crate::daemon::handle::Daemon;
@@ -117,11 +118,20 @@ async fn logs(
 #[derive(Deserialize)]
 struct CallBody {
     method: String,
+    /// Raw: copied once out of the request's body and once into the request's frame, never
+    /// parsed into a value and written out again (docs/operations.md, "Memory after a burst").
     #[serde(default)]
-    params: Option<serde_json::Value>,
+    params: Option<Box<RawValue>>,
     /// 1 ms to 10 min; 30 s when left out.
     #[serde(default)]
     timeout_ms: Option<u64>,
+}
+
+/// A call's answer: the extension's result written into the body as it came, not parsed.
+#[derive(Serialize)]
+struct CallAnswer<'a> {
+    result: &'a RawValue,
+    took_us: u64,
 }
 
 /// Call a method of a running extension and answer with its result or its error, as is.
@@ -144,17 +154,37 @@ async fn call(
     };
     let timeout =
         std::time::Duration::from_millis(body.timeout_ms.unwrap_or(30_000).clamp(1, 600_000));
-    let params =
-        serde_json::value::to_raw_value(&body.params.unwrap_or(serde_json::Value::Null))
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_params", e.to_string()))?;
+    let params: &RawValue = match &body.params {
+        Some(raw) => {
+            conduit_protocol::check_payload_depth(raw.get()).map_err(|e| {
+                ApiError::new(StatusCode::BAD_REQUEST, "too_deep", format!("params: {e}"))
+            })?;
+            raw
+        }
+        None => RawValue::NULL,
+    };
     let t = std::time::Instant::now();
-    let res = ext.call_raw(&body.method, &params, Some(timeout)).await;
+    let res = ext.call_raw(&body.method, params, Some(timeout)).await;
     let took_us = t.elapsed().as_micros() as u64;
+    drop(body);
     Ok(match res {
         Ok(raw) => {
-            let result: serde_json::Value =
-                serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null);
-            Json(json!({ "result": result, "took_us": took_us })).into_response()
+            let answer = CallAnswer {
+                result: &raw,
+                took_us,
+            };
+            let mut out = Vec::with_capacity(raw.get().len() + 32);
+            serde_json::to_writer(&mut out, &answer)
+                .map_err(|e| anyhow::anyhow!("the answer does not serialize: {e}"))?;
+            drop(raw);
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    axum::http::HeaderValue::from_static("application/json"),
+                )],
+                out,
+            )
+                .into_response()
         }
         Err(e) => {
             let code = e.code();
