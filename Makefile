@@ -26,6 +26,9 @@
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
 #   make bench-telemetry     1,000 calls through the API with export (spans, metrics) off, against a collector
 #                            that never answers, and against a closed port (7 rounds, medians)
+#   make bench-burst-memory  64 concurrent 600 KiB calls to an extension that stopped reading,
+#                            against a release daemon with each allocator: RSS before, at peak,
+#                            after, and the daemon's CPU per echo call (a few minutes)
 #   make drill               the drill suite alone (host/tests/drill_*.rs): misbehaving extensions,
 #                            one line per drill with its bound and what it measured
 #   make fuzz                each fuzz target in fuzz/ for FUZZ_SECONDS (default 60) seconds, one
@@ -39,7 +42,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-views
+.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-views bench-burst-memory
 
 build:
 	$(CARGO) build --workspace --bins
@@ -124,6 +127,13 @@ protocol-prototype:
 bench-scale:
 	$(CARGO) build --release -p conduit-host -p conduit-example-echo -p conduit-bench --bin conduit --bin conduit-echo --bin bench-scale
 	$(TARGET_DIR)/release/bench-scale --json $(TARGET_DIR)/bench-scale/results.json $(BENCH_SCALE_ARGS)
+
+# The burst of issue 30 and what each allocator costs per call (docs/perf-log/
+# 2026-12-04-burst-memory.md); jemalloc and mimalloc are Debian's libraries, through LD_PRELOAD,
+# skipped when not installed. BENCH_BURST_ARGS passes options (e.g. --allocators glibc).
+bench-burst-memory:
+	$(CARGO) build --release -p conduit-host --bin conduit
+	scripts/bench-burst-memory.py --conduit $(TARGET_DIR)/release/conduit --json $(TARGET_DIR)/bench-burst-memory/results.json $(BENCH_BURST_ARGS)
 
 bench-history:
 	$(CARGO) bench -p conduit-store --bench history
