@@ -225,17 +225,26 @@ const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 
 // ---- the context --------------------------------------------------------------------------------
 
-const IN_TX = {
+// The method table's rows this SDK needs (extensions/methods.json is the table; the SDK's tests
+// fail while these differ from it). Host calls served by the handler registered under the name
+// in one of their params: method -> [that params member, the capability list declaring it].
+// Four of them are in-transaction calls; ingress.poll is not (docs/protocol.md §6.5).
+const BY_NAME = {
   "work_kind.trigger": ["kind", "work_kinds"],
   "recurrence.next": ["recurrence", "recurrences"],
   "dependency.filter": ["filter", "dependency_filters"],
   "emit.commit": ["emission", "emissions"],
   "ingress.poll": ["source", "ingress"],
 };
+// The callbacks an extension makes (docs/protocol.md §7).
 const CALLBACKS = new Set([
   "state.event", "state.events", "state.work", "operation.emit", "ingress.push",
   "artifact.open", "artifact.chunk", "artifact.close", "artifact.abort",
 ]);
+// Names a custom method may not take ($/... aside): every method of the table but check.sleep.
+const RESERVED = new Set([...Object.keys(BY_NAME), ...CALLBACKS, "initialize", "shutdown"]);
+/** The tables above, for the SDK's tests (not part of the API). */
+export const _methodTables = Object.freeze({ BY_NAME, CALLBACKS, RESERVED });
 const TOP = new Set(["jsonrpc", "id", "method", "params", "result", "error"]);
 
 /** What a handler gets besides its params (see index.d.ts). */
@@ -597,7 +606,7 @@ export class Extension {
     return this.ingress(name, async () => ({ events: [] }));
   }
   method(name, fn) {
-    if (name.startsWith("$/") || name in IN_TX || CALLBACKS.has(name) || ["initialize", "shutdown", "check.sleep"].includes(name)) {
+    if (name.startsWith("$/") || RESERVED.has(name) || name === "check.sleep") {
       throw new Error(`\`${name}\` cannot be a custom method (docs/protocol.md §6.8)`);
     }
     return this._add(this._methods, name, fn);
@@ -615,7 +624,7 @@ export class Extension {
   }
   serves(method) {
     if (method === "shutdown" || method === "check.sleep" || this._methods.has(method)) return true;
-    if (method in IN_TX) return this._handlers[IN_TX[method][1]].size > 0;
+    if (method in BY_NAME) return this._handlers[BY_NAME[method][1]].size > 0;
     return false;
   }
   /**
@@ -893,8 +902,8 @@ class Server {
       const ms = params.ms;
       return Number.isInteger(ms) && ms >= 0 ? null : `needs {"ms": integer >= 0}, got ${JSON.stringify(ms)}`;
     }
-    if (method in IN_TX) {
-      const [field, key] = IN_TX[method];
+    if (method in BY_NAME) {
+      const [field, key] = BY_NAME[method];
       const name = params[field];
       if (typeof name !== "string") return `\`${field}\` must be a string`;
       if (!this.ext._handlers[key].has(name)) return `\`${field}\` ${JSON.stringify(name)} is not declared`;
@@ -939,8 +948,8 @@ class Server {
         result = { slept_ms: Math.floor(performance.now() - t0) };
       } else {
         let fn;
-        if (req.method in IN_TX) {
-          const [field, key] = IN_TX[req.method];
+        if (req.method in BY_NAME) {
+          const [field, key] = BY_NAME[req.method];
           fn = this.ext._handlers[key].get(req.params[field]);
         } else {
           fn = this.ext._methods.get(req.method);

@@ -10,11 +10,33 @@ import { Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { Extension, isRetryable, readId, scanMembers, BULK_FRAME_BYTES, MAX_MESSAGE_BYTES } from "../index.js";
+import { Extension, isRetryable, readId, scanMembers, BULK_FRAME_BYTES, MAX_MESSAGE_BYTES, _methodTables } from "../index.js";
 import { FakeHost, INITIALIZE_PARAMS } from "./host.mjs";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const SAMPLE = join(HERE, "sample.mjs");
+
+// The SDK's tables against extensions/methods.json, the method table written from the Rust one
+// (conduit_protocol::methods::TABLE): a method added, renamed or moved there fails here until
+// this SDK follows.
+describe("method table", () => {
+  const rows = JSON.parse(readFileSync(join(HERE, "..", "..", "methods.json"), "utf8")).methods;
+  test("host calls routed by a declared name", () => {
+    const want = Object.fromEntries(rows
+      .filter((r) => r.direction === "host_to_extension" && r.name_field)
+      .map((r) => [r.name, [r.name_field, r.capability]]));
+    assert.deepEqual({ ..._methodTables.BY_NAME }, want);
+  });
+  test("callbacks", () => {
+    const want = new Set(rows.filter((r) => r.direction === "extension_to_host").map((r) => r.name));
+    assert.deepEqual(_methodTables.CALLBACKS, want);
+  });
+  test("reserved names", () => {
+    const want = new Set(rows.filter((r) => r.reserved).map((r) => r.name));
+    assert.deepEqual(_methodTables.RESERVED, want);
+    assert.equal(_methodTables.RESERVED.has("check.sleep"), false);
+  });
+});
 
 describe("units", () => {
   test("ids are read exactly from their text", () => {

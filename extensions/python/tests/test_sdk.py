@@ -69,6 +69,31 @@ class Units(unittest.TestCase):
         self.assertEqual(ext.capabilities(), {"methods": ["a", "check.sleep"]})
 
 
+class MethodTable(unittest.TestCase):
+    """The SDK's tables against extensions/methods.json, the method table written from the Rust
+    one (conduit_protocol::methods::TABLE): a method added, renamed or moved there fails here
+    until this SDK follows."""
+
+    def setUp(self):
+        import json
+        with open(os.path.join(HERE, "..", "..", "methods.json"), encoding="utf-8") as f:
+            self.rows = json.load(f)["methods"]
+
+    def test_host_calls_routed_by_a_declared_name(self):
+        want = {r["name"]: (r["name_field"], r["capability"]) for r in self.rows
+                if r["direction"] == "host_to_extension" and r["name_field"]}
+        self.assertEqual(ce._BY_NAME, want)
+
+    def test_callbacks(self):
+        want = {r["name"] for r in self.rows if r["direction"] == "extension_to_host"}
+        self.assertEqual(ce._CALLBACKS, want)
+
+    def test_reserved_names(self):
+        want = {r["name"] for r in self.rows if r["reserved"]}
+        self.assertEqual(ce._RESERVED, want)
+        self.assertNotIn("check.sleep", ce._RESERVED)
+
+
 class BulkPipe(unittest.TestCase):
     """Artifacts on the host's bulk pipe (docs/protocol.md §8.1), over a real pipe."""
 

@@ -15,8 +15,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::error::{ApiError, ApiResult, Body, MAX_PUSH_BODY, bad_request};
-use crate::core::ops::Declared;
 use crate::daemon::handle::Daemon;
+use conduit_protocol::Capability;
 
 /// The routes of the records' endpoints.
 pub(super) fn routes() -> Router<Arc<Daemon>> {
@@ -65,11 +65,7 @@ struct PushBody {
 async fn push_event(State(d): State<Arc<Daemon>>, Body(b): Body<PushBody>) -> ApiResult {
     conduit_protocol::check_event_fields(&b.source, &b.delivery_id, &b.kind)
         .map_err(|e| bad_request(e.to_string()))?;
-    let event = conduit_protocol::calls::NewEvent {
-        payload: payload(b.payload)?,
-        delivery_id: b.delivery_id,
-        kind: b.kind,
-    };
+    let event = conduit_protocol::calls::NewEvent::new(b.delivery_id, b.kind, payload(b.payload)?);
     let kind = event.kind.clone();
     let accepted = d.core().accept_event(b.source, event).await?;
     let status = if accepted.duplicate {
@@ -203,7 +199,11 @@ struct TimerBody {
 
 async fn create_timer(State(d): State<Arc<Daemon>>, Body(b): Body<TimerBody>) -> ApiResult {
     let core = d.core();
-    let ext = core.owner(b.extension.as_deref(), Declared::Recurrence, &b.recurrence)?;
+    let ext = core.owner(
+        b.extension.as_deref(),
+        Capability::Recurrences,
+        &b.recurrence,
+    )?;
     let id = core
         .create_timer(ext, b.recurrence, b.spec, b.first_at_ms)
         .await?;
@@ -222,7 +222,7 @@ async fn create_wait(State(d): State<Arc<Daemon>>, Body(b): Body<WaitBody>) -> A
     let core = d.core();
     let ext = core.owner(
         b.extension.as_deref(),
-        Declared::DependencyFilter,
+        Capability::DependencyFilters,
         &b.filter,
     )?;
     let id = core
@@ -243,7 +243,7 @@ struct EmissionBody {
 async fn create_emission(State(d): State<Arc<Daemon>>, Body(b): Body<EmissionBody>) -> ApiResult {
     let payload = payload(b.payload)?;
     let core = d.core();
-    let ext = core.owner(b.extension.as_deref(), Declared::Emission, &b.emission)?;
+    let ext = core.owner(b.extension.as_deref(), Capability::Emissions, &b.emission)?;
     let planned = core
         .plan_emission(ext, b.emission, b.work_id, payload)
         .await?;
