@@ -134,11 +134,22 @@ struct CallAnswer<'a> {
     took_us: u64,
 }
 
+/// `raw` on one line: a frame ends at its first newline, and raw params go into it as they came.
+/// Valid JSON holds a line break only as whitespace between tokens (a string escapes its own),
+/// so each becomes a space; params sent on one line, as clients send them, are not copied.
+fn one_line(raw: Box<RawValue>) -> Box<RawValue> {
+    if !raw.get().contains(['\n', '\r']) {
+        return raw;
+    }
+    let text = raw.get().replace(['\n', '\r'], " ");
+    RawValue::from_string(text).unwrap_or(raw)
+}
+
 /// Call a method of a running extension and answer with its result or its error, as is.
 async fn call(
     State(d): State<Arc<Daemon>>,
     UrlPath(name): UrlPath<String>,
-    Json(body): Json<CallBody>,
+    Json(mut body): Json<CallBody>,
 ) -> ApiResult {
     let Some(ext) = d.supervisor().get(&name) else {
         return match d.extension(&name)? {
@@ -154,7 +165,8 @@ async fn call(
     };
     let timeout =
         std::time::Duration::from_millis(body.timeout_ms.unwrap_or(30_000).clamp(1, 600_000));
-    let params: &RawValue = match &body.params {
+    let owned = body.params.take().map(one_line);
+    let params: &RawValue = match &owned {
         Some(raw) => {
             conduit_protocol::check_payload_depth(raw.get()).map_err(|e| {
                 ApiError::new(StatusCode::BAD_REQUEST, "too_deep", format!("params: {e}"))
@@ -166,7 +178,7 @@ async fn call(
     let t = std::time::Instant::now();
     let res = ext.call_raw(&body.method, params, Some(timeout)).await;
     let took_us = t.elapsed().as_micros() as u64;
-    drop(body);
+    drop(owned);
     Ok(match res {
         Ok(raw) => {
             let answer = CallAnswer {
