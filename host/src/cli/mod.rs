@@ -20,13 +20,12 @@ macro_rules! note {
 }
 
 mod common;
-mod core_cmds;
 mod core_end;
-mod core_lists;
 mod daemon_run;
 mod docs_gen;
 mod doctor;
 mod ext_check;
+mod ext_dev;
 mod ext_logs;
 mod ext_manage;
 mod ext_new;
@@ -35,6 +34,8 @@ mod ext_status;
 mod ext_wait;
 mod metrics;
 mod outcome;
+mod records;
+mod records_lists;
 mod service;
 mod table;
 mod top;
@@ -59,6 +60,7 @@ Quick start:
   conduit ext status                    what runs, with pids, restarts and call latencies
   conduit ext check ./my-package        check a package against the protocol's rules
   conduit ext new NAME --lang python    a new package (rust, python or node) that passes the check
+  conduit ext dev ./my-package          rebuild and restart it on every change (Ctrl-C ends)
   conduit doctor                        is this installation healthy? each check with its fix
 
 Exit codes: 0 success; 1 the command found a failure; 2 usage error or unusable input;
@@ -138,48 +140,48 @@ enum ServiceCommand {
 
 #[derive(Debug, Subcommand)]
 enum EventsCommand {
-    Push(core_cmds::PushArgs),
-    List(core_cmds::ListArgs),
+    Push(records::PushArgs),
+    List(records::ListArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum WorkCommand {
-    List(core_cmds::ListArgs),
+    List(records::ListArgs),
     Close(core_end::CloseWorkArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum TimersCommand {
-    Add(core_cmds::TimerArgs),
+    Add(records::TimerArgs),
     /// List timers, oldest first: when each fires next and last fired.
-    List(core_lists::ListArgs),
+    List(records_lists::ListArgs),
     /// Show one timer.
-    Show(core_lists::ShowArgs),
+    Show(records_lists::ShowArgs),
     Delete(core_end::DeleteTimerArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum WaitsCommand {
-    Add(core_cmds::WaitArgs),
+    Add(records::WaitArgs),
     /// List waits, oldest first: active, or satisfied and by which event.
-    List(core_lists::ListArgs),
+    List(records_lists::ListArgs),
     /// Show one wait.
-    Show(core_lists::ShowArgs),
+    Show(records_lists::ShowArgs),
     Cancel(core_end::CancelWaitArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum EmissionsCommand {
-    Add(core_cmds::EmissionArgs),
+    Add(records::EmissionArgs),
     /// List emissions, oldest first: planned, committed or failed (with the error).
-    List(core_lists::ListArgs),
+    List(records_lists::ListArgs),
     /// Show one emission with the records its commit wrote.
-    Show(core_lists::ShowArgs),
+    Show(records_lists::ShowArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum ArtifactsCommand {
-    Get(core_cmds::ArtifactArgs),
+    Get(records::ArtifactArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -199,6 +201,7 @@ enum ExtCommand {
     Call(ext_status::CallArgs),
     New(ext_new::Args),
     Set(ext_set::Args),
+    Dev(ext_dev::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -246,7 +249,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let state = cli.state;
     let quiet = cli.quiet;
     common::set_quiet(quiet);
-    use core_lists::Kind;
+    use records_lists::Kind;
     match cli.command {
         Command::Ext(ExtCommand::Check(args)) => ext_check::run(args),
         Command::Ext(ExtCommand::Install(args)) => ext_manage::install(args, &state, quiet),
@@ -261,27 +264,32 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Ext(ExtCommand::Call(args)) => ext_status::call(args, &state),
         Command::Ext(ExtCommand::New(args)) => ext_new::run(args),
         Command::Ext(ExtCommand::Set(args)) => ext_set::run(args, &state),
+        Command::Ext(ExtCommand::Dev(args)) => ext_dev::run(args, &state, quiet),
         Command::Daemon(DaemonCommand::Run(args)) => daemon_run::run(args, &state),
-        Command::Events(EventsCommand::Push(args)) => core_cmds::push(args, &state),
-        Command::Events(EventsCommand::List(args)) => core_cmds::list_events(args, &state),
-        Command::Work(WorkCommand::List(args)) => core_cmds::list_work(args, &state),
+        Command::Events(EventsCommand::Push(args)) => records::push(args, &state),
+        Command::Events(EventsCommand::List(args)) => records::list_events(args, &state),
+        Command::Work(WorkCommand::List(args)) => records::list_work(args, &state),
         Command::Work(WorkCommand::Close(args)) => core_end::close_work(args, &state),
         Command::Timers(TimersCommand::Delete(args)) => core_end::delete_timer(args, &state),
         Command::Waits(WaitsCommand::Cancel(args)) => core_end::cancel_wait(args, &state),
-        Command::Timers(TimersCommand::Add(args)) => core_cmds::add_timer(args, &state),
-        Command::Timers(TimersCommand::List(args)) => core_lists::list(Kind::Timers, args, &state),
-        Command::Timers(TimersCommand::Show(args)) => core_lists::show(Kind::Timers, args, &state),
-        Command::Waits(WaitsCommand::Add(args)) => core_cmds::add_wait(args, &state),
-        Command::Waits(WaitsCommand::List(args)) => core_lists::list(Kind::Waits, args, &state),
-        Command::Waits(WaitsCommand::Show(args)) => core_lists::show(Kind::Waits, args, &state),
-        Command::Emissions(EmissionsCommand::Add(args)) => core_cmds::add_emission(args, &state),
+        Command::Timers(TimersCommand::Add(args)) => records::add_timer(args, &state),
+        Command::Timers(TimersCommand::List(args)) => {
+            records_lists::list(Kind::Timers, args, &state)
+        }
+        Command::Timers(TimersCommand::Show(args)) => {
+            records_lists::show(Kind::Timers, args, &state)
+        }
+        Command::Waits(WaitsCommand::Add(args)) => records::add_wait(args, &state),
+        Command::Waits(WaitsCommand::List(args)) => records_lists::list(Kind::Waits, args, &state),
+        Command::Waits(WaitsCommand::Show(args)) => records_lists::show(Kind::Waits, args, &state),
+        Command::Emissions(EmissionsCommand::Add(args)) => records::add_emission(args, &state),
         Command::Emissions(EmissionsCommand::List(args)) => {
-            core_lists::list(Kind::Emissions, args, &state)
+            records_lists::list(Kind::Emissions, args, &state)
         }
         Command::Emissions(EmissionsCommand::Show(args)) => {
-            core_lists::show(Kind::Emissions, args, &state)
+            records_lists::show(Kind::Emissions, args, &state)
         }
-        Command::Artifacts(ArtifactsCommand::Get(args)) => core_cmds::get_artifact(args, &state),
+        Command::Artifacts(ArtifactsCommand::Get(args)) => records::get_artifact(args, &state),
         Command::Service(ServiceCommand::Install(args)) => service::install(args, &state),
         Command::Service(ServiceCommand::Uninstall(args)) => service::uninstall(args, &state),
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
