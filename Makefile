@@ -36,6 +36,9 @@
 #                            (a few minutes; writes target/drill-backlog/results.json)
 #   make bench-telemetry     1,000 calls through the API with export (spans, metrics) off, against a collector
 #                            that never answers, and against a closed port (7 rounds, medians)
+#   make bench-burst-memory  64 concurrent 600 KiB calls to an extension that stopped reading,
+#                            against a release daemon with each allocator: RSS before, at peak,
+#                            after, and the daemon's CPU per echo call (a few minutes)
 #   make drill               the drill suite alone (host/tests/drill_*.rs): misbehaving extensions,
 #                            one line per drill with its bound and what it measured
 #   make fuzz                each fuzz target in fuzz/ for FUZZ_SECONDS (default 60) seconds, one
@@ -51,7 +54,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-scale-on-demand bench-views bench-ingress drill-backlog
+.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-scale-on-demand bench-views bench-ingress drill-backlog bench-burst-memory
 
 build:
 	$(CARGO) build --workspace --bins
@@ -152,6 +155,13 @@ bench-scale:
 bench-scale-on-demand:
 	$(CARGO) build --release -p conduit-host -p conduit-bench --bin conduit --bin ondemand-ext --bin bench-scale
 	$(TARGET_DIR)/release/bench-scale --on-demand --json $(TARGET_DIR)/bench-scale/on-demand.json $(BENCH_SCALE_ARGS)
+
+# The burst of issue 30 and what each allocator costs per call (docs/perf-log/
+# 2026-12-04-burst-memory.md); jemalloc and mimalloc are Debian's libraries, through LD_PRELOAD,
+# skipped when not installed. BENCH_BURST_ARGS passes options (e.g. --allocators glibc).
+bench-burst-memory:
+	$(CARGO) build --release -p conduit-host --bin conduit
+	scripts/bench-burst-memory.py --conduit $(TARGET_DIR)/release/conduit --json $(TARGET_DIR)/bench-burst-memory/results.json $(BENCH_BURST_ARGS)
 
 bench-history:
 	$(CARGO) bench -p conduit-store --bench history

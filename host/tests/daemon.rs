@@ -74,6 +74,42 @@ fn installed_examples_become_ready_and_serve_through_the_daemon() {
         "hi"
     );
     assert_eq!(f.status("echo")["calls"]["echo"]["count"], 1);
+    // Params at the payload depth limit reach the extension and come back as it answered them;
+    // one level deeper is refused before any call.
+    let socket = f.state().join("run/conduit.sock");
+    let nested = |n: usize| {
+        format!(
+            r#"{{"method":"echo","params":{{"text":"deep","n":{}{}}}}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        )
+    };
+    let (code, v) =
+        support::http::request_text(&socket, "POST", "/v1/extensions/echo/call", &nested(63));
+    assert_eq!(code, 200, "{v:#}");
+    assert_eq!(v["result"]["text"], "deep", "{v:#}");
+    assert!(
+        v["result"]["n"].is_array() && v["took_us"].is_u64(),
+        "{v:#}"
+    );
+    let (code, v) =
+        support::http::request_text(&socket, "POST", "/v1/extensions/echo/call", &nested(64));
+    assert_eq!(
+        (code, v["error"]["code"].as_str()),
+        (400, Some("too_deep")),
+        "{v:#}"
+    );
+    // Params sent across lines (whitespace is JSON's) reach the extension as one frame.
+    let (code, v) = support::http::request_text(
+        &socket,
+        "POST",
+        "/v1/extensions/echo/call",
+        "{\"method\": \"echo\",\r\n \"params\": {\n  \"text\": \"two\\nlines\",\n  \"n\": [1,\n 2]\n}}",
+    );
+    assert_eq!(code, 200, "{v:#}");
+    assert_eq!(v["result"]["text"], "two\nlines", "{v:#}");
+    assert_eq!(v["result"]["n"], serde_json::json!([1, 2]), "{v:#}");
+    assert_eq!(f.status("echo")["calls"]["echo"]["count"], 3);
     assert_eq!(
         f.stop_daemon(),
         Some(0),

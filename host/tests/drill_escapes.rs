@@ -8,32 +8,11 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::drill::report;
 use support::fixture::{Fixture, kill};
-use support::workspace_root;
-
-/// A package running `escape.py` in `mode`.
-fn escape_pkg(f: &Fixture, name: &str, mode: &str) -> PathBuf {
-    let pkg = f.dir.path().join("src").join(name);
-    std::fs::create_dir_all(&pkg).unwrap();
-    std::fs::copy(
-        workspace_root().join("host/supervisor/tests/fixtures/escape.py"),
-        pkg.join("escape.py"),
-    )
-    .unwrap();
-    std::fs::write(
-        pkg.join("conduit-extension.toml"),
-        format!(
-            "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"escape.py\", \"{mode}\"]\n\n[capabilities]\nmethods = [\"echo\"]\n"
-        ),
-    )
-    .unwrap();
-    pkg
-}
 
 fn running(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -48,7 +27,7 @@ fn running(pid: u32) -> bool {
 /// The daemon with `runaway` (escaping grandchildren) and `steady` (healthy) ready; the four
 /// escapees' pids once the daemon has seen them, and steady's pid.
 fn setup(f: &mut Fixture) -> (Vec<u32>, u64) {
-    f.install(&escape_pkg(f, "runaway", "escape"));
+    f.install(&f.escape("runaway", "escape"));
     f.install(&f.misbehave("steady", "ok"));
     f.start_daemon();
     f.wait_state("runaway", "ready", Duration::from_secs(20));
@@ -263,7 +242,7 @@ fn rss_kib(pid: i32, field: &str) -> u64 {
 #[test]
 fn drill_an_extension_that_stops_reading_costs_a_bounded_amount() {
     let mut f = Fixture::new();
-    f.install(&escape_pkg(&f, "deaf", "stop-reading"));
+    f.install(&f.escape("deaf", "stop-reading"));
     f.install(&f.misbehave("steady", "ok"));
     f.start_daemon();
     f.wait_state("deaf", "ready", Duration::from_secs(20));

@@ -11,8 +11,9 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use conduit_supervisor::ExtCallError;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use serde_json::value::RawValue;
 
 use super::error::{ApiError, ApiResult};
 use crate::daemon::handle::Daemon;
@@ -168,18 +169,38 @@ async fn calls(
 #[derive(Deserialize)]
 struct CallBody {
     method: String,
+    /// Raw: copied once out of the request's body and once into the request's frame, never
+    /// parsed into a value and written out again (docs/operations.md, "Memory after a burst").
     #[serde(default)]
-    params: Option<serde_json::Value>,
+    params: Option<Box<RawValue>>,
     /// 1 ms to 10 min; 30 s when left out.
     #[serde(default)]
     timeout_ms: Option<u64>,
+}
+
+/// A call's answer: the extension's result written into the body as it came, not parsed.
+#[derive(Serialize)]
+struct CallAnswer<'a> {
+    result: &'a RawValue,
+    took_us: u64,
+}
+
+/// `raw` on one line: a frame ends at its first newline, and raw params go into it as they came.
+/// Valid JSON holds a line break only as whitespace between tokens (a string escapes its own),
+/// so each becomes a space; params sent on one line, as clients send them, are not copied.
+fn one_line(raw: Box<RawValue>) -> Box<RawValue> {
+    if !raw.get().contains(['\n', '\r']) {
+        return raw;
+    }
+    let text = raw.get().replace(['\n', '\r'], " ");
+    RawValue::from_string(text).unwrap_or(raw)
 }
 
 /// Call a method of a running extension and answer with its result or its error, as is.
 async fn call(
     State(d): State<Arc<Daemon>>,
     UrlPath(name): UrlPath<String>,
-    Json(body): Json<CallBody>,
+    Json(mut body): Json<CallBody>,
 ) -> ApiResult {
     let Some(ext) = d.supervisor().get(&name) else {
         return match d.extension(&name)? {
@@ -195,9 +216,16 @@ async fn call(
     };
     let timeout =
         std::time::Duration::from_millis(body.timeout_ms.unwrap_or(30_000).clamp(1, 600_000));
-    let params =
-        serde_json::value::to_raw_value(&body.params.unwrap_or(serde_json::Value::Null))
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_params", e.to_string()))?;
+    let owned = body.params.take().map(one_line);
+    let params: &RawValue = match &owned {
+        Some(raw) => {
+            conduit_protocol::check_payload_depth(raw.get()).map_err(|e| {
+                ApiError::new(StatusCode::BAD_REQUEST, "too_deep", format!("params: {e}"))
+            })?;
+            raw
+        }
+        None => RawValue::NULL,
+    };
     let t = std::time::Instant::now();
     // An idle (on-demand) extension is started by the call, which waits for it within its
     // own timeout; one that is starting is waited for the same way, and so is one whose run
@@ -214,7 +242,7 @@ async fn call(
         match ext
             .call_raw(
                 &body.method,
-                &params,
+                params,
                 Some(left.max(Duration::from_millis(1))),
             )
             .await
@@ -225,11 +253,25 @@ async fn call(
         }
     };
     let took_us = t.elapsed().as_micros() as u64;
+    drop(owned);
     Ok(match res {
         Ok(raw) => {
-            let result: serde_json::Value =
-                serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null);
-            Json(json!({ "result": result, "took_us": took_us })).into_response()
+            let answer = CallAnswer {
+                result: &raw,
+                took_us,
+            };
+            let mut out = Vec::with_capacity(raw.get().len() + 32);
+            serde_json::to_writer(&mut out, &answer)
+                .map_err(|e| anyhow::anyhow!("the answer does not serialize: {e}"))?;
+            drop(raw);
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    axum::http::HeaderValue::from_static("application/json"),
+                )],
+                out,
+            )
+                .into_response()
         }
         Err(e) => {
             let code = e.code();

@@ -97,6 +97,12 @@ impl Limits {
 
 /// The longest a Unix socket's path may be, in bytes (Linux and macOS keep it in a fixed
 /// 108- or 104-byte field, with a terminating zero).
+/// The most a connection's read buffer grows to. hyper's default (about 400 KiB) is reached
+/// while a large body is read and then kept, reserved for the next read, while the handler
+/// runs: 64 calls of 600 KiB waiting for a slow extension held 11 MiB of them. A body is
+/// read in pieces of at most this size instead (a request's head must fit in it too).
+const READ_BUF_MAX: usize = 64 * 1024;
+
 const MAX_SOCKET_PATH: usize = if cfg!(target_os = "macos") { 103 } else { 107 };
 
 /// Bind the socket: remove a stale one, bind, and make it owner-only.
@@ -217,7 +223,8 @@ pub(super) async fn serve_router(
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout);
+                .header_read_timeout(limits.header_read_timeout)
+                .max_buf_size(READ_BUF_MAX);
             let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
             tokio::pin!(conn);
             tokio::select! {

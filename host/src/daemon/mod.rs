@@ -19,6 +19,8 @@
 //!   summed up from that, pure functions of the views (what every health report reads).
 //! - [`routes`]: where an event stands with routing (in a Work, in none, or waiting and for
 //!   whom), read back from the views by the host loop's own rules.
+//! - [`memory`]: memory a burst freed, given back to the system (a pure [`memory::Trimmer`]
+//!   decides when, from the resident sizes seen).
 //! - `run`: the startup and shutdown wiring (signals, the store, the host loop thread, the
 //!   API, the notifier); the only part that imports the API.
 //!
@@ -27,6 +29,7 @@
 //! (bounded) for its report.
 
 pub mod handle;
+pub mod memory;
 pub mod overview;
 pub mod reload;
 pub mod routes;

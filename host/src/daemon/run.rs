@@ -1,5 +1,5 @@
 //! The startup and shutdown wiring of `conduit daemon run`: signals first, the state lock, the
-//! store, the supervisor and the core, the host loop thread, the reconciler task, the
+//! store, the supervisor and the core, the host loop thread, the reconciler task, the memory trimmer, the
 //! management API and (under systemd) the notifier; then, on SIGTERM or SIGINT, each stopped in
 //! turn, every wait bounded.
 //!
@@ -139,6 +139,8 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
             }
         })
     };
+    // Free memory given back after bursts (`memory.rs`).
+    let trimmer = tokio::spawn(super::memory::trim(shutdown.clone()));
     let api = tokio::spawn(crate::api::serve_with(
         listener,
         daemon.clone(),
@@ -180,6 +182,7 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
         let _ = t.await;
     }
     let _ = reconciler.await;
+    let _ = trimmer.await;
     // The loop finishes its pass (each call is bounded by its deadline) before extensions stop.
     let _ = tokio::task::spawn_blocking(move || host_loop.join()).await;
     daemon.supervisor().shutdown().await;

@@ -91,6 +91,24 @@ impl Fixture {
         pkg
     }
 
+    /// A package running `host/supervisor/tests/fixtures/escape.py` in `mode` (`escape`: four
+    /// grandchildren that leave its group; `stop-reading`: it never reads stdin after the
+    /// handshake).
+    pub fn escape(&self, name: &str, mode: &str) -> PathBuf {
+        let pkg = self.dir.path().join("src").join(name);
+        std::fs::create_dir_all(&pkg).unwrap();
+        let script = workspace_root().join("host/supervisor/tests/fixtures/escape.py");
+        std::fs::copy(script, pkg.join("escape.py")).unwrap();
+        std::fs::write(
+            pkg.join("conduit-extension.toml"),
+            format!(
+                "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"escape.py\", \"{mode}\"]\n\n[capabilities]\nmethods = [\"echo\"]\n"
+            ),
+        )
+        .unwrap();
+        pkg
+    }
+
     /// A package running `host/tests/fixtures/hog.py` in `mode` (it uses too much on
     /// command), with `extra` appended to its manifest (`[limits]`, `[sandbox]`).
     pub fn hog(&self, name: &str, mode: &str, extra: &str) -> PathBuf {
