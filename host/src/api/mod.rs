@@ -20,7 +20,11 @@
 //! GET  /v1/timers/{id}, /v1/waits/{id}, /v1/emissions/{id}
 //! GET  /v1/timers?after=&limit=           timers, waits, emissions (without records): oldest
 //!      /v1/waits, /v1/emissions           first, in any state, the same paging as events
-//! GET  /v1/artifacts/{id}                 the content (id: `sha256:<hex>`)
+//! GET  /v1/artifacts?after=&limit=        artifacts, oldest first, kept or removed, same paging
+//! GET  /v1/artifacts/{id}                 one (id: `sha256:<hex>`): size, creator, state,
+//!                                         whether a live record needs it, its references
+//! GET  /v1/artifacts/{id}/content         the content (410 `removed` once retention removed it)
+//! POST /v1/gc?dry_run=                    a retention sweep now; answers its report
 //! ```
 //!
 //! Access: the socket is 0600 inside a 0700 folder, and each connection's peer uid (read once
@@ -38,11 +42,13 @@
 //! cap, the header timeout, the peer check), `error.rs` the error answers (`ApiError`, the
 //! store's and the core's errors as answers, the envelope of the framework's rejections),
 //! `extensions.rs` the daemon's own endpoints (health, metrics, extensions, reload) and
-//! `records.rs` the events, Work, timers, waits, emissions and artifacts, whose rules are the
-//! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer.
+//! `records.rs` the events, Work, timers, waits and emissions, whose rules are the
+//! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer;
+//! `artifacts.rs` the artifacts and the retention sweep on demand.
 //!
 //! Only this module knows HTTP.
 
+mod artifacts;
 mod error;
 mod extensions;
 mod records;
@@ -67,6 +73,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .merge(extensions::routes())
         .merge(records::routes())
+        .merge(artifacts::routes())
         .fallback(|req: Request| async move {
             ApiError::new(
                 StatusCode::NOT_FOUND,

@@ -183,18 +183,27 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
             let p: ArtifactClose = params(&req)?;
             let done = core.artifacts.close(ext, p).await?;
             let (sha, size) = (done.sha256.clone(), done.size);
+            // The creator is the extension that stored it first. The content is checked inside
+            // the recording transaction: the retention sweep deletes files only inside its own.
+            let path = core.artifacts.content_path(&sha);
             core.write(move |tx| {
-                tx.record_artifact(
+                tx.record_stored_artifact(
                     &done.sha256,
                     done.size,
                     &done.name,
                     done.media_type.as_deref(),
                     &done.ext,
                     now_ms(),
+                    || path.exists(),
                 )
             })
             .await
-            .map_err(store_fault)?;
+            .map_err(|e| match e {
+                e @ conduit_store::StoreError::ContentMissing { .. } => {
+                    RpcError::new(ErrorCode::ArtifactInvalid, e.to_string())
+                }
+                e => store_fault(e),
+            })?;
             to_raw(&ArtifactStored {
                 artifact_id: format!("sha256:{sha}"),
                 size,

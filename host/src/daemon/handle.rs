@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::reload::{self, Launch};
 use crate::core::Core;
 use crate::packages::{self, PackageRecord};
+use crate::retention::Sweeper;
 use crate::state_dir::StateDir;
 
 /// How often the host loop makes a pass when nothing nudges it.
@@ -95,6 +96,8 @@ pub struct Daemon {
     started_from: Mutex<HashMap<String, String>>,
     reloads: mpsc::Sender<oneshot::Sender<ReloadReport>>,
     started_at_ms: i64,
+    /// The retention sweeps (periodic, and `POST /v1/gc`).
+    sweeper: Arc<Sweeper>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -112,6 +115,7 @@ impl Daemon {
         supervisor: Arc<Supervisor>,
         core: Arc<Core>,
         reloads: mpsc::Sender<oneshot::Sender<ReloadReport>>,
+        sweeper: Arc<Sweeper>,
     ) -> Daemon {
         Daemon {
             state,
@@ -120,7 +124,13 @@ impl Daemon {
             started_from: Mutex::new(HashMap::new()),
             reloads,
             started_at_ms: now_ms(),
+            sweeper,
         }
+    }
+
+    /// The retention sweeper (its counters, and a sweep on demand).
+    pub fn sweeper(&self) -> &Arc<Sweeper> {
+        &self.sweeper
     }
 
     pub fn state_dir(&self) -> &StateDir {
@@ -204,6 +214,8 @@ impl Daemon {
     /// [`reload::decide`]), then stop and start through the supervisor. Only the reconciler
     /// task calls it, one request at a time.
     pub(crate) async fn reconcile(&self) -> ReloadReport {
+        // The same file holds the retention settings: the sweeper reads them again.
+        self.sweeper.settings_changed();
         let mut report = ReloadReport::default();
         let records = match packages::list(&self.state) {
             Ok(r) => r,

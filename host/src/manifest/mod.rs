@@ -40,8 +40,8 @@ mod validate;
 pub use error::ManifestError;
 pub use types::{
     CAPABILITY_KEYS, LIMIT_KEYS, MANIFEST_FILE, MAX_DESCRIPTION_CHARS, MAX_MANIFEST_BYTES,
-    MAX_NAME_LEN, Manifest, ResolvedCommand, SANDBOX_KEYS, SandboxAsk, TOP_LEVEL_KEYS,
-    WORK_KIND_KEYS, read_capped,
+    MAX_NAME_LEN, Manifest, RESERVED_NAMES, ResolvedCommand, SANDBOX_KEYS, SandboxAsk,
+    TOP_LEVEL_KEYS, WORK_KIND_KEYS, read_capped,
 };
 
 #[cfg(test)]

@@ -80,14 +80,16 @@ pub fn gather(d: &Daemon) -> anyhow::Result<Snapshot> {
         })
         .collect();
     let now = conduit_supervisor::now_ms();
-    Ok(build(
+    let mut s = build(
         &exts,
         &live,
         &d.core().stats,
         counts.as_ref(),
         d.started_at_ms(),
         now,
-    ))
+    );
+    super::storage::families(&mut s, d);
+    Ok(s)
 }
 
 type Live = (
