@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use conduit_supervisor::limits::{format_bytes, parse_bytes};
+use conduit_supervisor::limits::parse_bytes;
 use serde::Serialize;
 
 /// The table's name in `settings.toml`, and the prefix of every key `conduit config` takes. No
@@ -73,7 +73,7 @@ impl fmt::Display for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Value::Duration(d) => f.write_str(&format_duration(*d)),
-            Value::Bytes(b) => f.write_str(&format_bytes(*b).replace(' ', "")),
+            Value::Bytes(b) => f.write_str(&format_size(*b)),
         }
     }
 }
@@ -182,7 +182,7 @@ impl Key {
             ),
             Form::Bytes { max } => format!(
                 "a size such as 512MiB, 2GiB or 500MB (or a number of bytes), 0 to {}",
-                format_bytes(max).replace(' ', "")
+                format_size(max)
             ),
         }
     }
@@ -212,6 +212,22 @@ impl Key {
             }
         }
     }
+}
+
+/// A size as written back to the file: exact, so it reads back the same (`2GiB`, `256MiB`,
+/// `400000`).
+pub fn format_size(n: u64) -> String {
+    for (unit, size) in [
+        ("TiB", TIB),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ] {
+        if n >= size && n.is_multiple_of(size) {
+            return format!("{}{unit}", n / size);
+        }
+    }
+    n.to_string()
 }
 
 /// `30d`, `12h`, `10m`, `90s`, `2w`: a whole number and a unit.
@@ -464,6 +480,16 @@ mod tests {
                 "{}",
                 k.name
             );
+        }
+        // Sizes are written back exactly, so a round trip through the file changes nothing.
+        for (n, text) in [
+            (400_000, "400000"),
+            (2 << 30, "2GiB"),
+            (1536, "1536"),
+            (0, "0"),
+        ] {
+            assert_eq!(format_size(n), text);
+            assert_eq!(parse_bytes(text), Some(n));
         }
     }
 

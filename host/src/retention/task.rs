@@ -26,6 +26,11 @@ use crate::state_dir::StateDir;
 /// shorter interval), so it does not compete with the extensions' start.
 pub const FIRST_SWEEP_DELAY: Duration = Duration::from_secs(60);
 
+/// A test knob: the first periodic sweep's delay in milliseconds instead of
+/// [`FIRST_SWEEP_DELAY`], so a test can keep the periodic sweep out of what it checks. Never
+/// set it in production.
+pub const TEST_FIRST_SWEEP_ENV: &str = "CONDUIT_TEST_FIRST_SWEEP_DELAY_MS";
+
 /// How many of the 256 orphan slices each periodic sweep looks at: every content file is
 /// looked at once every 16 sweeps (under three hours at the default interval).
 const SLICES_PER_SWEEP: u16 = 16;
@@ -177,6 +182,10 @@ impl Sweeper {
     pub fn spawn(self: Arc<Self>, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             let started = tokio::time::Instant::now();
+            let first_delay = std::env::var(TEST_FIRST_SWEEP_ENV)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(FIRST_SWEEP_DELAY, Duration::from_millis);
             let mut last: Option<tokio::time::Instant> = None;
             let mut retention = Retention::default();
             let mut complaint: Option<String> = None;
@@ -198,7 +207,7 @@ impl Sweeper {
                     }
                 }
                 let due = match last {
-                    None => started + FIRST_SWEEP_DELAY.min(retention.interval),
+                    None => started + first_delay.min(retention.interval),
                     Some(t) => t + retention.interval,
                 };
                 tokio::select! {
