@@ -19,7 +19,11 @@
 #   make bench-scale         one daemon with 10 and with 1,000 release echo extensions: install
 #                            time, all ready, RSS, threads, idle CPU, echo p50 (a few minutes)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
-#                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
+#                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes), then
+#                            bench-retention
+#   make bench-retention     the retention sweep at 1,000 / 100,000 / 1,000,000 retained events:
+#                            its duration and the longest time it holds the writer
+#                            (CONDUIT_RETENTION_SIZES=1000,100000 picks sizes)
 #   make bench-telemetry     1,000 calls through the API with export (spans, metrics) off, against a collector
 #                            that never answers, and against a closed port (7 rounds, medians)
 #   make drill               the drill suite alone (host/tests/drill_*.rs): misbehaving extensions,
@@ -35,7 +39,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale
+.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history bench-retention protocol-prototype bench-telemetry bench-scale
 
 build:
 	$(CARGO) build --workspace --bins
@@ -123,6 +127,10 @@ bench-scale:
 
 bench-history:
 	$(CARGO) bench -p conduit-store --bench history
+	$(MAKE) bench-retention
+
+bench-retention:
+	$(CARGO) bench -p conduit-host --bench retention
 
 bench-roundtrip:
 	$(CARGO) run --release -p conduit-bench --bin roundtrip -- --regime both

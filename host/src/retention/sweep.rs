@@ -145,6 +145,12 @@ pub struct WalReport {
     /// Emptied by a TRUNCATE checkpoint (the store was idle); else passive, or none (dry run).
     pub truncated: bool,
     pub checkpointed: bool,
+    /// How long the passive checkpoint took (the writer not held), and the TRUNCATE (the
+    /// writer held; 0 when not tried), in microseconds.
+    #[serde(default)]
+    pub passive_us: u64,
+    #[serde(default)]
+    pub truncate_us: u64,
 }
 
 /// What the state directory holds after the sweep, in bytes.
@@ -277,13 +283,18 @@ pub fn sweep(
     report.wal.bytes_before = file_len(&wal);
     if !dry_run && !stop() {
         let c = store.checkpoint_wal()?;
-        tx.merge(TxStats {
-            transactions: 1,
-            longest_us: c.held_us,
-            total_us: c.held_us,
-        });
+        if c.held_us > 0 {
+            // The TRUNCATE held the writer; the passive part did not.
+            tx.merge(TxStats {
+                transactions: 1,
+                longest_us: c.held_us,
+                total_us: c.held_us,
+            });
+        }
         report.wal.checkpointed = true;
         report.wal.truncated = c.truncated;
+        report.wal.passive_us = c.passive_us;
+        report.wal.truncate_us = c.held_us;
     }
     report.wal.bytes_after = file_len(&wal);
 

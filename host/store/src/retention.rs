@@ -192,8 +192,10 @@ pub struct Checkpoint {
     /// The WAL file was truncated to zero bytes (nothing was writing or reading an old
     /// snapshot); otherwise the checkpoint was passive.
     pub truncated: bool,
-    /// How long it held the writer, in microseconds.
+    /// How long the TRUNCATE held the writer, in microseconds (0 when it was not tried).
     pub held_us: u64,
+    /// How long the passive checkpoint took, without holding the writer, in microseconds.
+    pub passive_us: u64,
 }
 
 /// Whether the record `r` (a row of `artifact_refs`) keeps its artifact alive now: the one
@@ -663,38 +665,41 @@ impl Store {
         Ok((removed, tx))
     }
 
-    /// Checkpoints the WAL into the database file on the writer connection: passively (copying
-    /// what no reader still needs, waiting for nobody), then, when that copied every frame —
-    /// nothing was being written and no reader holds an older snapshot, the store is idle —
-    /// with TRUNCATE, which empties the `-wal` file, waiting at most [`TRUNCATE_WAIT`] for a
-    /// reader that starts meanwhile (and giving up until the next sweep if one does).
+    /// Checkpoints the WAL into the database file: first passively, on a reader connection,
+    /// copying what no reader still needs while writes go on (the writer is not held: this is
+    /// the part that copies pages and syncs the file); then, when that copied every frame —
+    /// nothing was written meanwhile and no reader holds an older snapshot, the store is idle
+    /// — with TRUNCATE on the writer, which empties the `-wal` file, waiting at most
+    /// [`TRUNCATE_WAIT`] for a reader that starts meanwhile (and giving up until the next
+    /// sweep if one does).
     pub fn checkpoint_wal(&self) -> Result<Checkpoint, StoreError> {
-        let run =
-            |conn: &rusqlite::Connection, mode: &str| -> Result<(i64, i64, i64), StoreError> {
-                conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
-                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-                })
-                .with_context(|| format!("checkpoint the WAL ({mode})"))
-            };
+        let run = |conn: &rusqlite::Connection, mode: &str| -> Result<(i64, i64, i64), StoreError> {
+            conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })
+            .with_context(|| format!("checkpoint the WAL ({mode})"))
+        };
+        let began = Instant::now();
+        let (busy, frames, checkpointed) = self.with_reader(|conn| run(conn, "PASSIVE"))?;
+        let mut out = Checkpoint {
+            frames,
+            checkpointed,
+            truncated: false,
+            held_us: 0,
+            passive_us: began.elapsed().as_micros() as u64,
+        };
+        if busy != 0 || frames != checkpointed {
+            return Ok(out);
+        }
         self.with_writer(|conn| {
-            let began = Instant::now();
-            let (busy, frames, checkpointed) = run(conn, "PASSIVE")?;
-            let mut out = Checkpoint {
-                frames,
-                checkpointed,
-                truncated: false,
-                held_us: 0,
-            };
-            if busy == 0 && frames == checkpointed {
-                conn.busy_timeout(TRUNCATE_WAIT)
-                    .context("shorten the busy timeout for a checkpoint")?;
-                let res = run(conn, "TRUNCATE");
-                conn.busy_timeout(crate::limits::BUSY_TIMEOUT)
-                    .context("restore the busy timeout after a checkpoint")?;
-                let (busy, _, _) = res?;
-                out.truncated = busy == 0;
-            }
-            out.held_us = began.elapsed().as_micros() as u64;
+            let held = Instant::now();
+            conn.busy_timeout(TRUNCATE_WAIT)
+                .context("shorten the busy timeout for a checkpoint")?;
+            let res = run(conn, "TRUNCATE");
+            conn.busy_timeout(crate::limits::BUSY_TIMEOUT)
+                .context("restore the busy timeout after a checkpoint")?;
+            out.truncated = res?.0 == 0;
+            out.held_us = held.elapsed().as_micros() as u64;
             Ok(out)
         })
     }

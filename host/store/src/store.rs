@@ -166,6 +166,16 @@ impl Store {
         out
     }
 
+    /// Runs `f` on a reader connection outside any transaction (a passive WAL checkpoint,
+    /// which readers may run: it changes no data). Waits for a reader as [`Store::read`] does.
+    pub(crate) fn with_reader<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let conn = self.readers.checkout(READER_CHECKOUT_TIMEOUT)?;
+        f(&conn)
+    }
+
     /// Runs `f` on the writer connection outside any transaction (a WAL checkpoint), holding
     /// the writer so that no write runs meanwhile.
     pub(crate) fn with_writer<T>(
