@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::error::SqlContext;
 use crate::error::StoreError;
-use crate::retention::{Referrer, note_refs};
+use crate::refs::{Referrer, note_refs};
 use crate::rows::{col, collect, first, page, parse_json};
 use crate::tx::{ReadTx, WriteTx};
 

@@ -35,6 +35,7 @@ mod events;
 mod ingress;
 mod limits;
 mod pool;
+mod refs;
 mod retention;
 mod rows;
 mod schema;
@@ -53,9 +54,10 @@ pub use limits::{
     BUSY_TIMEOUT, JOURNAL_SIZE_LIMIT, MAX_PAGE, MAX_READERS, READER_CHECKOUT_TIMEOUT,
     TEST_MAX_PAGE_COUNT_ENV,
 };
+pub use refs::{ArtifactRef, ArtifactTotals, References, Referrer};
 pub use retention::{
-    ArtifactPolicy, ArtifactRef, ArtifactSweep, ArtifactTotals, Checkpoint, References, Referrer,
-    Removal, RemovalReason, SWEEP_BATCH, SWEEP_TX_BUDGET, TRUNCATE_WAIT, TxStats, Verdict, verdict,
+    ArtifactPolicy, ArtifactSweep, Checkpoint, Removal, RemovalReason, SWEEP_BATCH,
+    SWEEP_TX_BUDGET, TRUNCATE_WAIT, TxStats, Verdict, verdict,
 };
 pub use schema::MIGRATIONS;
 pub use store::Store;

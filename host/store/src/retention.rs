@@ -1,26 +1,26 @@
-//! Retention in the store: which records mention which artifact, whether a live record still
-//! needs one, and the sweep that decides which content goes, in short transactions.
+//! Retention in the store: the sweep that decides which artifact content goes, in short
+//! transactions, and the WAL checkpoint. Which records keep an artifact alive is `refs.rs`'s one
+//! rule (`ref_live!`), which the sweep asks for each candidate.
 //!
 //! ```text
-//!   a record written ──note_refs──► artifact_refs (digest, record, id) + touch the artifact
 //!   sweep, phase 1: artifacts_retained, oldest first ──► live? touch : mark removed_at
-//!   sweep, phase 2: artifacts_purging ──► delete the file (caller's closure) ──► purged_at
+//!   sweep, phase 2: artifacts_purging ──► set the file aside (caller's closure) ──► purged_at
+//!   (the caller deletes what it set aside once the transaction committed, off the writer)
 //! ```
 //!
-//! **What keeps an artifact alive** is one rule, [`ref_live!`]: a record that mentions its id
-//! and is live — an Event not yet routed, or routed to a Work that is not done; a planned
-//! Emission (its payload); an active Wait (its subject). The records of a committed Emission,
-//! Events of done Work, satisfied Waits and finished Emissions mention artifacts as history:
-//! they keep their ids, not the content. Besides, an artifact stored, mentioned by a new
-//! record, or found live within the grace period is never removed (its extension may be about
-//! to write the record that mentions it).
+//! An artifact stored, mentioned by a new record, or found live within the grace period is
+//! never removed (its extension may be about to write the record that mentions it).
 //!
-//! The store does not touch content: phase 2 calls the caller's closure to delete a file,
-//! inside the write transaction that records it gone, so an artifact recorded again (which
-//! checks its content is on disk inside its own write transaction) can never be left pointing
-//! at a deleted file. The order makes a crash harmless: the mark is committed before any file
-//! is deleted, so after a crash the next sweep finds the marked rows through
-//! `artifacts_purging` and finishes them; no kept row ever points at missing content.
+//! The store does not touch content: phase 2 calls the caller's closure to set a file aside
+//! (the daemon renames it into a trash folder: tens of microseconds, where deleting a file can
+//! take milliseconds on a file system that discards freed blocks) inside the write transaction
+//! that records it gone, so an artifact recorded again (which checks its content is in place
+//! inside its own write transaction) can never be left pointing at a file set aside; the caller
+//! deletes what it set aside after the commit, without holding the writer. The order makes a
+//! crash harmless: the mark is committed before any file is moved, so after a crash the next
+//! sweep finds the marked rows through `artifacts_purging` and finishes them, and whatever is
+//! in the trash belongs to no kept row (a kept row's content is always in place); no kept row
+//! ever points at missing content.
 //!
 //! Invariants: every transaction here handles at most [`SWEEP_BATCH`] rows and stops taking
 //! more once it has held the writer for [`SWEEP_TX_BUDGET`]; every read goes through an index
@@ -46,68 +46,6 @@ pub const SWEEP_TX_BUDGET: Duration = Duration::from_millis(2);
 
 /// How long the TRUNCATE checkpoint waits for readers before it gives up until the next sweep.
 pub const TRUNCATE_WAIT: Duration = Duration::from_millis(10);
-
-/// The kind of record that mentions an artifact.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Referrer {
-    /// An Event's payload.
-    Event,
-    /// An Emission's payload.
-    Emission,
-    /// A record a committed Emission wrote (its id is the Emission's).
-    EmissionRecord,
-    /// A Wait's subject.
-    Wait,
-}
-
-impl Referrer {
-    /// The name stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Referrer::Event => "event",
-            Referrer::Emission => "emission",
-            Referrer::EmissionRecord => "emission_record",
-            Referrer::Wait => "wait",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Referrer> {
-        match s {
-            "event" => Some(Referrer::Event),
-            "emission" => Some(Referrer::Emission),
-            "emission_record" => Some(Referrer::EmissionRecord),
-            "wait" => Some(Referrer::Wait),
-            _ => None,
-        }
-    }
-}
-
-/// A record that mentions an artifact, and whether it keeps the artifact alive now.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ArtifactRef {
-    pub record: Referrer,
-    pub id: i64,
-    pub live: bool,
-}
-
-/// The records that mention one artifact: the first page, and how many there are.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct References {
-    pub references: Vec<ArtifactRef>,
-    pub total: u64,
-}
-
-/// How much content the store says is on disk.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ArtifactTotals {
-    /// Artifacts whose content is kept, and its bytes.
-    pub retained: u64,
-    pub retained_bytes: u64,
-    /// Artifacts whose removal was decided but whose file is not deleted yet.
-    pub removing: u64,
-    pub removing_bytes: u64,
-}
 
 /// What the sweep may remove: content no live record needs, older than `max_age_ms`, or the
 /// oldest while the kept content is over `max_bytes`; never content touched within
@@ -172,15 +110,18 @@ pub struct ArtifactSweep {
     pub removed: Vec<Removal>,
     /// Candidates kept because a live record needs them (touched, so not examined again soon).
     pub kept_live: u64,
-    /// Content files deleted (those decided now and any an earlier sweep left), and their bytes.
-    /// In a dry run: the files an earlier sweep decided to delete and did not yet.
+    /// Content files set aside (those decided now and any an earlier sweep left), and their
+    /// bytes. In a dry run: the files an earlier sweep decided to remove and did not yet.
     pub deleted: u64,
     pub deleted_bytes: u64,
-    /// Files that could not be deleted (tried again at the next sweep).
+    /// Files that could not be set aside (tried again at the next sweep).
     pub delete_errors: Vec<String>,
     /// Bytes still over `max_bytes` after the sweep (content live or within the grace period).
     pub over_budget_bytes: u64,
+    /// Every transaction of the sweep; `decide` and `delete` are its two phases.
     pub tx: TxStats,
+    pub decide: TxStats,
+    pub delete: TxStats,
 }
 
 /// What a WAL checkpoint did.
@@ -198,32 +139,6 @@ pub struct Checkpoint {
     pub passive_us: u64,
 }
 
-/// Whether the record `r` (a row of `artifact_refs`) keeps its artifact alive now: the one
-/// rule, used by the sweep and by every answer that shows references.
-macro_rules! ref_live {
-    () => {
-        "(CASE r.record \
-           WHEN 'event' THEN EXISTS (SELECT 1 FROM events e WHERE e.id = r.record_id \
-             AND (e.routed_at IS NULL OR EXISTS (SELECT 1 FROM work w \
-               WHERE w.id = e.work_id AND w.state != 'done'))) \
-           WHEN 'emission' THEN EXISTS (SELECT 1 FROM emissions m \
-             WHERE m.id = r.record_id AND m.state = 'planned') \
-           WHEN 'wait' THEN EXISTS (SELECT 1 FROM waits x \
-             WHERE x.id = r.record_id AND x.state = 'active') \
-           ELSE 0 END)"
-    };
-}
-
-pub(crate) const SQL_LIVE: &str = concat!(
-    "SELECT EXISTS (SELECT 1 FROM artifact_refs r WHERE r.sha256 = ?1 AND ",
-    ref_live!(),
-    ")"
-);
-const SQL_REFS: &str = concat!(
-    "SELECT r.record, r.record_id, ",
-    ref_live!(),
-    " FROM artifact_refs r WHERE r.sha256 = ?1 ORDER BY r.record, r.record_id LIMIT ?2"
-);
 /// The sweep's candidates: kept content older than the grace period, after a cursor, oldest
 /// first, through `artifacts_retained`.
 pub(crate) const SQL_CANDIDATES: &str = "SELECT id, sha256, size, touched_at FROM artifacts \
@@ -233,115 +148,8 @@ pub(crate) const SQL_CANDIDATES: &str = "SELECT id, sha256, size, touched_at FRO
 /// `artifacts_purging`.
 pub(crate) const SQL_PURGING: &str = "SELECT id, sha256, size FROM artifacts \
      WHERE removed_at IS NOT NULL AND purged_at IS NULL AND id > ?1 ORDER BY id LIMIT ?2";
-const SQL_PURGING_TOTAL: &str = "SELECT count(*), coalesce(sum(size), 0) FROM artifacts \
-     WHERE removed_at IS NOT NULL AND purged_at IS NULL";
-
-/// Records that the record `(record, id)`, whose stored text is `text`, mentions every
-/// artifact id found in it, and counts each such artifact as touched `now`. The one place a
-/// reference is recorded; every write of a record that can carry an id calls it.
-pub(crate) fn note_refs(
-    tx: &WriteTx<'_>,
-    record: Referrer,
-    id: i64,
-    text: &str,
-    now: i64,
-) -> Result<(), StoreError> {
-    let digests = conduit_protocol::artifact_id::find_in(text);
-    if digests.is_empty() {
-        return Ok(());
-    }
-    let what = || format!("record the artifacts {} {id} mentions", record.as_str());
-    let conn = tx.conn();
-    let mut insert = conn
-        .prepare_cached(
-            "INSERT INTO artifact_refs (sha256, record, record_id) VALUES (?1, ?2, ?3) \
-             ON CONFLICT DO NOTHING",
-        )
-        .with_context(what)?;
-    let mut touch = conn
-        .prepare_cached(
-            "UPDATE artifacts SET touched_at = max(touched_at, ?2) \
-             WHERE sha256 = ?1 AND removed_at IS NULL",
-        )
-        .with_context(what)?;
-    for sha in &digests {
-        insert
-            .execute(params![sha, record.as_str(), id])
-            .with_context(what)?;
-        touch.execute(params![sha, now]).with_context(what)?;
-    }
-    Ok(())
-}
 
 impl ReadTx<'_> {
-    /// Whether a live record mentions the artifact with digest `sha256` ([`ref_live!`]).
-    pub fn artifact_live(&self, sha256: &str) -> Result<bool, StoreError> {
-        self.conn
-            .prepare_cached(SQL_LIVE)
-            .and_then(|mut stmt| stmt.query_row([sha256], |row| row.get(0)))
-            .context("read whether an artifact is needed")
-    }
-
-    /// The records that mention the artifact with digest `sha256`, up to `limit` of them
-    /// (by kind, then id), each with whether it keeps the artifact alive, and how many there
-    /// are in all.
-    pub fn artifact_references(&self, sha256: &str, limit: u32) -> Result<References, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(SQL_REFS)
-            .context("prepare artifact references read")?;
-        let references = collect(
-            &mut stmt,
-            params![sha256, i64::from(limit)],
-            "read artifact references",
-            |row| {
-                let kind: String = col(row, 0)?;
-                let id: i64 = col(row, 1)?;
-                Ok(ArtifactRef {
-                    record: Referrer::parse(&kind).ok_or_else(|| StoreError::Decode {
-                        record: "artifact reference",
-                        id,
-                        field: "record",
-                        reason: format!("unknown record kind {kind:?}"),
-                    })?,
-                    id,
-                    live: col(row, 2)?,
-                })
-            },
-        )?;
-        let total: i64 = self
-            .conn
-            .prepare_cached("SELECT count(*) FROM artifact_refs WHERE sha256 = ?1")
-            .and_then(|mut stmt| stmt.query_row([sha256], |row| row.get(0)))
-            .context("count artifact references")?;
-        Ok(References {
-            references,
-            total: total.max(0) as u64,
-        })
-    }
-
-    /// How much content is kept, from the totals the triggers keep (one row), and how much is
-    /// waiting to be deleted (the few rows of `artifacts_purging`).
-    pub fn artifact_totals(&self) -> Result<ArtifactTotals, StoreError> {
-        let (retained, retained_bytes): (i64, i64) = self
-            .conn
-            .prepare_cached("SELECT count, bytes FROM artifact_totals WHERE id = 1")
-            .and_then(|mut stmt| stmt.query_row([], |row| Ok((row.get(0)?, row.get(1)?))))
-            .context("read the artifact totals")?;
-        let (removing, removing_bytes): (i64, i64) = self
-            .conn
-            .prepare_cached(SQL_PURGING_TOTAL)
-            .and_then(|mut stmt| stmt.query_row([], |row| Ok((row.get(0)?, row.get(1)?))))
-            .context("read the artifacts being removed")?;
-        let u = |n: i64| n.max(0) as u64;
-        Ok(ArtifactTotals {
-            retained: u(retained),
-            retained_bytes: u(retained_bytes),
-            removing: u(removing),
-            removing_bytes: u(removing_bytes),
-        })
-    }
-
     fn candidates(
         &self,
         after: (i64, i64),
@@ -505,10 +313,11 @@ impl Store {
     }
 
     /// One artifact sweep at `now` under `policy`: decide which content goes (phase 1), then
-    /// delete the files decided on, now or by an earlier sweep (phase 2), each with
-    /// `delete(sha256)` inside the transaction that records it gone (a missing file counts as
-    /// deleted). A dry run writes nothing and deletes nothing: it reads on a reader and reports
-    /// what a sweep would decide, and the files an earlier sweep left to delete.
+    /// set aside the files decided on, now or by an earlier sweep (phase 2), each with
+    /// `set_aside(sha256)` inside the transaction that records it gone (a missing file counts as
+    /// set aside); the caller deletes them once this returns. A dry run writes nothing and sets
+    /// nothing aside: it reads on a reader and reports what a sweep would decide, and the files
+    /// an earlier sweep left to remove.
     ///
     /// `stop` is asked between transactions; when it answers true the sweep ends early (the
     /// daemon is stopping), leaving whatever is undone to the next one.
@@ -517,7 +326,7 @@ impl Store {
         policy: ArtifactPolicy,
         now: i64,
         dry_run: bool,
-        mut delete: impl FnMut(&str) -> std::io::Result<()>,
+        mut set_aside: impl FnMut(&str) -> std::io::Result<()>,
         stop: &dyn Fn() -> bool,
     ) -> Result<ArtifactSweep, StoreError> {
         let mut out = ArtifactSweep::default();
@@ -542,6 +351,7 @@ impl Store {
                     decide_batch(w, Some(w), &mut st, t)
                 })?
             };
+            out.decide.add(held);
             out.tx.add(held);
             for (id, sha256, size, touched_at_ms, v) in decided {
                 match v {
@@ -567,7 +377,7 @@ impl Store {
             out.deleted_bytes = totals.removing_bytes;
             return Ok(out);
         }
-        // Phase 2: delete the files, each recorded gone in the transaction that deletes it.
+        // Phase 2: set the files aside, each recorded gone in the transaction that moves it.
         let mut after = 0;
         loop {
             if stop() {
@@ -586,7 +396,7 @@ impl Store {
                         break;
                     }
                     last = id;
-                    match delete(&sha) {
+                    match set_aside(&sha) {
                         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                             errors.push(format!("sha256:{sha}: {e}"));
                             continue;
@@ -600,6 +410,7 @@ impl Store {
                 }
                 Ok((n, bytes, errors, last, done))
             })?;
+            out.delete.add(held);
             out.tx.add(held);
             out.deleted += n;
             out.deleted_bytes += bytes;
@@ -612,15 +423,16 @@ impl Store {
         Ok(out)
     }
 
-    /// Deletes, with `delete(sha256)`, content files that no row keeps or is removing (a
+    /// Sets aside, with `set_aside(sha256)`, content files that no row keeps or is removing (a
     /// crash between storing a file and recording it, or a record that failed), each checked
-    /// and deleted inside a write transaction so a concurrent record of the same content
-    /// cannot cross it. Returns the digests deleted (in a dry run: that would be).
+    /// and set aside inside a write transaction so a concurrent record of the same content
+    /// cannot cross it; the caller deletes them once this returns. Returns the digests set
+    /// aside (in a dry run: that would be).
     pub fn remove_unrecorded(
         &self,
         digests: &[String],
         dry_run: bool,
-        mut delete: impl FnMut(&str) -> std::io::Result<()>,
+        mut set_aside: impl FnMut(&str) -> std::io::Result<()>,
     ) -> Result<(Vec<String>, TxStats), StoreError> {
         let mut removed = Vec::new();
         let mut tx = TxStats::default();
@@ -648,10 +460,10 @@ impl Store {
                         }
                         handled += 1;
                         if w.unrecorded(sha)? {
-                            match delete(sha) {
+                            match set_aside(sha) {
                                 Ok(()) => found.push(sha.clone()),
                                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                                Err(e) => tracing::warn!(sha256 = %sha, error = %e, "cannot delete unrecorded artifact content"),
+                                Err(e) => tracing::warn!(sha256 = %sha, error = %e, "cannot set unrecorded artifact content aside"),
                             }
                         }
                     }
@@ -673,12 +485,13 @@ impl Store {
     /// [`TRUNCATE_WAIT`] for a reader that starts meanwhile (and giving up until the next
     /// sweep if one does).
     pub fn checkpoint_wal(&self) -> Result<Checkpoint, StoreError> {
-        let run = |conn: &rusqlite::Connection, mode: &str| -> Result<(i64, i64, i64), StoreError> {
-            conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-            })
-            .with_context(|| format!("checkpoint the WAL ({mode})"))
-        };
+        let run =
+            |conn: &rusqlite::Connection, mode: &str| -> Result<(i64, i64, i64), StoreError> {
+                conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })
+                .with_context(|| format!("checkpoint the WAL ({mode})"))
+            };
         let began = Instant::now();
         let (busy, frames, checkpointed) = self.with_reader(|conn| run(conn, "PASSIVE"))?;
         let mut out = Checkpoint {

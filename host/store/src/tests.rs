@@ -12,7 +12,7 @@ use serde_json::json;
 use super::*;
 use crate::schema::MIGRATIONS;
 use crate::work::WorkState;
-use crate::{emissions, events, retention, timers, waits, work};
+use crate::{emissions, events, refs, retention, timers, waits, work};
 
 fn temp_store() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
@@ -318,7 +318,7 @@ fn assert_sweep_reads_use_their_indexes(conn: &Connection) {
         "artifacts",
         "artifacts_purging",
     );
-    let live = plan(conn, retention::SQL_LIVE);
+    let live = plan(conn, refs::SQL_LIVE);
     for line in &live {
         // The outer `SELECT EXISTS (…)` is one constant row, not a table.
         let whole =

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::SqlContext;
 use crate::error::StoreError;
-use crate::retention::{Referrer, note_refs};
+use crate::refs::{Referrer, note_refs};
 use crate::rows::{col, collect, first, page};
 use crate::tx::{ReadTx, WriteTx};
 
