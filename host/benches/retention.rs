@@ -73,11 +73,8 @@ fn main() {
         let started = Instant::now();
         seed(&store, &state, n, &filler).expect("seed the store");
         let seed_time = started.elapsed();
-        let db_mb = std::fs::metadata(state.path().join("conduit.db"))
-            .map_or(0, |m| m.len()) as f64
-            / 1e6;
         eprintln!(
-            "seeded {n} events and {} artifacts in {:.1} s ({db_mb:.0} MB)",
+            "seeded {n} events and {} artifacts in {:.1} s",
             n / THREAD_LEN,
             seed_time.as_secs_f64()
         );
@@ -95,13 +92,26 @@ fn main() {
         };
 
         let catch_up = run(NOW);
+        eprintln!(
+            "catch-up at {n}: {:.0} ms; decide {:?}; delete {:?}; WAL passive {} µs, truncate {} µs",
+            catch_up.took_us as f64 / 1e3,
+            catch_up.artifacts.decide,
+            catch_up.artifacts.delete,
+            catch_up.wal.passive_us,
+            catch_up.wal.truncate_us
+        );
         assert_eq!(
             catch_up.artifacts.removed_count as usize,
             n / THREAD_LEN,
             "the catch-up sweep removes every seeded artifact"
         );
-        let mut hold_us = catch_up.longest_transaction_us;
-        let mut passive_us = catch_up.wal.passive_us;
+        // Checkpointed by the catch-up sweep: the file holds everything.
+        let db_mb =
+            std::fs::metadata(state.path().join("conduit.db")).map_or(0, |m| m.len()) as f64 / 1e6;
+        let mut hold_us = 0;
+        let mut truncate_us = 0;
+        let mut passive_us = 0;
+        let (mut tx_n, mut tx_us) = (0, 0);
 
         let mut steady = Vec::new();
         let mut idle = Vec::new();
@@ -121,12 +131,16 @@ fn main() {
             }
             steady.push(took);
             idle.push(idle_took);
-            hold_us = hold_us
-                .max(r.longest_transaction_us)
-                .max(quiet.longest_transaction_us);
-            passive_us = passive_us.max(r.wal.passive_us);
+            for x in [&r, &quiet] {
+                hold_us = hold_us.max(x.longest_transaction_us);
+                truncate_us = truncate_us.max(x.wal.truncate_us);
+                passive_us = passive_us.max(x.wal.passive_us);
+                tx_n += x.transactions;
+                tx_us += x.transactions_us;
+            }
         }
-        let wal_after = std::fs::metadata(state.path().join("conduit.db-wal")).map_or(0, |m| m.len());
+        let wal_after =
+            std::fs::metadata(state.path().join("conduit.db-wal")).map_or(0, |m| m.len());
         rows.push(Row {
             n,
             db_mb,
@@ -134,34 +148,60 @@ fn main() {
             steady: median(steady),
             idle: median(idle),
             hold_us,
+            tx_n,
+            mean_tx_us: tx_us / tx_n.max(1),
+            floor: commit_floor(&store),
+            truncate_us,
             passive_us,
             wal_after,
         });
         drop(store);
     }
     println!();
+    println!("Cost against retained history:");
+    println!();
     println!(
-        "| events | db | catch-up: removed | catch-up: took | catch-up: transactions | steady sweep (100 removed, 100 kept live) | idle sweep | longest transaction (writer held) | longest passive checkpoint | WAL after |"
+        "| events | db | steady sweep (100 removed, 100 kept live) | idle sweep | catch-up: removed | catch-up: took | catch-up: transactions | catch-up: longest transaction |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in rows {
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
         println!(
-            "| {} | {:.0} MB | {} | {:.0} ms | {} | {:.1} ms | {:.1} ms | {:.2} ms | {:.1} ms | {} B |",
+            "| {} | {:.0} MB | {:.1} ms | {:.1} ms | {} | {:.0} ms | {} | {:.2} ms |",
             r.n,
             r.db_mb,
+            ms(r.steady),
+            ms(r.idle),
             r.catch_up.artifacts.removed_count,
             r.catch_up.took_us as f64 / 1e3,
             r.catch_up.transactions,
-            ms(r.steady),
-            ms(r.idle),
+            r.catch_up.longest_transaction_us as f64 / 1e3,
+        );
+    }
+    println!();
+    println!(
+        "How long the steady and idle sweeps held the writer (each transaction, its commit included):"
+    );
+    println!();
+    println!(
+        "| events | transactions | mean | longest | longest TRUNCATE | one event's commit (floor) | passive checkpoint, writer not held (longest) | WAL after |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {:.1} ms | {} B |",
+            r.n,
+            r.tx_n,
+            r.mean_tx_us as f64 / 1e3,
             r.hold_us as f64 / 1e3,
+            r.truncate_us as f64 / 1e3,
+            ms(r.floor),
             r.passive_us as f64 / 1e3,
             r.wal_after
         );
     }
     println!();
     println!(
-        "steady and idle: median of {ITERATIONS} after a warm-up; longest transaction: over every sweep of the size; release build"
+        "steady and idle: median of {ITERATIONS} after a warm-up; the floor: median of 20 single-event write transactions on the same store; release build"
     );
 }
 
@@ -172,6 +212,10 @@ struct Row {
     steady: Duration,
     idle: Duration,
     hold_us: u64,
+    tx_n: u64,
+    mean_tx_us: u64,
+    floor: Duration,
+    truncate_us: u64,
     passive_us: u64,
     wal_after: u64,
 }
@@ -212,7 +256,8 @@ fn seed(store: &Store, state: &StateDir, n: usize, filler: &str) -> Result<(), S
                 tx.record_artifact(&sha, CONTENT as u64, "run.log", None, "bench", SEEDED_AT)?;
                 ids.clear();
                 for j in i..thread_end {
-                    let mut payload = json!({"thread": thread, "seq": j % THREAD_LEN, "text": filler});
+                    let mut payload =
+                        json!({"thread": thread, "seq": j % THREAD_LEN, "text": filler});
                     if j == thread * THREAD_LEN {
                         payload["log"] = json!(format!("sha256:{sha}"));
                     }
@@ -266,6 +311,24 @@ fn add_batch(store: &Store, state: &StateDir, i: usize, now: i64) -> Result<(), 
         }
         Ok(())
     })
+}
+
+/// One event accepted in its own write transaction (commit and fsync): the least a write
+/// holds the writer on this machine now.
+fn commit_floor(store: &Store) -> Duration {
+    let times = (0..20)
+        .map(|i| {
+            let t = Instant::now();
+            store
+                .write(|tx| {
+                    tx.accept_event("floor", &i.to_string(), "k", &json!({}), NOW)
+                        .map(drop)
+                })
+                .expect("a single write");
+            t.elapsed()
+        })
+        .collect();
+    median(times)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

@@ -247,10 +247,11 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
     n.checked_mul(unit).map(Duration::from_secs)
 }
 
-/// A duration in the largest unit that holds it exactly: `30d`, `90s`, `0s`.
+/// A duration in the largest unit that holds it exactly, up to days: `30d`, `14d`, `90s`, `0s`
+/// (weeks are read, but written as days, as most people write them).
 pub fn format_duration(d: Duration) -> String {
     let s = d.as_secs();
-    for (unit, size) in [("w", WEEK), ("d", DAY), ("h", HOUR), ("m", MINUTE)] {
+    for (unit, size) in [("d", DAY), ("h", HOUR), ("m", MINUTE)] {
         if s >= size && s.is_multiple_of(size) {
             return format!("{}{unit}", s / size);
         }

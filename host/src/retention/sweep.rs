@@ -5,7 +5,7 @@
 //!
 //! ```text
 //!   artifacts  store: phase 1 decide (batches) ─► phase 2 delete files (batches)
-//!   orphans    artifacts/sha256/<hex> without a row, a slice of the digests per sweep
+//!   orphans    artifacts/sha256/<hex> without a row (gc, and every 16th periodic sweep)
 //!   logs       logs/: plan (pure) ─► remove
 //!   WAL        PASSIVE, then TRUNCATE when that copied every frame (idle)
 //! ```
@@ -35,31 +35,14 @@ pub const REPORT_LIST_MAX: usize = 1000;
 /// if longer): a file just stored is recorded a moment later.
 const ORPHAN_MIN_AGE: Duration = Duration::from_secs(60);
 
-/// The orphan scan divides digests into 256 slices by their first two hex digits.
-pub const ORPHAN_SLICES: u16 = 256;
-
-/// Which content files the orphan scan looks at.
+/// Whether a sweep looks for content files no row records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Orphans {
-    /// Every one (`conduit gc`, and the daemon's first sweep).
+    /// Every content file is looked at (`conduit gc`, the daemon's first sweep and every 16th):
+    /// one listing of `artifacts/sha256/`, a `stat` of each file, a lookup of each old one.
     All,
-    /// Those whose digests start with one of `count` slices from `first` on (wrapping): the
-    /// daemon's periodic sweeps take turns.
-    Slices { first: u16, count: u16 },
-}
-
-impl Orphans {
-    fn covers(self, hex: &str) -> bool {
-        match self {
-            Orphans::All => true,
-            Orphans::Slices { first, count } => {
-                let Ok(slice) = u16::from_str_radix(&hex[..2], 16) else {
-                    return false;
-                };
-                (slice + ORPHAN_SLICES - first % ORPHAN_SLICES) % ORPHAN_SLICES < count
-            }
-        }
-    }
+    /// Not this time: the folder is not listed.
+    Skip,
 }
 
 /// What one sweep removed (or, in a dry run, would remove), kept, and left.
@@ -75,6 +58,9 @@ pub struct SweepReport {
     /// writer, commit included; in a dry run, a reader).
     pub transactions: u64,
     pub longest_transaction_us: u64,
+    /// All of them together.
+    #[serde(default)]
+    pub transactions_us: u64,
     pub sizes: Sizes,
     /// What could not be done (tried again at the next sweep).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -90,7 +76,7 @@ pub struct ArtifactsReport {
     pub removed_bytes: u64,
     /// Old or over-budget content kept because a live record needs it.
     pub kept_live: u64,
-    /// Content files deleted (including ones an earlier, interrupted sweep decided on; in a
+    /// Content files removed (including ones an earlier, interrupted sweep decided on; in a
     /// dry run, those still waiting).
     pub files_deleted: u64,
     /// Content files no row records, removed (digests, at most [`REPORT_LIST_MAX`]).
@@ -102,6 +88,11 @@ pub struct ArtifactsReport {
     pub retained_bytes: u64,
     /// Bytes still over `max_bytes` (content live or within the grace period).
     pub over_budget_bytes: u64,
+    /// The two phases' transactions: deciding (marking) and deleting the files.
+    #[serde(default)]
+    pub decide: TxStats,
+    #[serde(default)]
+    pub delete: TxStats,
 }
 
 /// One artifact whose content was removed.
@@ -185,9 +176,34 @@ fn content_dir(state: &StateDir) -> PathBuf {
     state.artifacts_dir().join("sha256")
 }
 
-/// Deletes the content file of `sha256` (`Err` NotFound when it is gone already).
-fn delete_content(dir: &Path, sha256: &str) -> std::io::Result<()> {
-    std::fs::remove_file(dir.join(sha256))
+/// Where content set aside waits to be deleted: beside `sha256/`, on the same file system, so
+/// setting a file aside is a rename.
+fn trash_dir(state: &StateDir) -> PathBuf {
+    state.artifacts_dir().join("trash")
+}
+
+/// Moves the content file of `sha256` into the trash (`Err` NotFound when it is not in place).
+/// The store calls it inside the write transaction that records the content gone: a rename
+/// costs tens of microseconds, where deleting can cost milliseconds (a file system mounted
+/// with `discard` trims the freed blocks as it deletes).
+fn set_aside(dir: &Path, trash: &Path, sha256: &str) -> std::io::Result<()> {
+    std::fs::rename(dir.join(sha256), trash.join(sha256))
+}
+
+/// Deletes everything in the trash, without holding the writer. What is there belongs to no
+/// kept row: the store sets a file aside only for a row it records gone in the same
+/// transaction, and a row kept again has its content back in place (checked when recorded).
+fn empty_trash(trash: &Path, errors: &mut Vec<String>) {
+    let Ok(rd) = std::fs::read_dir(trash) else {
+        return;
+    };
+    for entry in rd.flatten() {
+        if let Err(e) = std::fs::remove_file(entry.path())
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            errors.push(format!("cannot delete {}: {e}", entry.path().display()));
+        }
+    }
 }
 
 fn modified_ms(meta: &std::fs::Metadata) -> i64 {
@@ -216,8 +232,19 @@ pub fn sweep(
     };
     let mut tx = TxStats::default();
     let dir = content_dir(state);
+    let trash = trash_dir(state);
+    if !dry_run {
+        // What an interrupted sweep set aside goes first.
+        if let Err(e) = std::fs::create_dir_all(&trash) {
+            report
+                .errors
+                .push(format!("cannot create {}: {e}", trash.display()));
+        }
+        empty_trash(&trash, &mut report.errors);
+    }
 
-    // Artifact content: the store decides and deletes, in short transactions.
+    // Artifact content: the store decides and sets files aside, in short transactions; the
+    // files are deleted after, off the writer.
     let a = &retention.artifacts;
     let policy = ArtifactPolicy {
         max_age_ms: a.max_age.as_millis() as i64,
@@ -228,9 +255,10 @@ pub fn sweep(
         policy,
         now_ms,
         dry_run,
-        |sha| delete_content(&dir, sha),
+        |sha| set_aside(&dir, &trash, sha),
         stop,
     )?;
+    empty_trash(&trash, &mut report.errors);
     tx.merge(swept.tx);
     let r = &mut report.artifacts;
     r.removed_count = swept.removed.len() as u64;
@@ -249,15 +277,18 @@ pub fn sweep(
     r.kept_live = swept.kept_live;
     r.files_deleted = swept.deleted;
     r.over_budget_bytes = swept.over_budget_bytes;
+    r.decide = swept.decide;
+    r.delete = swept.delete;
     report.errors.extend(swept.delete_errors);
 
     // Content files no row records.
-    if !stop() {
+    if orphans == Orphans::All && !stop() {
         let min_age = ORPHAN_MIN_AGE.max(a.grace).as_millis() as i64;
-        let (candidates, sizes) = unrecorded_candidates(&dir, orphans, now_ms - min_age);
+        let (candidates, sizes) = unrecorded_candidates(&dir, now_ms - min_age);
         let (removed, t) =
-            store.remove_unrecorded(&candidates, dry_run, |sha| delete_content(&dir, sha))?;
+            store.remove_unrecorded(&candidates, dry_run, |sha| set_aside(&dir, &trash, sha))?;
         tx.merge(t);
+        empty_trash(&trash, &mut report.errors);
         let r = &mut report.artifacts;
         r.unrecorded_bytes = removed
             .iter()
@@ -310,6 +341,7 @@ pub fn sweep(
     };
     report.transactions = tx.transactions;
     report.longest_transaction_us = tx.longest_us;
+    report.transactions_us = tx.total_us;
     report.took_us = started.elapsed().as_micros() as u64;
     Ok(report)
 }
@@ -376,11 +408,10 @@ fn sweep_logs(
     r.over_budget_bytes = over;
 }
 
-/// The content files whose digests `orphans` covers, old enough to be no stream's (modified
-/// before `older_than_ms`), with their sizes. A folder not there yet holds none.
+/// The content files old enough to be no stream's (modified before `older_than_ms`), with
+/// their sizes. A folder not there yet holds none.
 fn unrecorded_candidates(
     dir: &Path,
-    orphans: Orphans,
     older_than_ms: i64,
 ) -> (Vec<String>, std::collections::HashMap<String, u64>) {
     let mut names = Vec::new();
@@ -394,7 +425,7 @@ fn unrecorded_candidates(
             && name
                 .bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        if !ours || !orphans.covers(&name) {
+        if !ours {
             continue;
         }
         let Ok(meta) = entry.metadata() else { continue };
@@ -406,34 +437,4 @@ fn unrecorded_candidates(
     }
     names.sort();
     (names, sizes)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn orphan_slices_take_turns_and_wrap() {
-        let hex = |first: &str| format!("{first}{}", "0".repeat(62));
-        let s = Orphans::Slices {
-            first: 254,
-            count: 4,
-        };
-        for (h, covered) in [
-            ("fe", true),
-            ("ff", true),
-            ("00", true),
-            ("01", true),
-            ("02", false),
-            ("fd", false),
-        ] {
-            assert_eq!(s.covers(&hex(h)), covered, "{h}");
-        }
-        assert!(Orphans::All.covers(&hex("7a")));
-        let all = Orphans::Slices {
-            first: 0,
-            count: ORPHAN_SLICES,
-        };
-        assert!((0..=255u16).all(|i| all.covers(&hex(&format!("{i:02x}")))));
-    }
 }

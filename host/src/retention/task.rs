@@ -9,7 +9,7 @@
 //! force.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use conduit_store::{Store, StoreError};
@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::settings::Retention;
-use super::sweep::{ORPHAN_SLICES, Orphans, SweepReport, sweep};
+use super::sweep::{Orphans, SweepReport, sweep};
 use crate::packages::settings::{self, SettingsError};
 use crate::state_dir::StateDir;
 
@@ -31,9 +31,11 @@ pub const FIRST_SWEEP_DELAY: Duration = Duration::from_secs(60);
 /// set it in production.
 pub const TEST_FIRST_SWEEP_ENV: &str = "CONDUIT_TEST_FIRST_SWEEP_DELAY_MS";
 
-/// How many of the 256 orphan slices each periodic sweep looks at: every content file is
-/// looked at once every 16 sweeps (under three hours at the default interval).
-const SLICES_PER_SWEEP: u16 = 16;
+/// Every this many periodic sweeps (the first included), the sweep also looks for content
+/// files no row records (under three hours apart at the default interval): such files come only
+/// from a crash or a failed record, and listing the folder at every sweep would cost what the
+/// folder ever held.
+const ORPHAN_SCAN_EVERY: u64 = 16;
 
 /// What the metrics read of the sweeps since the daemon started.
 #[derive(Debug, Default)]
@@ -108,8 +110,6 @@ pub struct Sweeper {
     wake: Notify,
     /// The daemon is stopping: a sweep in progress ends after its current transaction.
     stopping: Arc<AtomicBool>,
-    /// The first orphan slice the next periodic sweep looks at.
-    next_slice: AtomicU16,
 }
 
 impl Sweeper {
@@ -121,7 +121,6 @@ impl Sweeper {
             running: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
             stopping: Arc::new(AtomicBool::new(false)),
-            next_slice: AtomicU16::new(0),
         }
     }
 
@@ -189,7 +188,7 @@ impl Sweeper {
             let mut last: Option<tokio::time::Instant> = None;
             let mut retention = Retention::default();
             let mut complaint: Option<String> = None;
-            let mut first = true;
+            let mut periodic: u64 = 0;
             loop {
                 match self.settings() {
                     Ok(r) => {
@@ -215,19 +214,12 @@ impl Sweeper {
                     () = self.wake.notified() => continue,
                     () = shutdown.cancelled() => break,
                 }
-                let orphans = if first {
+                let orphans = if periodic.is_multiple_of(ORPHAN_SCAN_EVERY) {
                     Orphans::All
                 } else {
-                    let from = self
-                        .next_slice
-                        .fetch_add(SLICES_PER_SWEEP, Ordering::Relaxed)
-                        % ORPHAN_SLICES;
-                    Orphans::Slices {
-                        first: from,
-                        count: SLICES_PER_SWEEP,
-                    }
+                    Orphans::Skip
                 };
-                first = false;
+                periodic += 1;
                 match self.run(retention, false, orphans).await {
                     Ok(r) => log_sweep(&r),
                     Err(e) => {
