@@ -12,24 +12,8 @@ use conduit_supervisor::limits::format_bytes;
 use conduit_supervisor::log::utc_timestamp;
 
 use super::common::{StateArgs, api_error, daemon, print_json, runtime};
+use super::core_lists::ListArgs;
 use super::outcome::{CliError, print};
-
-/// List artifacts, oldest first, whether their content is kept or was removed by retention.
-#[derive(Debug, clap::Args)]
-#[command(after_help = "\
-Exit codes: 0 listed (with or without a daemon); 1 the store or the daemon failed; 2 --limit not
-1 to 200")]
-pub(crate) struct ListArgs {
-    /// Only those with a larger id (for paging: the previous page's last id).
-    #[arg(long)]
-    after: Option<i64>,
-    /// How many, 1 to 200.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=200))]
-    limit: u32,
-    /// Print {"artifacts": [...], "next_after"} as the API answers it.
-    #[arg(long)]
-    json: bool,
-}
 
 /// Show one artifact: size, creator, when stored, whether kept, and the records that mention it.
 #[derive(Debug, clap::Args)]

@@ -2,7 +2,6 @@
 //! one runs (`POST /v1/gc`, one sweep at a time with its own); otherwise on the state directory
 //! itself, holding the daemon's lock so that no daemon starts meanwhile.
 
-use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -99,71 +98,55 @@ fn bytes(n: u64) -> String {
     format_bytes(n)
 }
 
+/// `2 artifact contents`, `1 log file`.
+fn count(n: u64, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
 /// The report for people.
 pub(crate) fn render(r: &SweepReport) -> String {
     let mut out = String::new();
     let verb = if r.dry_run { "would remove" } else { "removed" };
     let a = &r.artifacts;
-    let _ = writeln!(
-        out,
-        "{verb} {} artifact content{} ({})",
-        a.removed_count,
-        if a.removed_count == 1 { "" } else { "s" },
+    let mut line = |text: String| {
+        out.push_str(&text);
+        out.push('\n');
+    };
+    line(format!(
+        "{verb} {} ({})",
+        count(a.removed_count, "artifact content"),
         bytes(a.removed_bytes)
-    );
-    for x in &a.removed {
-        let _ = writeln!(
-            out,
-            "  {}  {:>10}  last touched {}  {}",
-            x.artifact_id,
-            bytes(x.size),
-            utc_timestamp(x.touched_at_ms),
-            reason(x.reason)
-        );
-    }
-    if a.removed.len() as u64 > 0 && (a.removed.len() as u64) < a.removed_count {
-        let _ = writeln!(
-            out,
-            "  … and {} more",
-            a.removed_count - a.removed.len() as u64
-        );
-    }
+    ));
+    let items = a.removed.iter().map(|x| {
+        let when = format!("last touched {}", utc_timestamp(x.touched_at_ms));
+        (x.artifact_id.clone(), x.size, when, x.reason)
+    });
+    listed(&mut line, items, a.removed_count);
     if a.kept_live > 0 {
-        let _ = writeln!(
-            out,
-            "kept {} artifact{} a live record needs",
-            a.kept_live,
-            if a.kept_live == 1 { "" } else { "s" }
-        );
+        line(format!(
+            "kept {} a live record needs",
+            count(a.kept_live, "artifact")
+        ));
     }
     if a.unrecorded_count > 0 {
-        let _ = writeln!(
-            out,
-            "{verb} {} content file{} no record keeps ({})",
-            a.unrecorded_count,
-            if a.unrecorded_count == 1 { "" } else { "s" },
+        line(format!(
+            "{verb} {} no record keeps ({})",
+            count(a.unrecorded_count, "content file"),
             bytes(a.unrecorded_bytes)
-        );
+        ));
     }
     if r.logs.swept {
         let l = &r.logs;
-        let _ = writeln!(
-            out,
-            "{verb} {} log file{} of earlier runs ({})",
-            l.removed_count,
-            if l.removed_count == 1 { "" } else { "s" },
+        line(format!(
+            "{verb} {} of earlier runs ({})",
+            count(l.removed_count, "log file"),
             bytes(l.removed_bytes)
-        );
-        for x in &l.removed {
-            let _ = writeln!(
-                out,
-                "  logs/{}  {:>10}  modified {}  {}",
-                x.file,
-                bytes(x.size),
-                utc_timestamp(x.modified_at_ms),
-                reason(x.reason)
-            );
-        }
+        ));
+        let items = l.removed.iter().map(|x| {
+            let when = format!("modified {}", utc_timestamp(x.modified_at_ms));
+            (format!("logs/{}", x.file), x.size, when, x.reason)
+        });
+        listed(&mut line, items, l.removed_count);
     }
     if r.wal.checkpointed {
         let how = if r.wal.truncated {
@@ -171,18 +154,15 @@ pub(crate) fn render(r: &SweepReport) -> String {
         } else {
             "checkpointed (passive: the store was busy)"
         };
-        let _ = writeln!(
-            out,
+        line(format!(
             "WAL {how}: {} → {}",
             bytes(r.wal.bytes_before),
             bytes(r.wal.bytes_after)
-        );
+        ));
     }
-    let _ = writeln!(
-        out,
-        "kept: {} artifact content{} ({}{}), logs/ {}{}",
-        a.retained,
-        if a.retained == 1 { "" } else { "s" },
+    line(format!(
+        "kept: {} ({}{}), logs/ {}{}",
+        count(a.retained, "artifact content"),
         bytes(a.retained_bytes),
         over(
             a.over_budget_bytes,
@@ -193,28 +173,45 @@ pub(crate) fn render(r: &SweepReport) -> String {
             r.logs.over_budget_bytes,
             "current logs of installed packages and files not conduit's stay"
         ),
-    );
+    ));
     let s = &r.sizes;
-    let _ = writeln!(
-        out,
+    line(format!(
         "on disk: database {}, WAL {}, artifacts {}, logs {}",
         bytes(s.database_bytes),
         bytes(s.wal_bytes),
         bytes(s.artifacts_bytes),
         bytes(s.logs_bytes)
-    );
-    let _ = writeln!(
-        out,
-        "took {:.1} ms; {} transaction{}, the longest {:.2} ms",
+    ));
+    line(format!(
+        "took {:.1} ms; {}, the longest {:.2} ms",
         r.took_us as f64 / 1e3,
-        r.transactions,
-        if r.transactions == 1 { "" } else { "s" },
+        count(r.transactions, "transaction"),
         r.longest_transaction_us as f64 / 1e3
-    );
+    ));
     for e in &r.errors {
-        let _ = writeln!(out, "warning: {e}");
+        line(format!("warning: {e}"));
     }
     out
+}
+
+/// One line per removed item (what, size, when, why), and how many the report left out.
+fn listed(
+    line: &mut impl FnMut(String),
+    items: impl Iterator<Item = (String, u64, String, RemovalReason)>,
+    total: u64,
+) {
+    let mut shown = 0;
+    for (what, size, when, why) in items {
+        line(format!(
+            "  {what}  {:>10}  {when}  {}",
+            bytes(size),
+            reason(why)
+        ));
+        shown += 1;
+    }
+    if shown > 0 && shown < total {
+        line(format!("  … and {} more", total - shown));
+    }
 }
 
 fn over(n: u64, why: &str) -> String {

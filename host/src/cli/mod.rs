@@ -174,7 +174,8 @@ enum EmissionsCommand {
 #[derive(Debug, Subcommand)]
 enum ArtifactsCommand {
     Get(core_cmds::ArtifactArgs),
-    List(artifacts::ListArgs),
+    /// List artifacts, oldest first, whether their content is kept or was removed by retention.
+    List(core_lists::ListArgs),
     Show(artifacts::ShowArgs),
 }
 
