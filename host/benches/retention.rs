@@ -20,9 +20,14 @@
 //! - steady: 100 new artifacts past their age and nobody's, and 100 past their age that an
 //!   unrouted Event mentions, then one sweep (it removes the first 100 and keeps the others),
 //!   median of 10 after a warm-up: the sweep every 10 minutes of a daemon that keeps up;
-//! - idle: a sweep with nothing to remove, median of 10;
+//! - idle: a sweep with nothing to remove, median of 10 (these two as the daemon's periodic
+//!   sweeps run, without the content-file scan);
+//! - idle with the scan: the same with the scan for content files no row records, as `conduit
+//!   gc` and every 16th periodic sweep run it (one listing of `artifacts/sha256/`, whose cost
+//!   follows the most files the folder ever held, not the Events);
 //! - hold: the longest transaction of all those sweeps (how long one held the writer, its
-//!   commit and fsync included), and the WAL checkpoint's passive part, which does not hold it.
+//!   commit and fsync included), the TRUNCATE's, a single Event's commit as the floor, and the
+//!   WAL checkpoint's passive part, which does not hold it.
 //!
 //! The design goal: steady and idle stay flat as N grows, and no transaction holds the writer
 //! more than a few milliseconds. The state directory goes in a temporary directory, or under
@@ -78,20 +83,11 @@ fn main() {
             n / THREAD_LEN,
             seed_time.as_secs_f64()
         );
-        let run = |now| {
-            sweep(
-                &state,
-                &store,
-                &retention,
-                now,
-                false,
-                Orphans::All,
-                &|| false,
-            )
-            .expect("a sweep")
+        let run = |now, orphans| {
+            sweep(&state, &store, &retention, now, false, orphans, &|| false).expect("a sweep")
         };
 
-        let catch_up = run(NOW);
+        let catch_up = run(NOW, Orphans::All);
         eprintln!(
             "catch-up at {n}: {:.0} ms; decide {:?}; delete {:?}; WAL passive {} µs, truncate {} µs",
             catch_up.took_us as f64 / 1e3,
@@ -115,23 +111,29 @@ fn main() {
 
         let mut steady = Vec::new();
         let mut idle = Vec::new();
+        let mut scan = Vec::new();
         for i in 0..=ITERATIONS {
             let now = NOW + (i as i64 + 1) * 600_000;
             add_batch(&store, &state, i, now).expect("a batch of new artifacts");
             let t = Instant::now();
-            let r = run(now);
+            let r = run(now, Orphans::Skip);
             let took = t.elapsed();
             check_steady(&r);
             let t = Instant::now();
-            let quiet = run(now + 1);
+            let quiet = run(now + 1, Orphans::Skip);
             let idle_took = t.elapsed();
             assert_eq!(quiet.artifacts.removed_count, 0);
+            let t = Instant::now();
+            let scanned = run(now + 2, Orphans::All);
+            let scan_took = t.elapsed();
+            assert_eq!(scanned.artifacts.unrecorded_count, 0);
             if i == 0 {
                 continue; // the warm-up
             }
             steady.push(took);
             idle.push(idle_took);
-            for x in [&r, &quiet] {
+            scan.push(scan_took);
+            for x in [&r, &quiet, &scanned] {
                 hold_us = hold_us.max(x.longest_transaction_us);
                 truncate_us = truncate_us.max(x.wal.truncate_us);
                 passive_us = passive_us.max(x.wal.passive_us);
@@ -147,6 +149,7 @@ fn main() {
             catch_up,
             steady: median(steady),
             idle: median(idle),
+            scan: median(scan),
             hold_us,
             tx_n,
             mean_tx_us: tx_us / tx_n.max(1),
@@ -161,16 +164,17 @@ fn main() {
     println!("Cost against retained history:");
     println!();
     println!(
-        "| events | db | steady sweep (100 removed, 100 kept live) | idle sweep | catch-up: removed | catch-up: took | catch-up: transactions | catch-up: longest transaction |"
+        "| events | db | steady sweep (100 removed, 100 kept live) | idle sweep | idle sweep with the content-file scan | catch-up: removed | catch-up: took | catch-up: transactions | catch-up: longest transaction |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {:.0} MB | {:.1} ms | {:.1} ms | {} | {:.0} ms | {} | {:.2} ms |",
+            "| {} | {:.0} MB | {:.1} ms | {:.1} ms | {:.1} ms | {} | {:.0} ms | {} | {:.2} ms |",
             r.n,
             r.db_mb,
             ms(r.steady),
             ms(r.idle),
+            ms(r.scan),
             r.catch_up.artifacts.removed_count,
             r.catch_up.took_us as f64 / 1e3,
             r.catch_up.transactions,
@@ -201,7 +205,7 @@ fn main() {
     }
     println!();
     println!(
-        "steady and idle: median of {ITERATIONS} after a warm-up; the floor: median of 20 single-event write transactions on the same store; release build"
+        "steady and idle: median of {ITERATIONS} after a warm-up; the floor: median of 20 single-event write transactions on the same store; release build; the catch-up's files are deleted off the writer, which is most of its time"
     );
 }
 
@@ -211,6 +215,7 @@ struct Row {
     catch_up: SweepReport,
     steady: Duration,
     idle: Duration,
+    scan: Duration,
     hold_us: u64,
     tx_n: u64,
     mean_tx_us: u64,

@@ -190,9 +190,11 @@ fn set_aside(dir: &Path, trash: &Path, sha256: &str) -> std::io::Result<()> {
     std::fs::rename(dir.join(sha256), trash.join(sha256))
 }
 
-/// Deletes everything in the trash, without holding the writer. What is there belongs to no
-/// kept row: the store sets a file aside only for a row it records gone in the same
-/// transaction, and a row kept again has its content back in place (checked when recorded).
+/// Deletes everything in the trash, and the trash folder itself, without holding the writer.
+/// What is there belongs to no kept row: the store sets a file aside only for a row it records
+/// gone in the same transaction, and a row kept again has its content back in place (checked
+/// when recorded). The folder goes too, because a folder keeps the size it grew to: listing it
+/// at the next sweep would cost what a large sweep once put there.
 fn empty_trash(trash: &Path, errors: &mut Vec<String>) {
     let Ok(rd) = std::fs::read_dir(trash) else {
         return;
@@ -204,6 +206,7 @@ fn empty_trash(trash: &Path, errors: &mut Vec<String>) {
             errors.push(format!("cannot delete {}: {e}", entry.path().display()));
         }
     }
+    let _ = std::fs::remove_dir(trash);
 }
 
 fn modified_ms(meta: &std::fs::Metadata) -> i64 {
@@ -235,12 +238,12 @@ pub fn sweep(
     let trash = trash_dir(state);
     if !dry_run {
         // What an interrupted sweep set aside goes first.
+        empty_trash(&trash, &mut report.errors);
         if let Err(e) = std::fs::create_dir_all(&trash) {
             report
                 .errors
                 .push(format!("cannot create {}: {e}", trash.display()));
         }
-        empty_trash(&trash, &mut report.errors);
     }
 
     // Artifact content: the store decides and sets files aside, in short transactions; the
@@ -285,6 +288,9 @@ pub fn sweep(
     if orphans == Orphans::All && !stop() {
         let min_age = ORPHAN_MIN_AGE.max(a.grace).as_millis() as i64;
         let (candidates, sizes) = unrecorded_candidates(&dir, now_ms - min_age);
+        if !dry_run {
+            std::fs::create_dir_all(&trash).ok(); // its failure shows as files not set aside
+        }
         let (removed, t) =
             store.remove_unrecorded(&candidates, dry_run, |sha| set_aside(&dir, &trash, sha))?;
         tx.merge(t);
