@@ -186,8 +186,17 @@ fn trash_dir(state: &StateDir) -> PathBuf {
 /// The store calls it inside the write transaction that records the content gone: a rename
 /// costs tens of microseconds, where deleting can cost milliseconds (a file system mounted
 /// with `discard` trims the freed blocks as it deletes).
+/// The trash folder is made when the first file is set aside, so a sweep with nothing to
+/// remove touches no folder.
 fn set_aside(dir: &Path, trash: &Path, sha256: &str) -> std::io::Result<()> {
-    std::fs::rename(dir.join(sha256), trash.join(sha256))
+    let (from, to) = (dir.join(sha256), trash.join(sha256));
+    match std::fs::rename(&from, &to) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !trash.exists() => {
+            std::fs::create_dir_all(trash)?;
+            std::fs::rename(&from, &to)
+        }
+        res => res,
+    }
 }
 
 /// Deletes everything in the trash, and the trash folder itself, without holding the writer.
@@ -239,11 +248,6 @@ pub fn sweep(
     if !dry_run {
         // What an interrupted sweep set aside goes first.
         empty_trash(&trash, &mut report.errors);
-        if let Err(e) = std::fs::create_dir_all(&trash) {
-            report
-                .errors
-                .push(format!("cannot create {}: {e}", trash.display()));
-        }
     }
 
     // Artifact content: the store decides and sets files aside, in short transactions; the
@@ -288,9 +292,6 @@ pub fn sweep(
     if orphans == Orphans::All && !stop() {
         let min_age = ORPHAN_MIN_AGE.max(a.grace).as_millis() as i64;
         let (candidates, sizes) = unrecorded_candidates(&dir, now_ms - min_age);
-        if !dry_run {
-            std::fs::create_dir_all(&trash).ok(); // its failure shows as files not set aside
-        }
         let (removed, t) =
             store.remove_unrecorded(&candidates, dry_run, |sha| set_aside(&dir, &trash, sha))?;
         tx.merge(t);
