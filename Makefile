@@ -18,6 +18,10 @@
 #                            Unix socket, beside this machine's floors (about a minute)
 #   make bench-scale         one daemon with 10 and with 1,000 release echo extensions: install
 #                            time, all ready, RSS, threads, idle CPU, echo p50 (a few minutes)
+#   make bench-views         the operator views at 1,000 extensions and 1,000,000 events: conduit
+#                            web's pages and the API lists behind them (p50/p90/p99), conduit
+#                            top's CPU; results in target/bench-views/results.json (minutes the
+#                            first time: the fixture is kept for the next run)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
 #                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes), then
 #                            bench-retention
@@ -39,7 +43,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history bench-retention protocol-prototype bench-telemetry bench-scale
+.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history bench-retention protocol-prototype bench-telemetry bench-scale bench-views
 
 build:
 	$(CARGO) build --workspace --bins
@@ -131,6 +135,12 @@ bench-history:
 
 bench-retention:
 	$(CARGO) bench -p conduit-host --bench retention
+
+# The operator views at scale (docs/perf-log/2026-12-04-views.md). BENCH_VIEWS_ARGS passes
+# options (e.g. --extensions 100 --events 100000, or --fresh to make the fixture anew).
+bench-views:
+	$(CARGO) build --release -p conduit-host -p conduit-example-echo -p conduit-bench --bin conduit --bin conduit-echo --bin bench-views
+	$(TARGET_DIR)/release/bench-views --json $(TARGET_DIR)/bench-views/results.json $(BENCH_VIEWS_ARGS)
 
 bench-roundtrip:
 	$(CARGO) run --release -p conduit-bench --bin roundtrip -- --regime both

@@ -23,9 +23,11 @@ target=${CARGO_TARGET_DIR:-$root/target}
 # Like cargo, a relative CARGO_TARGET_DIR is relative to the current directory.
 case $target in /*) ;; *) target=$PWD/$target ;; esac
 # Cargo puts the dev profile in target/debug; every other profile in a folder of its name.
+# `debug` is only that folder's name: cargo refuses `--profile debug`, so the hint says `dev`'s
+# own command.
 case $profile in
-    dev | debug) bin_dir=$target/debug ;;
-    *) bin_dir=$target/$profile ;;
+    dev | debug) bin_dir=$target/debug build="cargo build --workspace" ;;
+    *) bin_dir=$target/$profile build="cargo build --workspace --profile $profile" ;;
 esac
 
 mkdir -p "$out"
@@ -50,7 +52,7 @@ for src in "$root"/examples/*/; do
         esac
         binary=$bin_dir/$(basename "$program")
         if [ ! -x "$binary" ]; then
-            echo "examples/$name: $binary is not built; run \`cargo build --workspace --profile $profile\` first" >&2
+            echo "examples/$name: $binary is not built; run \`$build\` first" >&2
             exit 1
         fi
         mkdir -p "$dest/$(dirname "$program")"

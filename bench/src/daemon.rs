@@ -9,6 +9,25 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use conduit_host::client::Client;
 
+/// The binaries `names` beside this executable (build them in the same profile first); an
+/// error naming the one missing and `how` to build it.
+pub fn siblings<const N: usize>(
+    names: [&str; N],
+    how: &str,
+) -> anyhow::Result<[std::path::PathBuf; N]> {
+    let exe = std::env::current_exe().context("this executable's path")?;
+    let bin = exe.parent().context("this executable's folder")?;
+    let paths = names.map(|n| bin.join(n));
+    for p in &paths {
+        anyhow::ensure!(
+            p.is_file(),
+            "{} is missing: build it first (`{how}`)",
+            p.display()
+        );
+    }
+    Ok(paths)
+}
+
 /// A running daemon; stopped when dropped.
 #[derive(Debug)]
 pub struct Daemon {

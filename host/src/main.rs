@@ -19,6 +19,11 @@ fn main() -> ExitCode {
     {
         return conduit_supervisor::spawner::serve();
     }
+    // Shell completion: with `COMPLETE=<shell>` set, the shell's registration script or the
+    // completions of the words given, then exit (clap_complete's engine; `conduit completions`
+    // prints the same registration).
+    clap_complete::CompleteEnv::with_factory(<cli::Cli as clap::CommandFactory>::command)
+        .complete();
     // Usage errors exit 2 (clap's convention, which `cli` keeps for its own usage errors);
     // `--help` and `--version` exit 0.
     let args = cli::Cli::parse();

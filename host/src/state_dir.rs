@@ -20,6 +20,9 @@
 //! daemon runs. A directory the user owns with a looser mode is tightened to 0700 and a warning is
 //! logged, since refusing would only make the operator type the `chmod` we can do for them.
 //!
+//! Commands that only read (`ext list`, `metrics`, `doctor`, …) take [`StateDir::read_only`]
+//! instead: it creates nothing and changes no mode, so a query never writes to disk.
+//!
 //! This module does not create or clean any file inside the layout folders; their owners do.
 
 use std::ffi::OsString;
@@ -214,13 +217,49 @@ impl StateDir {
             fs::create_dir_all(parent).map_err(|e| StateDirError::io(parent, e))?;
         }
         let mut tightened_from = ensure_private_dir(&root, true)?;
-        for sub in [PACKAGES, LOGS, RUN, ARTIFACTS, TMP] {
+        for sub in LAYOUT {
             tightened_from = tightened_from.or(ensure_private_dir(&root.join(sub), false)?);
         }
         Ok(StateDir {
             root,
             tightened_from,
         })
+    }
+
+    /// A handle on the state directory at `path` for a command that only reads it: nothing is
+    /// created and no mode is changed. The directory may be missing (then nothing is installed
+    /// and no daemon runs on it, and every read finds nothing); one that exists must be a
+    /// directory owned by this user, as for [`StateDir::open`]. Loose modes are left as they
+    /// are ([`StateDir::open`], which the daemon and installs call, tightens them).
+    pub fn read_only(path: impl AsRef<Path>) -> Result<StateDir, StateDirError> {
+        let path = path.as_ref();
+        let root = std::path::absolute(path).map_err(|e| StateDirError::io(path, e))?;
+        match fs::metadata(&root) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StateDirError::io(&root, e)),
+            Ok(meta) if !meta.is_dir() => {
+                return Err(StateDirError::NotADirectory { path: root });
+            }
+            Ok(meta) => {
+                let uid = nix::unistd::geteuid().as_raw();
+                if meta.uid() != uid {
+                    return Err(StateDirError::NotOwned {
+                        path: root,
+                        owner: meta.uid(),
+                        uid,
+                    });
+                }
+            }
+        }
+        Ok(StateDir {
+            root,
+            tightened_from: None,
+        })
+    }
+
+    /// Whether the directory exists (a [`StateDir::read_only`] handle may name a missing one).
+    pub fn exists(&self) -> bool {
+        self.root.is_dir()
     }
 
     /// The state directory itself (absolute).
@@ -346,6 +385,12 @@ const LOGS: &str = "logs";
 const RUN: &str = "run";
 const ARTIFACTS: &str = "artifacts";
 const TMP: &str = "tmp";
+
+/// The folders of the layout, directly under the state directory, each mode 0700.
+pub const LAYOUT: [&str; 5] = [PACKAGES, LOGS, RUN, ARTIFACTS, TMP];
+
+/// The mode of the state directory and of every folder of its layout.
+pub const PRIVATE_MODE: u32 = PRIVATE_DIR_MODE;
 
 /// Makes sure `dir` is a directory owned by us with mode 0700; returns the mode it had if that let
 /// other users in and had to be tightened.

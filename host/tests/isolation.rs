@@ -433,3 +433,204 @@ fn a_work_kind_two_packages_declare_goes_to_the_one_whose_name_sorts_first() {
     assert!(triggers("alpha") >= 8, "{}", f.context());
     assert_eq!(triggers("zeta"), 0, "{}", f.context());
 }
+
+/// Health counts an extension the host restarted for being unresponsive, says since when it
+/// went wrong (the first failure, kept across the restart), and its recent exits tell that
+/// restart from an operator's.
+#[test]
+fn health_counts_an_unresponsive_extension_since_its_first_failure_and_names_who_restarted_it() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext_kinds("stuck", "hang", &["job".into()]));
+    f.install(&f.misbehave("fine", "ok"));
+    f.start_daemon_with(&[("CONDUIT_UNRESPONSIVE_AFTER", "2".as_ref())]);
+    let before = f.wait_state("stuck", "ready", PATIENCE)["pid"].clone();
+    f.wait_state("fine", "ready", PATIENCE);
+    let sock = socket(&f);
+    let h = http::get(&sock, "/v1/health");
+    assert_eq!(h["status"], "ok", "{h:#}");
+    assert_eq!(
+        (&h["extensions"]["ready"], &h["extensions"]["installed"]),
+        (&json!(2), &json!(2)),
+        "{h:#}"
+    );
+    http::push(&sock, "s", "d1", "job.x", json!({}));
+    let first = f.wait_for("stuck", PATIENCE, |s| s["health"]["since_ms"].is_i64());
+    let since = first["health"]["since_ms"].as_i64().unwrap();
+    // Restarted for being unresponsive; its new run is on probation, and still counted.
+    let s = f.wait_for("stuck", PATIENCE, |s| {
+        s["health"]["unresponsive_restarts"].as_u64().unwrap_or(0) >= 1
+            && s["pid"] != before
+            && s["state"] == "ready"
+            && s["recent_exits"][0]["requested_by"] == "host"
+    });
+    assert_eq!(
+        s["health"]["since_ms"], since,
+        "since when it went wrong survives the host's restart: {s:#}"
+    );
+    let exit = &s["recent_exits"][0];
+    assert_eq!(exit["cause"], "stopped-by-host", "{exit:#}");
+    let summary = exit["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("restarted by the host: unresponsive (2 consecutive in-transaction calls or probes failed; last: "),
+        "{summary}"
+    );
+    // The health endpoint counts it, and says since when.
+    let h = http::get(&sock, "/v1/health");
+    assert_eq!(h["status"], "degraded", "{h:#}");
+    let e = &h["extensions"];
+    assert_eq!(e["ready"], 1, "{h:#}");
+    assert_eq!(
+        e["degraded"].as_u64().unwrap() + e["unresponsive"].as_u64().unwrap(),
+        1,
+        "{h:#}"
+    );
+    assert_eq!(e["since_ms"], since, "{h:#}");
+    assert_eq!(e["troubled"][0]["name"], "stuck", "{h:#}");
+    assert_eq!(e["troubled"][0]["since_ms"], since, "{h:#}");
+    // The text status gives the moment, not a count of seconds that starts again each run.
+    let text = f.conduit(&["ext", "status", "stuck"]).stdout();
+    let moment = conduit_host::daemon::trouble::utc_seconds(since);
+    assert!(text.contains(&format!("since {moment} (")), "{text}");
+    assert!(
+        text.contains("restarted by the host: unresponsive"),
+        "{text}"
+    );
+    // `ext list` keeps its columns whatever the state's length: every PID ends where the
+    // header's PID does. `ext status` without a name separates its packages by a blank line.
+    let list = f.conduit(&["ext", "list"]).stdout();
+    let end = list.lines().next().unwrap().find("PID").unwrap() + 3;
+    for row in list.lines().skip(1) {
+        let (before, after) = row.split_at(end);
+        let pid = before.rsplit(' ').next().unwrap();
+        assert!(
+            !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit()) && after.starts_with(' '),
+            "{list}"
+        );
+    }
+    assert!(list.contains("\nstuck  0.1.0    ready, "), "{list}");
+    let all = f.conduit(&["ext", "status"]).stdout();
+    assert!(all.contains("\n\nstuck 0.1.0 — ready"), "{all}");
+    // So do the metrics.
+    let metrics = f.conduit(&["metrics"]).stdout();
+    // Degraded on probation, or unresponsive again by now (its probes never answer).
+    assert!(
+        ["degraded", "unresponsive"]
+            .iter()
+            .any(|t| metrics.contains(&format!(
+                "conduit_extension_trouble{{extension=\"stuck\",trouble=\"{t}\"}} 1\n"
+            ))),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "conduit_extension_trouble_since_seconds{{extension=\"stuck\"}} {}\n",
+            since as f64 / 1e3
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("conduit_extensions{health=\"ready\"} 1\n"),
+        "{metrics}"
+    );
+    // An operator's restart reads as one.
+    f.conduit(&["ext", "restart", "stuck"]).expect_code(0);
+    let s = f.wait_for("stuck", PATIENCE, |s| {
+        s["recent_exits"][0]["requested_by"] == "operator"
+    });
+    assert!(
+        s["recent_exits"][0]["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("restarted at an operator's request ("),
+        "{s:#}"
+    );
+    assert_ne!(s["recent_exits"][0]["summary"], summary);
+}
+
+/// `events list` tells an event waiting (and for whom) from one routed to no Work, and a push
+/// of a kind no running extension declares is warned about.
+#[test]
+fn events_say_whether_they_wait_and_for_whom_and_a_kind_nobody_declares_is_warned_about() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext_kinds("hung", "hang", &["job".into()]));
+    f.start_daemon();
+    f.wait_state("hung", "ready", PATIENCE);
+    let push = |delivery: &str, kind: &str| {
+        f.conduit(&[
+            "events",
+            "push",
+            "--source",
+            "s",
+            "--delivery-id",
+            delivery,
+            "--kind",
+            kind,
+            "--payload",
+            "{}",
+        ])
+    };
+    let run = push("u1", "unknown.thing");
+    run.expect_code(0);
+    assert!(
+        run.stdout().starts_with("accepted event "),
+        "{}",
+        run.context()
+    );
+    assert!(
+        run.stderr()
+            .contains("warning: no installed package declares a work kind for `unknown.thing`"),
+        "{}",
+        run.context()
+    );
+    let v = f.push("s", "u2", "unknown.other", "{}");
+    assert!(
+        v["warning"]
+            .as_str()
+            .unwrap_or("")
+            .contains("routed to no Work"),
+        "{v:#}"
+    );
+    // A declared kind is not warned about.
+    let run = push("j1", "job.first");
+    run.expect_code(0);
+    assert!(!run.stderr().contains("warning"), "{}", run.context());
+    // Its trigger never answers: degraded, and the next job waits behind it.
+    f.wait_for("hung", PATIENCE, |s| s["health"]["condition"] != "healthy");
+    f.push("s", "j2", "job.second", "{}");
+    let routes = f.wait_until("the events' routes", || {
+        let all = f.all_events();
+        let route = |d: &str| {
+            all.iter()
+                .find(|e| e["delivery_id"] == d)
+                .map(|e| e["route"].clone())
+                .unwrap_or_default()
+        };
+        let (u1, j2) = (route("u1"), route("j2"));
+        (u1["state"] == "nowhere" && j2["state"] == "waiting").then_some((u1, j2))
+    });
+    assert_eq!(routes.1["owner"], "hung", "{routes:#?}");
+    let why = routes.1["why"].as_str().unwrap();
+    assert!(
+        why.starts_with("degraded: ") || why.starts_with("unresponsive: "),
+        "{why}"
+    );
+    let text = f.conduit(&["events", "list"]).stdout();
+    let line = |d: &str| {
+        text.lines()
+            .find(|l| l.contains(d))
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert!(line("u1").contains("  no work  "), "{text}");
+    assert!(line("j2").contains("  waits for hung ("), "{text}");
+    assert!(text.lines().next().unwrap().contains("ROUTE"), "{text}");
+    // Without a daemon, what is not routed waits for one.
+    f.stop_daemon();
+    let all = f.all_events();
+    let j2 = all.iter().find(|e| e["delivery_id"] == "j2").unwrap();
+    assert_eq!(j2["route"]["state"], "waiting", "{j2:#}");
+    assert!(
+        j2["route"]["why"].as_str().unwrap().contains("no daemon"),
+        "{j2:#}"
+    );
+}

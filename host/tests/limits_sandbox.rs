@@ -16,22 +16,7 @@ use support::fixture::Fixture;
 
 /// A package running `hog.py MODE`, with `extra` appended to its manifest.
 fn hog(f: &Fixture, name: &str, mode: &str, extra: &str) -> PathBuf {
-    let pkg = f.dir.path().join("src").join(name);
-    std::fs::create_dir_all(&pkg).unwrap();
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hog.py"),
-        pkg.join("hog.py"),
-    )
-    .unwrap();
-    std::fs::write(
-        pkg.join("conduit-extension.toml"),
-        format!(
-            "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"hog.py\", \"{mode}\"]\n\n\
-             [capabilities]\nmethods = [\"echo\", \"pid\", \"open_files\", \"probe\"]\n{extra}"
-        ),
-    )
-    .unwrap();
-    pkg
+    f.hog(name, mode, extra)
 }
 
 fn call(f: &Fixture, name: &str, method: &str, params: &str) -> Value {
@@ -232,6 +217,80 @@ fn the_sandbox_refuses_the_home_folder_and_writes_outside_the_data_dir() {
     assert!(!outside.exists() && !own.exists());
     // The daemon itself (not sandboxed) can still read what the extension cannot.
     assert!(key.exists());
+    // The text status lists every path the sandbox lets through, so a refusal can be checked
+    // against it: what it reads (the system's folders and its package), what it writes.
+    let text = f.conduit(&["ext", "status", "nosy"]).stdout();
+    let lines: Vec<&str> = text.lines().collect();
+    let reads = lines
+        .iter()
+        .position(|l| l.starts_with("  reads "))
+        .unwrap();
+    let writes = lines
+        .iter()
+        .position(|l| l.starts_with("  writes "))
+        .unwrap();
+    let read_text = lines[reads..writes].join(" ");
+    for p in ["/usr", "/etc", "/proc"] {
+        assert!(read_text.contains(p), "{text}");
+    }
+    let pkg = f.state().join("packages/nosy");
+    assert!(read_text.contains(pkg.to_str().unwrap()), "{text}");
+    assert!(!text.contains(".ssh"), "{text}");
+    assert!(lines[writes].contains(data.to_str().unwrap()), "{text}");
+    assert!(
+        !text.contains("reads 1"),
+        "no count in place of the list: {text}"
+    );
+    f.stop_daemon();
+}
+
+#[test]
+fn each_extensions_memory_and_cpu_are_metrics_beside_their_limits() {
+    let mut f = Fixture::new();
+    f.install(&hog(
+        &f,
+        "measured",
+        "ok",
+        "[limits]\nmemory = \"64MiB\"\ncpu = 0.5\n",
+    ));
+    f.start_daemon();
+    f.wait_state("measured", "ready", PATIENCE);
+    let s = f.wait_for("measured", PATIENCE, |s| {
+        s["resources"]["usage"]["rss_bytes"].as_u64().unwrap_or(0) > 0
+    });
+    let metrics = f.conduit(&["metrics"]).stdout();
+    let value = |name: &str| -> f64 {
+        let prefix = format!("{name}{{extension=\"measured\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {name} for `measured`: {metrics}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        value("conduit_extension_memory_bytes") > 1e6,
+        "{s:#}\n{metrics}"
+    );
+    assert_eq!(
+        value("conduit_extension_memory_limit_bytes"),
+        (64u64 << 20) as f64
+    );
+    let cpu = value("conduit_extension_cpu_ratio");
+    assert!((0.0..=1.0).contains(&cpu), "{metrics}");
+    assert_eq!(value("conduit_extension_cpu_limit_ratio"), 0.5);
+    assert!(value("conduit_extension_tasks") >= 1.0, "{metrics}");
+    assert_eq!(value("conduit_extension_throttled"), 0.0);
+    assert_eq!(value("conduit_extension_limit_stops_total"), 0.0);
+    for family in [
+        "conduit_extension_memory_bytes",
+        "conduit_extension_cpu_ratio",
+    ] {
+        assert!(
+            metrics.contains(&format!("# TYPE {family} gauge\n")),
+            "{metrics}"
+        );
+    }
     f.stop_daemon();
 }
 

@@ -326,15 +326,26 @@ fn a_clean_stop_leaves_no_process_ledgers_in_run() {
 fn completions_are_generated_for_bash_zsh_and_fish() {
     let f = Fixture::new();
     for (shell, mark) in [
-        ("bash", "complete -F _conduit"),
+        ("bash", "-F _clap_complete_conduit conduit"),
         ("zsh", "#compdef conduit"),
-        ("fish", "complete -c conduit"),
+        (
+            "fish",
+            "complete --keep-order --exclusive --command conduit",
+        ),
     ] {
         let run = f.conduit(&["completions", shell]);
         run.expect_code(0);
         let out = run.stdout();
         assert!(out.contains(mark), "{shell}: no `{mark}`{}", run.context());
-        assert!(out.contains("rollback"), "{shell}: subcommands missing");
+        // The script calls this binary back, by its path.
+        let me = Path::new(env!("CARGO_BIN_EXE_conduit"))
+            .canonicalize()
+            .unwrap();
+        assert!(
+            out.contains(me.to_str().unwrap()),
+            "{shell}{}",
+            run.context()
+        );
     }
     // The bash script parses.
     let script = f.dir.path().join("conduit.bash");
@@ -346,6 +357,58 @@ fn completions_are_generated_for_bash_zsh_and_fish() {
         .unwrap();
     assert!(st.success());
     f.conduit(&["completions", "tcsh"]).expect_code(2);
+}
+
+#[test]
+fn completion_offers_subcommands_and_the_installed_package_names() {
+    let f = Fixture::new();
+    f.install(&misbehave_version(&f, "a", "alpha", "0.1.0", "ok"));
+    f.install(&misbehave_version(&f, "b", "beta", "0.1.0", "ok"));
+    let script = f.dir.path().join("conduit.bash");
+    std::fs::write(&script, f.conduit(&["completions", "bash"]).stdout()).unwrap();
+    // What bash offers at TAB, through the script as a shell loads it.
+    let complete = |words: &[&str]| -> Vec<String> {
+        let list = words
+            .iter()
+            .map(|w| format!("'{w}'"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "source {}; COMP_WORDS=({list}); COMP_CWORD={}; COMP_TYPE=9; _clap_complete_conduit conduit \"${{COMP_WORDS[COMP_CWORD]}}\"; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+                script.display(),
+                words.len() - 1
+            ))
+            .env("CONDUIT_STATE_DIR", f.state())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let names = complete(&["conduit", "ext", "status", ""]);
+    assert!(
+        names.contains(&"alpha".to_owned()) && names.contains(&"beta".to_owned()),
+        "{names:?}"
+    );
+    let names = complete(&["conduit", "ext", "restart", "al"]);
+    assert_eq!(names, ["alpha"]);
+    let subs = complete(&["conduit", "ext", "rol"]);
+    assert_eq!(subs, ["rollback"]);
+    // Another state directory named on the line: its packages, none here.
+    let other = f.dir.path().join("other");
+    let names = complete(&[
+        "conduit",
+        "--state-dir",
+        other.to_str().unwrap(),
+        "ext",
+        "logs",
+        "",
+    ]);
+    assert!(!names.iter().any(|n| n == "alpha"), "{names:?}");
+    assert!(!other.exists(), "completion created a state directory");
 }
 
 #[test]
@@ -394,7 +457,12 @@ fn waits_timers_and_emissions_are_listed_and_shown_with_and_without_a_daemon() {
             assert_eq!(ids, [id], "{kind}: {v:#}");
             let run = f.conduit(&[kind, "list"]);
             run.expect_code(0);
-            assert!(run.stdout().starts_with("    ID"), "{}", run.context());
+            // The table's columns are as wide as their cells: the ID column is two wide here.
+            assert!(
+                run.stdout().starts_with("ID  EXTENSION  "),
+                "{}",
+                run.context()
+            );
             let one = f.json(&[kind, "show", &id.to_string(), "--json"]);
             assert_eq!(one["id"], id, "{one:#}");
         }
@@ -404,6 +472,98 @@ fn waits_timers_and_emissions_are_listed_and_shown_with_and_without_a_daemon() {
         // Again from the database alone.
         f.stop_daemon();
     }
+}
+
+#[test]
+fn a_timer_deleted_a_wait_cancelled_and_a_work_closed_are_kept_and_say_so() {
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("core", "ok"));
+    f.start_daemon();
+    f.wait_state("core", "ready", PATIENCE);
+    let timer = f.json(&["timers", "add", "tick", "every 3600000", "--json"])["timer_id"]
+        .as_i64()
+        .unwrap()
+        .to_string();
+    let wait = f.json(&["waits", "add", "match", "subject", "--json"])["wait_id"]
+        .as_i64()
+        .unwrap()
+        .to_string();
+    f.push("s", "d1", "job.x", "{}");
+    let work = f.wait_until("the event's Work", || {
+        f.json(&["work", "list", "--json"])["work"][0]["id"].as_i64()
+    });
+    let work = work.to_string();
+
+    let run = f.conduit(&["timers", "delete", &timer]);
+    run.expect_code(0);
+    assert!(
+        run.stdout()
+            .starts_with(&format!("timer {timer} deleted at ")),
+        "{}",
+        run.context()
+    );
+    let again = f.conduit(&["timers", "delete", &timer]);
+    again.expect_code(0);
+    assert!(
+        again.stdout().contains("was deleted already"),
+        "{}",
+        again.context()
+    );
+    let t = f.json(&["timers", "show", &timer, "--json"]);
+    assert!(
+        t["deleted_at_ms"].is_i64() && t["next_at_ms"].is_null(),
+        "{t:#}"
+    );
+    assert!(f.conduit(&["timers", "list"]).stdout().contains("deleted "));
+
+    let v = f.json(&["waits", "cancel", &wait, "--json"]);
+    assert_eq!(v["changed"], true, "{v:#}");
+    assert_eq!(v["wait"]["state"], "cancelled", "{v:#}");
+    let v = f.json(&["waits", "cancel", &wait, "--json"]);
+    assert_eq!(v["changed"], false, "{v:#}");
+    assert!(
+        f.conduit(&["waits", "list"])
+            .stdout()
+            .contains("cancelled  - (cancelled at ")
+    );
+    let missing = f.conduit(&["waits", "cancel", "999"]);
+    missing.expect_code(2);
+    assert!(
+        missing.stderr().contains("no wait 999"),
+        "{}",
+        missing.context()
+    );
+
+    let run = f.conduit(&["work", "close", &work, "--reason", "handled by hand"]);
+    run.expect_code(0);
+    assert!(
+        run.stdout().starts_with(&format!("work {work} closed at ")),
+        "{}",
+        run.context()
+    );
+    let w = &f.json(&["work", "list", "--json"])["work"][0];
+    assert_eq!(w["state"], "done", "{w:#}");
+    assert_eq!(w["close_reason"], "handled by hand", "{w:#}");
+    assert!(w["closed_at_ms"].is_i64(), "{w:#}");
+    assert!(
+        f.conduit(&["work", "list"])
+            .stdout()
+            .contains("done (closed)")
+    );
+    // The reason's limit at its edge (the Work is closed already: nothing changes).
+    let at = "x".repeat(conduit_host::api::MAX_CLOSE_REASON);
+    f.conduit(&["work", "close", &work, "--reason", &at])
+        .expect_code(0);
+    let long = "x".repeat(conduit_host::api::MAX_CLOSE_REASON + 1);
+    let run = f.conduit(&["work", "close", &work, "--reason", &long]);
+    run.expect_code(2);
+    assert!(run.stderr().contains("at most 1024"), "{}", run.context());
+
+    // Kept once the daemon is gone, and ending needs one.
+    f.stop_daemon();
+    let t = f.json(&["timers", "show", &timer, "--json"]);
+    assert!(t["deleted_at_ms"].is_i64(), "{t:#}");
+    f.conduit(&["timers", "delete", &timer]).expect_code(3);
 }
 
 // ---- manifest size cap -----------------------------------------------------------------------
@@ -709,7 +869,10 @@ fn on_a_terminal(f: &Fixture, cmd: &str, no_color: bool) -> Option<String> {
 fn no_color_turns_colours_off_on_a_terminal() {
     let f = Fixture::new();
     let bin = env!("CARGO_BIN_EXE_conduit");
-    // A layout folder open to others gives a WARN log line, which is coloured on a terminal.
+    // A layout folder open to others gives a WARN log line, which is coloured on a terminal,
+    // when a command that may change the state directory tightens it (`ext enable` of an
+    // enabled package changes nothing else; a read-only command such as `ext list` leaves
+    // the mode alone).
     f.install(&misbehave_version(&f, "m", "m", "0.1.0", "ok"));
     let loosen = || {
         use std::os::unix::fs::PermissionsExt;
@@ -720,7 +883,7 @@ fn no_color_turns_colours_off_on_a_terminal() {
         .unwrap();
     };
     loosen();
-    let Some(coloured) = on_a_terminal(&f, &format!("{bin} ext list; {bin} ext --help"), false)
+    let Some(coloured) = on_a_terminal(&f, &format!("{bin} ext enable m; {bin} ext --help"), false)
     else {
         eprintln!("skipped: no `script` to make a pseudo-terminal");
         return;
@@ -731,7 +894,7 @@ fn no_color_turns_colours_off_on_a_terminal() {
     );
     assert!(coloured.contains("logs was mode 755"), "{coloured}");
     loosen();
-    let plain = on_a_terminal(&f, &format!("{bin} ext list; {bin} ext --help"), true).unwrap();
+    let plain = on_a_terminal(&f, &format!("{bin} ext enable m; {bin} ext --help"), true).unwrap();
     assert!(plain.contains("WARN"), "{plain}");
     assert!(
         !plain.contains('\u{1b}'),
@@ -799,5 +962,115 @@ fn an_api_limit_out_of_range_refuses_the_start_with_exit_2() {
     assert!(
         err.contains("CONDUIT_API_MAX_CONNECTIONS must be a whole number from 1 to 65536, not `0`"),
         "{err}"
+    );
+}
+
+// ---- read-only commands ---------------------------------------------------------------------
+
+/// `conduit ARGS` with `home` as `$HOME` and the state directory left to the platform default.
+fn at_home(home: &Path, args: &[&str]) -> support::Run {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_conduit"))
+        .args(args)
+        .env("HOME", home)
+        .env_remove("CONDUIT_STATE_DIR")
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("CONDUIT_LOG")
+        .output()
+        .unwrap();
+    support::Run {
+        cmd: format!("HOME={} conduit {}", home.display(), args.join(" ")),
+        out,
+    }
+}
+
+#[test]
+fn read_only_commands_never_create_or_change_a_state_directory() {
+    let home = tempfile::tempdir().unwrap();
+    // Each with the exit code it owes when nothing is installed and no daemon runs.
+    for (args, code) in [
+        (&["metrics"][..], 3),
+        (&["ext", "list"], 0),
+        (&["ext", "status"], 0),
+        (&["ext", "status", "nope"], 2),
+        (&["ext", "logs", "nope"], 2),
+        (&["ext", "restart", "nope"], 3),
+        (&["ext", "call", "nope", "echo"], 3),
+        (&["events", "list"], 0),
+        (&["work", "list"], 0),
+        (&["timers", "list"], 0),
+        (&["waits", "show", "1"], 2),
+        (&["emissions", "list"], 0),
+        (
+            &[
+                "events",
+                "push",
+                "--source",
+                "s",
+                "--delivery-id",
+                "d",
+                "--kind",
+                "k",
+            ],
+            3,
+        ),
+        (
+            &["artifacts", "get", &format!("sha256:{}", "0".repeat(64))],
+            2,
+        ),
+        (&["ext", "disable", "nope"], 2),
+        (&["ext", "remove", "nope"], 2),
+        (&["ext", "set", "nope", "limits.memory=64MiB"], 2),
+        (&["service", "status"], 1),
+        (&["doctor"], 1),
+    ] {
+        let run = at_home(home.path(), args);
+        run.expect_code(code);
+        let left: Vec<PathBuf> = support::fixture::walk(home.path());
+        assert!(
+            left.is_empty(),
+            "`conduit {}` wrote {left:?}{}",
+            args.join(" "),
+            run.context()
+        );
+    }
+
+    // An existing state directory is read as it is: no mode tightened, no folder added, and
+    // without a daemon the store is read without creating its WAL files.
+    let f = Fixture::new();
+    f.install(&misbehave_version(&f, "m", "m", "0.1.0", "ok"));
+    let mut f = f;
+    f.start_daemon();
+    f.wait_state("m", "ready", PATIENCE);
+    f.push("s", "d1", "x.y", "{}");
+    f.stop_daemon();
+    let state = f.state();
+    for side in ["conduit.db-wal", "conduit.db-shm"] {
+        std::fs::remove_file(state.join(side)).unwrap();
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::fs::remove_dir(state.join("artifacts")).unwrap();
+    let before = support::fixture::walk(&state);
+    for args in [
+        &["ext", "list"][..],
+        &["events", "list"],
+        &["work", "list"],
+        &["timers", "list"],
+        &["metrics"],
+    ] {
+        let run = f.conduit(args);
+        assert!(
+            run.code() == Some(0) || run.code() == Some(3),
+            "{}",
+            run.context()
+        );
+        assert_eq!(support::fixture::walk(&state), before, "{}", run.context());
+    }
+    let events = f.json(&["events", "list", "--json"]);
+    assert_eq!(events["events"][0]["delivery_id"], "d1", "{events:#}");
+    assert_eq!(
+        std::fs::metadata(&state).unwrap().permissions().mode() & 0o777,
+        0o750
     );
 }

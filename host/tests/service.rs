@@ -83,9 +83,20 @@ fn verify_unit(text: &str, dir: &Path) {
     }
     let path = dir.join("conduit.service");
     std::fs::write(&path, text).unwrap();
+    // `Documentation=` names conduit's own man pages, which verify looks up with `man`: the
+    // pages this binary writes (`make man`), found through MANPATH as if installed.
+    let man = dir.join("man");
+    let pages = man.join("man1");
+    std::fs::create_dir_all(&pages).unwrap();
+    let wrote = Command::new(CONDUIT)
+        .args(["man", "--out", pages.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(wrote.status.success(), "{wrote:?}");
     let out = Command::new("systemd-analyze")
         .arg("verify")
         .arg(&path)
+        .env("MANPATH", &man)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -148,6 +159,57 @@ fn the_generated_units_match_their_snapshots_and_pass_systemd_analyze_verify() {
     }
     // Nothing was installed by --print.
     assert!(walk(home.path()).is_empty(), "{:?}", walk(home.path()));
+}
+
+#[test]
+fn the_unit_gets_a_clean_path_and_a_binary_in_a_build_folder_is_warned_about() {
+    let home = tempfile::tempdir().unwrap();
+    let state = home.path().join("state");
+    let out = Command::new(CONDUIT)
+        .args(["service", "install", "--systemd", "--json", "--state-dir"])
+        .arg(&state)
+        .env("HOME", home.path())
+        .env("PATH", "/opt/x/bin:/usr/bin::/opt/x/bin/:bin:./y:/usr/bin")
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("CONDUIT_STATE_DIR")
+        .output()
+        .unwrap();
+    let run = support::Run {
+        cmd: "conduit service install --systemd --json".into(),
+        out,
+    };
+    run.expect_code(0);
+    let v = run.json();
+    let unit = std::fs::read_to_string(v["path"].as_str().unwrap()).unwrap();
+    // Each folder once, no empty or relative entries.
+    assert!(
+        unit.contains("\nEnvironment=PATH=/opt/x/bin:/usr/bin\n"),
+        "{unit}"
+    );
+    // The tests' binary lies in the build folder: said in the answer and on stderr.
+    let target = Path::new(CONDUIT)
+        .canonicalize()
+        .unwrap()
+        .ancestors()
+        .find(|p| p.ends_with("target"))
+        .unwrap()
+        .to_owned();
+    let warning = v["warnings"][0].as_str().unwrap_or("");
+    assert!(
+        warning.contains(&format!("inside the build folder {}", target.display())),
+        "{v:#}"
+    );
+    assert!(
+        run.stderr().contains("warning: the service runs"),
+        "{}",
+        run.context()
+    );
+    // The unit reads the journal the way a user unit must.
+    assert!(unit.contains("`journalctl --user -u conduit`"), "{unit}");
+    assert!(
+        unit.contains("Documentation=man:conduit-daemon-run(1) man:conduit(1)"),
+        "{unit}"
+    );
 }
 
 #[test]

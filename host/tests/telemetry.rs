@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use conduit_host::client::Client;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
@@ -385,6 +385,12 @@ fn metrics_reach_an_otlp_collector_with_exact_cumulative_counts() {
     let rt = rt();
     let c = client(&f, &rt);
     rt.block_on(echo_calls(&c, 5));
+    // Only a snapshot taken once the five calls were answered can count all five: one the
+    // exporter gathered while they ran (a busy machine makes that likely) is passed over.
+    let answered_ns = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
     let is_echo = |attrs: &[KeyValue]| {
         attr(attrs, "extension").as_deref() == Some("echo")
             && attr(attrs, "method").as_deref() == Some("echo")
@@ -415,6 +421,7 @@ fn metrics_reach_an_otlp_collector_with_exact_cumulative_counts() {
                                 .find(|p| {
                                     is_echo(&p.attributes)
                                         && attr(&p.attributes, "outcome").as_deref() == Some("ok")
+                                        && p.time_unix_nano >= answered_ns
                                 })
                                 .map(|p| number(&p.value));
                         }

@@ -97,17 +97,10 @@ fn run(args: &Args) -> anyhow::Result<()> {
         args.extensions >= 1 && args.small >= 1,
         "sizes must be at least 1"
     );
-    let exe = std::env::current_exe().context("this executable's path")?;
-    let bin = exe.parent().context("this executable's folder")?;
-    let conduit = bin.join("conduit");
-    let echo = bin.join("conduit-echo");
-    for p in [&conduit, &echo] {
-        ensure!(
-            p.is_file(),
-            "{} is missing: build it first (`cargo build --release -p conduit-host -p conduit-example-echo`, or `make bench-scale`)",
-            p.display()
-        );
-    }
+    let [conduit, echo] = conduit_bench::daemon::siblings(
+        ["conduit", "conduit-echo"],
+        "cargo build --release -p conduit-host -p conduit-example-echo`, or `make bench-scale",
+    )?;
     let machine = Machine::this();
     println!(
         "bench-scale: {} and {} echo extensions; commit {}, {} build; {} CPUs, {}; load {:?}",

@@ -28,19 +28,17 @@ pub(super) fn routes() -> Router<Arc<Daemon>> {
         .route("/v1/reload", post(reload))
 }
 
+/// `status` is `ok`, or `degraded` while any extension is in trouble; `extensions` counts
+/// them by trouble and lists each with since when (`daemon::trouble`).
 async fn health(State(d): State<Arc<Daemon>>) -> ApiResult {
-    let exts = d.extensions()?;
-    let ready = exts
-        .iter()
-        .filter(|e| e.status.state == conduit_supervisor::State::Ready)
-        .count();
+    let summary = crate::daemon::trouble::summarize(&d.extensions()?);
     Ok(Json(json!({
-        "status": "ok",
+        "status": summary.status(),
         "version": env!("CARGO_PKG_VERSION"),
         "pid": std::process::id(),
         "started_at_ms": d.started_at_ms(),
         "state_dir": d.state_dir().path(),
-        "extensions": { "installed": exts.len(), "ready": ready },
+        "extensions": summary,
         "host_loop": d.core().stats.snapshot(),
         "store": { "panics": d.core().store_panics() },
         "telemetry": crate::telemetry::otlp::STATS.snapshot(),

@@ -21,10 +21,25 @@
 //! GET  /v1/timers?after=&limit=           timers, waits, emissions (without records): oldest
 //!      /v1/waits, /v1/emissions           first, in any state, the same paging as events
 //! GET  /v1/artifacts?after=&limit=        artifacts, oldest first, kept or removed, same paging
+//! GET  /v1/artifacts?before=&limit=       the same newest first (the web view's order)
 //! GET  /v1/artifacts/{id}                 one (id: `sha256:<hex>`): size, creator, state,
 //!                                         whether a live record needs it, its references
 //! GET  /v1/artifacts/{id}/content         the content (410 `removed` once retention removed it)
 //! POST /v1/gc?dry_run=                    a retention sweep now; answers its report
+//! POST /v1/timers/{id}/delete             end by hand, kept: a timer deleted, a wait
+//! POST /v1/waits/{id}/cancel              cancelled, a Work closed ({"reason"?}); answered
+//! POST /v1/work/{id}/close                {"<record>": …, "changed"} (`manual.rs`)
+//!
+//! For the operator views (`views.rs`):
+//! GET  /v1/overview?sort=&order=&filter=&offset=&limit=&detail=
+//!                                         daemon figures, counts, one page of the extensions
+//!                                         table, one extension's detail: `conduit top`'s one
+//!                                         request per refresh
+//! POST /v1/extensions/{name}/enable       set the registry's flag and apply it (also disable)
+//! GET  /v1/extensions/{name}/latency      per-method latency counts between fixed bounds
+//! GET  /v1/work/recent?state=&kind=&before=&limit=
+//!                                         Work newest first, from indexes, with counts
+//! GET  /v1/work/{id}/events?after=&limit= one Work and a page of its events
 //! ```
 //!
 //! Access: the socket is 0600 inside a 0700 folder, and each connection's peer uid (read once
@@ -41,18 +56,22 @@
 //! The module's parts: `server.rs` the transport (the socket, the accept loop, the connection
 //! cap, the header timeout, the peer check), `error.rs` the error answers (`ApiError`, the
 //! store's and the core's errors as answers, the envelope of the framework's rejections),
-//! `extensions.rs` the daemon's own endpoints (health, metrics, extensions, reload) and
+//! `extensions.rs` the daemon's own endpoints (health, metrics, extensions, reload),
 //! `records.rs` the events, Work, timers, waits and emissions, whose rules are the
-//! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer;
-//! `artifacts.rs` the artifacts and the retention sweep on demand.
+//! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer,
+//! `artifacts.rs` the artifacts (a page either way, one with its references, its content) and
+//! the retention sweep on demand, `manual.rs` what an operator ends by hand (`core::manual`),
+//! and `views.rs` what the operator views read (the overview, pages from indexes) and do.
 //!
-//! Only this module knows HTTP.
+//! Of the daemon, only this module knows HTTP (its clients — `client.rs`, the views — speak it too).
 
 mod artifacts;
 mod error;
 mod extensions;
+mod manual;
 mod records;
 mod server;
+mod views;
 
 use std::sync::Arc;
 
@@ -65,6 +84,7 @@ use tokio_util::sync::CancellationToken;
 use crate::daemon::handle::Daemon;
 
 pub use error::{ApiError, MAX_BODY, MAX_PUSH_BODY};
+pub use manual::MAX_CLOSE_REASON;
 pub use server::{HEADER_TIMEOUT_ENV, Limits, MAX_CONNECTIONS_ENV, PeerCred, bind};
 
 /// The router, without the transport and without the layers [`serve_with`] adds (the peer
@@ -74,6 +94,8 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .merge(extensions::routes())
         .merge(records::routes())
         .merge(artifacts::routes())
+        .merge(views::routes())
+        .merge(manual::routes())
         .fallback(|req: Request| async move {
             ApiError::new(
                 StatusCode::NOT_FOUND,

@@ -69,17 +69,34 @@ async fn push_event(State(d): State<Arc<Daemon>>, Body(b): Body<PushBody>) -> Ap
         delivery_id: b.delivery_id,
         kind: b.kind,
     };
+    let kind = event.kind.clone();
     let accepted = d.core().accept_event(b.source, event).await?;
     let status = if accepted.duplicate {
         StatusCode::OK
     } else {
         StatusCode::CREATED
     };
-    Ok((
-        status,
-        Json(json!({ "event_id": accepted.event_id, "duplicate": accepted.duplicate })),
-    )
-        .into_response())
+    let mut answer = json!({ "event_id": accepted.event_id, "duplicate": accepted.duplicate });
+    // After the accept, and apart from it: a kind no running extension declares is accepted
+    // (it is the caller's record) and said to be going nowhere.
+    if let Some(w) = push_warning(&d, &kind)? {
+        answer["warning"] = json!(w);
+    }
+    Ok((status, Json(answer)).into_response())
+}
+
+/// The warning for a push of `kind` that no running extension declares; the registry is read
+/// only then (to name a disabled package that declares it), so a routed push costs nothing.
+fn push_warning(d: &Daemon, kind: &str) -> Result<Option<String>, ApiError> {
+    let running = d.core().extensions();
+    let declared = running.iter().any(|(_, caps)| {
+        crate::core::host_loop::work_kind_of(kind, |k| caps.work_kinds.iter().any(|w| w.name == k))
+            .is_some()
+    });
+    if declared {
+        return Ok(None);
+    }
+    Ok(crate::daemon::routes::warning(kind, &d.extensions()?))
 }
 
 /// `?after=&limit=` (and `&source=` for events), as every list takes it.
@@ -103,6 +120,9 @@ async fn list_events(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -
         .read(move |r| r.list_events(q.after, q.source.as_deref(), limit))
         .await?;
     let next = events.last().map(|e| e.event.id);
+    // Each with where it stands: in a Work, in none, or waiting and for whom.
+    let owners = crate::daemon::routes::Owners::from_views(&d.extensions()?);
+    let events: Vec<serde_json::Value> = events.iter().map(|e| owners.annotate(e)).collect();
     Ok(Json(json!({ "events": events, "next_after": next })).into_response())
 }
 

@@ -19,24 +19,34 @@ pub(crate) struct StateArgs {
 }
 
 impl StateArgs {
-    /// Resolve and open a state directory that must already exist: commands that only read
-    /// or change what is installed refuse a missing one rather than create an empty one (a
-    /// mistyped --state-dir would otherwise look like "nothing installed").
+    /// Resolve and open a state directory that must already exist, for a command that changes
+    /// what is installed (remove, enable, disable, rollback, set): a missing one is refused
+    /// rather than created empty (a mistyped --state-dir would otherwise look like "nothing
+    /// installed"), and nothing is written before the refusal.
     pub(crate) fn open_existing(&self) -> Result<StateDir, CliError> {
         let resolved =
             state_dir::resolve_from_env(self.state_dir.as_deref()).map_err(CliError::usage)?;
-        // The platform default not existing yet is a normal first run; a path someone gave
-        // that does not exist is most likely a typo.
-        let given = !matches!(resolved.source, state_dir::StateDirSource::PlatformDefault);
-        if given && !resolved.path.exists() {
-            return Err(CliError::usage(anyhow::anyhow!(
-                "no conduit state directory at {} (from {}): nothing is installed there; check --state-dir or \
-                 CONDUIT_STATE_DIR, or install a package first with `conduit ext install PATH`",
-                resolved.path.display(),
-                resolved.source
-            )));
+        if !resolved.path.exists() {
+            return Err(missing(&resolved));
         }
         self.open()
+    }
+
+    /// Resolve the state directory for a command that only reads it or asks the daemon
+    /// (`ext list`, `ext status`, `metrics`, the lists, `events push`, …): nothing is created
+    /// and no mode changed, so a query never writes to disk. The platform default not existing
+    /// yet is a normal first run (nothing installed, no daemon); a path someone gave that does
+    /// not exist is most likely a typo, and refused.
+    pub(crate) fn open_read_only(&self) -> Result<StateDir, CliError> {
+        let resolved =
+            state_dir::resolve_from_env(self.state_dir.as_deref()).map_err(CliError::usage)?;
+        let given = !matches!(resolved.source, state_dir::StateDirSource::PlatformDefault);
+        if given && !resolved.path.exists() {
+            return Err(missing(&resolved));
+        }
+        StateDir::read_only(&resolved.path)
+            .with_context(|| format!("state directory from {}", resolved.source))
+            .map_err(CliError::usage)
     }
 
     /// Resolve and open the state directory (created if missing).
@@ -61,6 +71,16 @@ impl StateArgs {
     }
 }
 
+/// The refusal of a state directory that does not exist (exit 2).
+fn missing(resolved: &state_dir::ResolvedStateDir) -> CliError {
+    CliError::usage(anyhow::anyhow!(
+        "no conduit state directory at {} (from {}): nothing is installed there; check --state-dir or \
+         CONDUIT_STATE_DIR, or install a package first with `conduit ext install PATH`",
+        resolved.path.display(),
+        resolved.source
+    ))
+}
+
 /// The state directory and those of its layout folders that exist and give other users any
 /// access, with their modes.
 fn loose_folders(root: &std::path::Path) -> Vec<(PathBuf, u32)> {
@@ -76,6 +96,42 @@ fn loose_folders(root: &std::path::Path) -> Vec<(PathBuf, u32)> {
         }
     }
     out
+}
+
+/// The installed packages' names as shell completions of a package name argument
+/// (`conduit ext status <TAB>`), each with its description. Run by the completion engine in
+/// this binary (`COMPLETE=<shell> conduit -- <words>`); it reads the registry of the state
+/// directory the words name (`--state-dir DIR`), else $CONDUIT_STATE_DIR or the default, and
+/// never creates or changes anything. No state directory, or one that cannot be read: none.
+pub(crate) fn package_names() -> clap_complete::ArgValueCandidates {
+    clap_complete::ArgValueCandidates::new(|| {
+        let words: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        let flag = words.iter().enumerate().find_map(|(i, w)| {
+            let w = w.to_str()?;
+            match w.strip_prefix("--state-dir") {
+                Some("") => words.get(i + 1).map(PathBuf::from),
+                Some(v) => v.strip_prefix('=').map(PathBuf::from),
+                None => None,
+            }
+        });
+        let Ok(resolved) = state_dir::resolve_from_env(flag.as_deref()) else {
+            return Vec::new();
+        };
+        let Ok(state) = StateDir::read_only(&resolved.path) else {
+            return Vec::new();
+        };
+        conduit_host::packages::list(&state)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| {
+                let c = clap_complete::CompletionCandidate::new(r.name);
+                match r.manifest.description {
+                    Some(d) => c.help(Some(d.into())),
+                    None => c,
+                }
+            })
+            .collect()
+    })
 }
 
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -183,4 +239,15 @@ pub(crate) fn api_error(status: hyper::StatusCode, body: &serde_json::Value) -> 
     } else {
         CliError::failure(msg)
     }
+}
+
+/// The daemon's client for a view (`top`, `web`), and the state directory it serves, found
+/// without creating or changing anything; exit 3, saying how to start one, when none answers.
+pub(crate) fn view_client(
+    rt: &tokio::runtime::Runtime,
+    state: &StateArgs,
+) -> Result<(PathBuf, Client), CliError> {
+    let dir = state.open_read_only()?;
+    let client = need_daemon(rt, &dir)?;
+    Ok((dir.path().to_owned(), client))
 }

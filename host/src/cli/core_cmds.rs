@@ -22,7 +22,7 @@ fn post(
     json_out: bool,
     human: impl Fn(&Value) -> String,
 ) -> Result<ExitCode, CliError> {
-    let state = args_state.open_existing()?;
+    let state = args_state.open_read_only()?;
     let rt = runtime()?;
     let client = need_daemon(&rt, &state)?;
     let (code, v) = rt
@@ -31,10 +31,11 @@ fn post(
     if !code.is_success() {
         return Err(api_error(code, &v));
     }
+    let text = human(&v);
     if json_out {
         print_json(&v)?
     } else {
-        print(&human(&v))?
+        print(&text)?
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -82,6 +83,10 @@ pub(crate) fn push(args: PushArgs, state: &StateArgs) -> Result<ExitCode, CliErr
         .map_err(CliError::usage)?;
     let body = json!({ "source": args.source, "delivery_id": args.delivery_id, "kind": args.kind, "payload": payload });
     post(state, "/v1/events", &body, args.json, |v| {
+        // Said on stderr, also with --json (where it is the answer's `warning` too).
+        if let Some(w) = v["warning"].as_str() {
+            eprintln!("warning: {w}");
+        }
         if v["duplicate"] == true {
             format!("duplicate of event {}\n", v["event_id"])
         } else {
@@ -107,7 +112,7 @@ pub(crate) struct ListArgs {
 }
 
 fn list(args: &ListArgs, what: &str, state: &StateArgs) -> Result<Value, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let rt = runtime()?;
     if let Some(client) = daemon(&rt, &state) {
         let mut path = format!("/v1/{what}?limit={}", args.limit);
@@ -123,17 +128,23 @@ fn list(args: &ListArgs, what: &str, state: &StateArgs) -> Result<Value, CliErro
     if !db.exists() {
         return Ok(json!({ what: [] }));
     }
-    let store = conduit_store::Store::open(&db).map_err(CliError::failure)?;
+    // Read only: without a daemon, a list never migrates or creates anything.
     let (after, limit, source) = (args.after, args.limit, args.source.clone());
-    let v = store
-        .read(|r| {
-            Ok(if what == "events" {
-                json!({ "events": r.list_events(after, source.as_deref(), limit)? })
-            } else {
-                json!({ "work": r.list_work(after, limit)? })
-            })
+    let v = conduit_store::read_only(&db, |r| {
+        Ok(if what == "events" {
+            // Without a daemon nothing routes: what is not routed waits for one.
+            let owners = conduit_host::daemon::routes::Owners::no_daemon();
+            let events: Vec<Value> = r
+                .list_events(after, source.as_deref(), limit)?
+                .iter()
+                .map(|e| owners.annotate(e))
+                .collect();
+            json!({ "events": events })
+        } else {
+            json!({ "work": r.list_work(after, limit)? })
         })
-        .map_err(CliError::failure)?;
+    })
+    .map_err(CliError::failure)?;
     Ok(v)
 }
 
@@ -155,25 +166,40 @@ pub(crate) fn list_events(args: ListArgs, state: &StateArgs) -> Result<ExitCode,
         print_json(&v)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let mut out = format!(
-        "{:>8}  {:<16} {:<20} {:<18} {:>6}  {}\n",
-        "ID", "SOURCE", "DELIVERY", "KIND", "WORK", "PAYLOAD"
-    );
-    for e in v["events"].as_array().into_iter().flatten() {
-        let payload = e["payload"].to_string();
-        let short: String = payload.chars().take(40).collect();
-        let work = e["work_id"].as_i64().map_or("-".into(), |w| w.to_string());
-        out.push_str(&format!(
-            "{:>8}  {:<16} {:<20} {:<18} {:>6}  {}\n",
-            e["id"].as_i64().unwrap_or(0),
-            e["source"].as_str().unwrap_or(""),
-            e["delivery_id"].as_str().unwrap_or(""),
-            e["kind"].as_str().unwrap_or(""),
-            work,
-            short
-        ));
-    }
-    print(&out)?;
+    use super::table::{Align, render};
+    let rows: Vec<Vec<String>> = v["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let payload: String = e["payload"].to_string().chars().take(40).collect();
+            // In a Work, in none, or waiting and for whom (the daemon's `route`).
+            let route =
+                serde_json::from_value::<conduit_host::daemon::routes::Route>(e["route"].clone())
+                    .map_or_else(
+                        |_| {
+                            e["work_id"]
+                                .as_i64()
+                                .map_or("-".into(), |w| format!("work {w}"))
+                        },
+                        |r| r.short(),
+                    );
+            vec![
+                e["id"].as_i64().unwrap_or(0).to_string(),
+                e["source"].as_str().unwrap_or("").to_owned(),
+                e["delivery_id"].as_str().unwrap_or("").to_owned(),
+                e["kind"].as_str().unwrap_or("").to_owned(),
+                route,
+                payload,
+            ]
+        })
+        .collect();
+    let left = Align::Left;
+    print(&render(
+        &["ID", "SOURCE", "DELIVERY", "KIND", "ROUTE", "PAYLOAD"],
+        &[Align::Right, left, left, left, left, left],
+        &rows,
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -183,27 +209,36 @@ pub(crate) fn list_work(args: ListArgs, state: &StateArgs) -> Result<ExitCode, C
         print_json(&v)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let mut out = format!(
-        "{:>8}  {:<12} {:<24} {:<6}  {}\n",
-        "ID", "KIND", "KEY", "STATE", "EVENTS"
-    );
-    for w in v["work"].as_array().into_iter().flatten() {
-        let ids: Vec<String> = w["event_ids"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|i| i.to_string())
-            .collect();
-        out.push_str(&format!(
-            "{:>8}  {:<12} {:<24} {:<6}  {}\n",
-            w["id"].as_i64().unwrap_or(0),
-            w["kind"].as_str().unwrap_or(""),
-            w["key"].as_str().unwrap_or(""),
-            w["state"].as_str().unwrap_or(""),
-            ids.join(",")
-        ));
-    }
-    print(&out)?;
+    use super::table::{Align, render};
+    let rows: Vec<Vec<String>> = v["work"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            let ids: Vec<String> = w["event_ids"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|i| i.to_string())
+                .collect();
+            vec![
+                w["id"].as_i64().unwrap_or(0).to_string(),
+                w["kind"].as_str().unwrap_or("").to_owned(),
+                w["key"].as_str().unwrap_or("").to_owned(),
+                match w["closed_at_ms"].is_i64() {
+                    true => format!("{} (closed)", w["state"].as_str().unwrap_or("")),
+                    false => w["state"].as_str().unwrap_or("").to_owned(),
+                },
+                ids.join(","),
+            ]
+        })
+        .collect();
+    let left = Align::Left;
+    print(&render(
+        &["ID", "KIND", "KEY", "STATE", "EVENTS"],
+        &[Align::Right, left, left, left, left],
+        &rows,
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -294,7 +329,7 @@ pub(crate) struct ArtifactArgs {
 }
 
 pub(crate) fn get_artifact(args: ArtifactArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let Some(sha) = conduit_protocol::artifact_id::parse(&args.id) else {
         return Err(CliError::usage(anyhow::anyhow!(
             "an artifact id is `sha256:` and 64 hex digits, not `{}`",
@@ -308,9 +343,9 @@ pub(crate) fn get_artifact(args: ArtifactArgs, state: &StateArgs) -> Result<Exit
         let db = conduit_host::retention::sweep::db_path(&state);
         let removed = db
             .exists()
-            .then(|| conduit_store::Store::open(&db).ok())
+            .then(|| conduit_store::read_only(&db, |r| r.artifact_by_sha256(&sha)).ok())
             .flatten()
-            .and_then(|s| s.read(|r| r.artifact_by_sha256(&sha)).ok().flatten())
+            .flatten()
             .and_then(|a| a.removed_at_ms);
         match removed {
             Some(at) => CliError::usage(anyhow::anyhow!(

@@ -78,12 +78,12 @@ fn read_store(
     if !db.exists() {
         return Ok(empty);
     }
-    let store = conduit_store::Store::open(&db).map_err(CliError::failure)?;
-    store.read(f).map_err(CliError::failure)
+    // Read only: without a daemon, a list never migrates or creates anything.
+    conduit_store::read_only(&db, f).map_err(CliError::failure)
 }
 
 fn fetch_list(kind: Kind, args: &ListArgs, state: &StateArgs) -> Result<Value, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let rt = runtime()?;
     if let Some(client) = daemon(&rt, &state) {
         let mut path = format!("/v1/{}?limit={}", kind.plural(), args.limit);
@@ -114,7 +114,7 @@ fn fetch_list(kind: Kind, args: &ListArgs, state: &StateArgs) -> Result<Value, C
 }
 
 fn fetch_one(kind: Kind, id: i64, state: &StateArgs) -> Result<Value, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let rt = runtime()?;
     let missing = || {
         CliError::usage(anyhow::anyhow!(
@@ -173,73 +173,87 @@ pub(crate) fn list(kind: Kind, args: ListArgs, state: &StateArgs) -> Result<Exit
         return Ok(ExitCode::SUCCESS);
     }
     let rows = v[kind.plural()].as_array().cloned().unwrap_or_default();
-    let mut out = String::new();
-    match kind {
-        Kind::Timers => {
-            let _ = writeln!(
-                out,
-                "{:>6}  {:<16} {:<14} {:<14} {:<24} LAST FIRED",
-                "ID", "EXTENSION", "RECURRENCE", "SPEC", "NEXT"
-            );
-            for t in &rows {
-                let _ = writeln!(
-                    out,
-                    "{:>6}  {:<16} {:<14} {:<14} {:<24} {}",
-                    text(&t["id"]),
-                    text(&t["extension"]),
-                    text(&t["recurrence"]),
-                    text(&t["spec"]),
-                    if t["next_at_ms"].is_null() {
+    use super::table::{Align, render};
+    let l = Align::Left;
+    let (headers, align, cells): (&[&str], &[Align], Vec<Vec<String>>) = match kind {
+        Kind::Timers => (
+            &[
+                "ID",
+                "EXTENSION",
+                "RECURRENCE",
+                "SPEC",
+                "NEXT",
+                "LAST FIRED",
+            ],
+            &[Align::Right, l, l, l, l, l],
+            rows.iter()
+                .map(|t| {
+                    let next = if t["deleted_at_ms"].is_i64() {
+                        format!("deleted {}", when(&t["deleted_at_ms"]))
+                    } else if t["next_at_ms"].is_null() {
                         "stopped".to_owned()
                     } else {
                         when(&t["next_at_ms"])
-                    },
-                    when(&t["last_fired_at_ms"])
-                );
-            }
-        }
-        Kind::Waits => {
-            let _ = writeln!(
-                out,
-                "{:>6}  {:<16} {:<14} {:<16} {:<10} SATISFIED BY",
-                "ID", "EXTENSION", "FILTER", "SUBJECT", "STATE"
-            );
-            for w in &rows {
-                let by = match w["satisfied_by_event_id"].as_i64() {
-                    Some(e) => format!("event {e} at {}", when(&w["satisfied_at_ms"])),
-                    None => "-".to_owned(),
-                };
-                let _ = writeln!(
-                    out,
-                    "{:>6}  {:<16} {:<14} {:<16} {:<10} {by}",
-                    text(&w["id"]),
-                    text(&w["extension"]),
-                    text(&w["filter"]),
-                    text(&w["subject"]),
-                    text(&w["state"]),
-                );
-            }
-        }
-        Kind::Emissions => {
-            let _ = writeln!(
-                out,
-                "{:>6}  {:<16} {:<14} {:<10} {:<24} ERROR",
-                "ID", "EXTENSION", "EMISSION", "STATE", "FINISHED"
-            );
-            for e in &rows {
-                let _ = writeln!(
-                    out,
-                    "{:>6}  {:<16} {:<14} {:<10} {:<24} {}",
-                    text(&e["id"]),
-                    text(&e["extension"]),
-                    text(&e["emission"]),
-                    text(&e["state"]),
-                    when(&e["finished_at_ms"]),
-                    e["error"].as_str().unwrap_or("-")
-                );
-            }
-        }
-    }
+                    };
+                    vec![
+                        text(&t["id"]),
+                        text(&t["extension"]),
+                        text(&t["recurrence"]),
+                        text(&t["spec"]),
+                        next,
+                        when(&t["last_fired_at_ms"]),
+                    ]
+                })
+                .collect(),
+        ),
+        Kind::Waits => (
+            &[
+                "ID",
+                "EXTENSION",
+                "FILTER",
+                "SUBJECT",
+                "STATE",
+                "SATISFIED BY",
+            ],
+            &[Align::Right, l, l, l, l, l],
+            rows.iter()
+                .map(|w| {
+                    let by = match w["satisfied_by_event_id"].as_i64() {
+                        Some(e) => format!("event {e} at {}", when(&w["satisfied_at_ms"])),
+                        None if w["cancelled_at_ms"].is_i64() => {
+                            format!("- (cancelled at {})", when(&w["cancelled_at_ms"]))
+                        }
+                        None => "-".to_owned(),
+                    };
+                    vec![
+                        text(&w["id"]),
+                        text(&w["extension"]),
+                        text(&w["filter"]),
+                        text(&w["subject"]),
+                        text(&w["state"]),
+                        by,
+                    ]
+                })
+                .collect(),
+        ),
+        Kind::Emissions => (
+            &["ID", "EXTENSION", "EMISSION", "STATE", "FINISHED", "ERROR"],
+            &[Align::Right, l, l, l, l, l],
+            rows.iter()
+                .map(|e| {
+                    vec![
+                        text(&e["id"]),
+                        text(&e["extension"]),
+                        text(&e["emission"]),
+                        text(&e["state"]),
+                        when(&e["finished_at_ms"]),
+                        e["error"].as_str().unwrap_or("-").to_owned(),
+                    ]
+                })
+                .collect(),
+        ),
+    };
+    let mut out = render(headers, align, &cells);
     if rows.is_empty() {
         out = format!(
             "no {}; `conduit {} add …` creates one\n",

@@ -1,6 +1,7 @@
 //! `conduit completions SHELL` and `conduit man --out DIR`: shell completions and man pages,
-//! generated from the same clap tree the binary parses (the caller hands it in), so they cannot
-//! drift from it.
+//! from the same clap tree the binary parses, so they cannot drift from it. Completions are
+//! clap_complete's engine, run by this binary at each TAB (so package names complete too); the
+//! script only registers it. Man pages are generated from the tree the caller hands in.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,13 +10,19 @@ use anyhow::Context;
 
 use super::outcome::CliError;
 
-/// Print a completion script for SHELL on stdout.
+/// Print the completion script for SHELL: subcommands, flags and installed package names.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Install it where your shell looks:
-  bash  conduit completions bash > ~/.local/share/bash-completion/completions/conduit
-  zsh   conduit completions zsh > ~/.zfunc/_conduit   (with fpath+=~/.zfunc before compinit)
-  fish  conduit completions fish > ~/.config/fish/completions/conduit.fish")]
+The script calls this conduit back at each TAB (`COMPLETE=<shell> conduit -- <words>`), so it
+completes package names too (`conduit ext status <TAB>`): those installed in the state directory
+the line names with --state-dir, else $CONDUIT_STATE_DIR or the default. Load it anew when the
+shell starts, so it always matches the binary:
+
+  bash        echo 'source <(conduit completions bash)' >> ~/.bashrc
+  zsh         echo 'source <(conduit completions zsh)' >> ~/.zshrc
+  fish        echo 'conduit completions fish | source' >> ~/.config/fish/config.fish
+  elvish      echo 'eval (conduit completions elvish | slurp)' >> ~/.elvish/rc.elv
+  powershell  conduit completions powershell | Out-String | Invoke-Expression")]
 pub(crate) struct CompletionsArgs {
     /// The shell.
     shell: clap_complete::Shell,
@@ -29,13 +36,32 @@ pub(crate) struct ManArgs {
     out: PathBuf,
 }
 
-/// `tree` is the whole command line's clap command.
-pub(crate) fn completions(
-    args: CompletionsArgs,
-    mut tree: clap::Command,
-) -> Result<ExitCode, CliError> {
+/// The registration script clap_complete's engine writes for `COMPLETE=<shell> conduit`,
+/// calling this binary by its absolute path (so completion asks the same conduit).
+pub(crate) fn completions(args: CompletionsArgs) -> Result<ExitCode, CliError> {
+    use clap_complete::env::Shells;
+    let name = args.shell.to_string();
+    let shells = Shells::builtins();
+    let Some(shell) = shells.completer(&name) else {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "no completion script for {name}; the shells are bash, elvish, fish, powershell and zsh"
+        )));
+    };
+    let me = std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .context("cannot find the path of this conduit binary")
+        .map_err(CliError::failure)?;
     let mut buf = Vec::new();
-    clap_complete::generate(args.shell, &mut tree, "conduit", &mut buf);
+    shell
+        .write_registration(
+            "COMPLETE",
+            "conduit",
+            "conduit",
+            &me.to_string_lossy(),
+            &mut buf,
+        )
+        .context("cannot write the completion script")
+        .map_err(CliError::failure)?;
     super::outcome::print(&String::from_utf8_lossy(&buf))?;
     Ok(ExitCode::SUCCESS)
 }

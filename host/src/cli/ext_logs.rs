@@ -27,6 +27,7 @@ command needs the package installed, the files are logs/NAME.log and logs/NAME.l
 Exit codes: 0 printed; 1 cannot read the log; 2 no such package")]
 pub(crate) struct Args {
     /// The package's name.
+    #[arg(add = super::common::package_names())]
     name: String,
     /// How many of the last lines to show.
     #[arg(long, short = 'n', default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
@@ -44,7 +45,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     packages::get(&state, &args.name).map_err(CliError::usage)?;
     let log = LogFile::new(state.logs_dir().join(format!("{}.log", args.name)));
     let read = if args.previous {

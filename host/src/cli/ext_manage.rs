@@ -57,6 +57,7 @@ too. The data folder is always left for you to delete.
 Exit codes: 0 removed; 1 registry or disk failure; 2 no such package")]
 pub(crate) struct RemoveArgs {
     /// The package's name (`conduit ext list` shows them).
+    #[arg(add = super::common::package_names())]
     name: String,
     /// Delete its logs too.
     #[arg(long)]
@@ -70,6 +71,7 @@ pub(crate) struct RemoveArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct NameArgs {
     /// The package's name (`conduit ext list` shows them).
+    #[arg(add = super::common::package_names())]
     name: String,
     /// Print the result as JSON.
     #[arg(long)]
@@ -83,6 +85,7 @@ Exit codes: 0 enabled (and ready, with --wait); 1 registry failure, or it did no
 2 no such package; 3 --wait was given and no daemon runs")]
 pub(crate) struct EnableArgs {
     /// The package's name (`conduit ext list` shows them).
+    #[arg(add = super::common::package_names())]
     name: String,
     #[command(flatten)]
     wait: WaitArgs,
@@ -102,6 +105,7 @@ Exit codes: 0 rolled back (and ready, when waited for); 1 registry or disk failu
 become ready; 2 no such package, or no previous version is kept")]
 pub(crate) struct RollbackArgs {
     /// The package's name.
+    #[arg(add = super::common::package_names())]
     name: String,
     #[command(flatten)]
     wait: WaitArgs,

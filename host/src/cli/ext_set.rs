@@ -34,6 +34,7 @@ the limits in force and where each came from.
 Exit codes: 0 set; 2 no such package, or a key or value that cannot be used (nothing changed)")]
 pub(crate) struct Args {
     /// The package's name (`conduit ext list` shows them).
+    #[arg(add = super::common::package_names())]
     name: String,
     /// One or more KEY=VALUE (see the keys below).
     #[arg(required = true, value_name = "KEY=VALUE")]
@@ -140,7 +141,7 @@ pub(crate) fn write_resources(out: &mut String, r: &conduit_supervisor::Resource
         l.open_files
     );
     let _ = writeln!(out, "  enforced by   {}", r.mechanism);
-    let _ = writeln!(out, "  sandbox       {}", r.sandbox.summary());
+    write_sandbox(out, &r.sandbox);
     if let Some(u) = &r.usage {
         let _ = writeln!(
             out,
@@ -162,4 +163,59 @@ pub(crate) fn write_resources(out: &mut String, r: &conduit_supervisor::Resource
     for n in &r.notes {
         let _ = writeln!(out, "  note          {n}");
     }
+}
+
+/// The sandbox with every path it lets through, so a refusal (`EACCES`, `Permission denied`)
+/// can be checked against the list: reads, then writes (the device files every extension may
+/// write are named once, not listed).
+fn write_sandbox(out: &mut String, sandbox: &conduit_supervisor::sandbox::SandboxStatus) {
+    use conduit_supervisor::sandbox::{DEVICE_WRITE, SandboxStatus};
+    use std::fmt::Write as _;
+    let SandboxStatus::Landlock { abi, read, write } = sandbox else {
+        let _ = writeln!(out, "  sandbox       {}", sandbox.summary());
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "  sandbox       Landlock (ABI {abi}): any path not below is refused (EACCES)"
+    );
+    let shown = |paths: &[std::path::PathBuf]| -> Vec<String> {
+        paths
+            .iter()
+            .filter(|p| !DEVICE_WRITE.iter().any(|d| p.as_os_str() == *d))
+            .map(|p| p.display().to_string())
+            .collect()
+    };
+    wrapped(out, "reads", &shown(read));
+    let mut writes = shown(write);
+    if write
+        .iter()
+        .any(|p| DEVICE_WRITE.iter().any(|d| p.as_os_str() == *d))
+    {
+        writes.push(
+            "the device files /dev/null, /dev/zero, /dev/full, /dev/random, /dev/urandom, /dev/shm"
+                .into(),
+        );
+    }
+    wrapped(out, "writes", &writes);
+}
+
+/// `  LABEL         a, b, c` with the list wrapped at about 100 columns, continued under it.
+fn wrapped(out: &mut String, label: &str, items: &[String]) {
+    use std::fmt::Write as _;
+    let mut line = format!("  {label:<13} ");
+    let indent = line.len();
+    let mut first = true;
+    for item in items {
+        if !first && line.len() + item.len() + 2 > 100 {
+            line.push(',');
+            let _ = writeln!(out, "{}", line.trim_end());
+            line = " ".repeat(indent);
+        } else if !first {
+            line.push_str(", ");
+        }
+        line.push_str(item);
+        first = false;
+    }
+    let _ = writeln!(out, "{}", line.trim_end());
 }

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use conduit_host::core::health::Condition;
-use conduit_host::daemon::ExtensionView;
+use conduit_host::daemon::{ExtensionView, trouble};
 use conduit_host::packages;
 use conduit_supervisor::{State, now_ms};
 
@@ -26,10 +26,13 @@ pub(crate) struct ListArgs {
 /// Show one package's status in detail (or every package's, without NAME).
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Exit codes: 0 every package shown is ready or disabled; 1 one is not (starting, backing-off,
-crash-looping, incompatible, refused, stopped); 2 no such package")]
+Exit codes: 0 every package shown is ready (and not degraded or unresponsive) or disabled; 1 one
+is not (starting, backing-off, crash-looping, incompatible, refused, stopping, stopped, or ready
+but degraded or unresponsive), or the registry or the daemon's answer cannot be read; 2 no such
+package, or the state directory is unusable")]
 pub(crate) struct StatusArgs {
     /// The package's name; all packages when left out.
+    #[arg(add = super::common::package_names())]
     name: Option<String>,
     /// Print as JSON (one object for NAME, else {"daemon_running", "extensions": [...]}), with at
     /// least name, version, state, pid, restarts, last_exit, recent_exits (newest first: at_ms,
@@ -50,6 +53,7 @@ Exit codes: 0 restarting (ready, with --wait); 1 it did not become ready; 2 no s
 is disabled; 3 no daemon is running")]
 pub(crate) struct RestartArgs {
     /// The package's name.
+    #[arg(add = super::common::package_names())]
     name: String,
     #[command(flatten)]
     wait: super::ext_wait::WaitArgs,
@@ -59,7 +63,7 @@ pub(crate) struct RestartArgs {
 }
 
 fn views(state_args: &StateArgs) -> Result<(bool, Vec<ExtensionView>), CliError> {
-    let state = state_args.open_existing()?;
+    let state = state_args.open_read_only()?;
     let rt = runtime()?;
     match daemon(&rt, &state) {
         Some(client) => {
@@ -102,26 +106,32 @@ fn state_text(v: &ExtensionView) -> String {
 }
 
 fn table(list: &[ExtensionView]) -> String {
-    let mut out = format!(
-        "{:<20} {:<12} {:<14} {:>8} {:>8}  {}\n",
-        "NAME", "VERSION", "STATE", "PID", "RESTARTS", "LAST EXIT"
-    );
-    for v in list {
-        let s = &v.status;
-        let pid = s.pid.map_or("-".to_owned(), |p| p.to_string());
-        let exit = s.last_exit.map_or("-".to_owned(), |e| e.to_string());
-        let _ = writeln!(
-            out,
-            "{:<20} {:<12} {:<14} {:>8} {:>8}  {}",
-            s.name,
-            s.version,
-            state_text(v),
-            pid,
-            s.restarts,
-            exit
-        );
-    }
-    out
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|v| {
+            let s = &v.status;
+            vec![
+                s.name.clone(),
+                s.version.clone(),
+                state_text(v),
+                s.pid.map_or("-".to_owned(), |p| p.to_string()),
+                s.restarts.to_string(),
+                s.last_exit.map_or("-".to_owned(), |e| e.to_string()),
+            ]
+        })
+        .collect();
+    super::table::render(
+        &["NAME", "VERSION", "STATE", "PID", "RESTARTS", "LAST EXIT"],
+        &[
+            super::table::Align::Left,
+            super::table::Align::Left,
+            super::table::Align::Left,
+            super::table::Align::Right,
+            super::table::Align::Right,
+            super::table::Align::Left,
+        ],
+        &rows,
+    )
 }
 
 pub(crate) fn list(args: ListArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
@@ -163,7 +173,11 @@ pub(crate) fn status(args: StatusArgs, state: &StateArgs) -> Result<ExitCode, Cl
         }
     } else {
         let mut out = String::new();
-        for v in &shown {
+        for (i, v) in shown.iter().enumerate() {
+            // One block per package, a blank line between them.
+            if i > 0 {
+                out.push('\n');
+            }
             detail(&mut out, v);
         }
         print(&out)?;
@@ -193,12 +207,15 @@ fn detail(out: &mut String, v: &ExtensionView) {
         .as_ref()
         .filter(|h| h.condition != Condition::Healthy)
     {
-        let ago = h.since_ms.map_or(0, |t| (now_ms() - t).max(0));
+        // Since the first failure of the spell (kept across the host's restarts of it), as a
+        // time: a count of seconds would start again with every run.
+        let since = h
+            .since_ms
+            .map_or("-".to_owned(), |t| trouble::since_text(t, now_ms()));
         let _ = writeln!(
             out,
-            "  {:<13} since {:.1} s ago: {}",
+            "  {:<13} since {since}: {}",
             h.condition.as_str(),
-            ago as f64 / 1000.0,
             h.reason.as_deref().unwrap_or("-")
         );
         let probe = match h.next_probe_at_ms {
@@ -250,6 +267,20 @@ fn detail(out: &mut String, v: &ExtensionView) {
             let _ = writeln!(out, "  serves        {}", serves.join("; "));
         }
     }
+    if let Some(t) = trouble::trouble(v).filter(|t| {
+        !matches!(
+            t.trouble,
+            trouble::Trouble::Degraded | trouble::Trouble::Unresponsive
+        )
+    }) && let Some(at) = t.since_ms
+    {
+        let _ = writeln!(
+            out,
+            "  {:<13} since {}",
+            t.trouble.as_str(),
+            trouble::since_text(at, now_ms())
+        );
+    }
     if let Some(e) = s.last_exit {
         let _ = writeln!(out, "  last exit     {e}");
     }
@@ -278,7 +309,7 @@ fn detail(out: &mut String, v: &ExtensionView) {
             let _ = writeln!(
                 out,
                 "    {:>9} ago  pid {:<7} {}",
-                secs(ago),
+                trouble::duration_text(ago),
                 r.pid,
                 r.summary
             );
@@ -286,7 +317,13 @@ fn detail(out: &mut String, v: &ExtensionView) {
                 let calls: Vec<String> = r
                     .in_flight
                     .iter()
-                    .map(|c| format!("{} ({})", c.method, secs(c.age_ms as f64 / 1000.0)))
+                    .map(|c| {
+                        format!(
+                            "{} ({})",
+                            c.method,
+                            trouble::duration_text(c.age_ms as f64 / 1000.0)
+                        )
+                    })
                     .collect();
                 let _ = writeln!(out, "                    in flight: {}", calls.join(", "));
             }
@@ -320,16 +357,6 @@ fn detail(out: &mut String, v: &ExtensionView) {
     }
 }
 
-fn secs(v: f64) -> String {
-    if v >= 3600.0 {
-        format!("{:.1} h", v / 3600.0)
-    } else if v >= 60.0 {
-        format!("{:.1} min", v / 60.0)
-    } else {
-        format!("{v:.1} s")
-    }
-}
-
 fn us(v: u64) -> String {
     if v >= 10_000 {
         format!("{:.1} ms", v as f64 / 1000.0)
@@ -349,7 +376,7 @@ pub(crate) fn restart(
             "`ext restart` does not wait unless --wait is given; leave out --no-wait"
         )));
     }
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let rt = runtime()?;
     let client = need_daemon(&rt, &state)?;
     let before = rt
@@ -402,6 +429,7 @@ exits 1. Exit codes: 0 answered; 1 answered with an error (or timed out); 2 no s
 bad PARAMS; 3 no daemon is running")]
 pub(crate) struct CallArgs {
     /// The package's name.
+    #[arg(add = super::common::package_names())]
     name: String,
     /// The method, e.g. `echo` or `check.sleep`.
     method: String,
@@ -423,7 +451,7 @@ pub(crate) fn call(args: CallArgs, state: &StateArgs) -> Result<ExitCode, CliErr
             .map_err(CliError::usage)?,
         None => serde_json::json!({}),
     };
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let rt = runtime()?;
     let client = need_daemon(&rt, &state)?;
     let body = serde_json::json!({ "method": args.method, "params": params, "timeout_ms": args.timeout_ms });

@@ -14,7 +14,7 @@ use super::outcome::{CliError, print};
 pub(crate) struct Args {}
 
 pub(crate) fn run(_args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let rt = runtime()?;
     let client = need_daemon(&rt, &state)?;
     let text = rt

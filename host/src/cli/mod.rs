@@ -23,9 +23,11 @@ mod artifacts;
 mod common;
 mod config;
 mod core_cmds;
+mod core_end;
 mod core_lists;
 mod daemon_run;
 mod docs_gen;
+mod doctor;
 mod ext_check;
 mod ext_logs;
 mod ext_manage;
@@ -37,6 +39,9 @@ mod gc;
 mod metrics;
 mod outcome;
 mod service;
+mod table;
+mod top;
+mod web;
 
 use std::process::ExitCode;
 
@@ -57,11 +62,13 @@ Quick start:
   conduit ext status                    what runs, with pids, restarts and call latencies
   conduit ext check ./my-package        check a package against the protocol's rules
   conduit ext new NAME --lang python    a new package (rust, python or node) that passes the check
+  conduit doctor                        is this installation healthy? each check with its fix
 
 Exit codes: 0 success; 1 the command found a failure; 2 usage error or unusable input;
 3 the command needs a running daemon and none runs. `conduit <command> --help` has more.
 
-Shell completions: `conduit completions bash|zsh|fish|elvish|powershell` (see its --help).
+Shell completions, package names included: `conduit completions bash|zsh|fish|elvish|powershell`
+(see its --help).
 NO_COLOR (set and not empty) turns colours off everywhere."
 )]
 pub(crate) struct Cli {
@@ -94,13 +101,13 @@ enum Command {
     /// Push and list events.
     #[command(subcommand)]
     Events(EventsCommand),
-    /// List Work.
+    /// List and close Work.
     #[command(subcommand)]
     Work(WorkCommand),
-    /// Create and list timers (served by an extension's recurrence).
+    /// Create, list and delete timers (served by an extension's recurrence).
     #[command(subcommand)]
     Timers(TimersCommand),
-    /// Create and list waits (served by an extension's dependency filter).
+    /// Create, list and cancel waits (served by an extension's dependency filter).
     #[command(subcommand)]
     Waits(WaitsCommand),
     /// Plan and list emissions (committed with an extension's emit.commit).
@@ -119,7 +126,11 @@ enum Command {
     Service(ServiceCommand),
     /// Print the running daemon's metrics (Prometheus text format).
     Metrics(metrics::Args),
-    /// Print a shell completion script.
+    /// Check this installation: each check ok, warn or fail, with the command that fixes it.
+    Doctor(doctor::Args),
+    Top(top::Args),
+    Web(web::Args),
+    /// Print a shell completion script (subcommands, flags, installed package names).
     Completions(docs_gen::CompletionsArgs),
     /// Write man pages (one per command) into a folder (`make man` runs this).
     #[command(hide = true)]
@@ -142,6 +153,7 @@ enum EventsCommand {
 #[derive(Debug, Subcommand)]
 enum WorkCommand {
     List(core_cmds::ListArgs),
+    Close(core_end::CloseWorkArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -151,6 +163,7 @@ enum TimersCommand {
     List(core_lists::ListArgs),
     /// Show one timer.
     Show(core_lists::ShowArgs),
+    Delete(core_end::DeleteTimerArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -160,6 +173,7 @@ enum WaitsCommand {
     List(core_lists::ListArgs),
     /// Show one wait.
     Show(core_lists::ShowArgs),
+    Cancel(core_end::CancelWaitArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -262,6 +276,9 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Events(EventsCommand::Push(args)) => core_cmds::push(args, &state),
         Command::Events(EventsCommand::List(args)) => core_cmds::list_events(args, &state),
         Command::Work(WorkCommand::List(args)) => core_cmds::list_work(args, &state),
+        Command::Work(WorkCommand::Close(args)) => core_end::close_work(args, &state),
+        Command::Timers(TimersCommand::Delete(args)) => core_end::delete_timer(args, &state),
+        Command::Waits(WaitsCommand::Cancel(args)) => core_end::cancel_wait(args, &state),
         Command::Timers(TimersCommand::Add(args)) => core_cmds::add_timer(args, &state),
         Command::Timers(TimersCommand::List(args)) => core_lists::list(Kind::Timers, args, &state),
         Command::Timers(TimersCommand::Show(args)) => core_lists::show(Kind::Timers, args, &state),
@@ -284,7 +301,10 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Service(ServiceCommand::Uninstall(args)) => service::uninstall(args, &state),
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),
         Command::Metrics(args) => metrics::run(args, &state),
-        Command::Completions(args) => docs_gen::completions(args, Cli::command()),
+        Command::Doctor(args) => doctor::run(args, &state),
+        Command::Top(args) => top::run(args, &state),
+        Command::Web(args) => web::run(args, &state),
+        Command::Completions(args) => docs_gen::completions(args),
         Command::Man(args) => docs_gen::man(args, Cli::command()),
     }
 }

@@ -56,7 +56,9 @@ impl Target {
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 The file runs this very binary (its absolute path) with --state-dir, so moving or replacing
-the binary elsewhere means installing again. Nothing is started: the command to run next is
+the binary elsewhere means installing again; a binary inside a build folder (`target/` beside a
+Cargo.toml) is warned about. PATH in the file is the installing shell's, each folder once and
+relative folders left out. Nothing is started: the command to run next is
 printed. An existing file that differs is kept unless --force is given.
 
   conduit service install --print            see the unit without installing it
@@ -102,8 +104,13 @@ pub(crate) struct UninstallArgs {
 /// Say whether the service file is installed and current, and whether its daemon runs.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Exit codes: 0 installed, current, and its daemon answers; 1 not installed, out of date, or
-its daemon is not running (the output says which and what to do).")]
+The daemon line counts its extensions as `GET /v1/health` does: ready (and in no trouble), and
+each one in trouble (crash-looping, refused, incompatible, unresponsive, over-limit, backing-off,
+degraded) with since when it went wrong.
+
+Exit codes: 0 installed, current, its daemon answers and no extension is in trouble; 1 not
+installed, out of date, its daemon is not running, or an extension is in trouble (the output
+says which and what to do).")]
 pub(crate) struct StatusArgs {
     #[command(flatten)]
     target: Target,
@@ -145,7 +152,10 @@ fn config(target: &Target, state: &StateArgs) -> Result<ServiceConfig, CliError>
         scope,
         program,
         state_dir: service_state_dir(state, scope)?,
-        path_env: std::env::var("PATH").ok().filter(|p| !p.is_empty()),
+        path_env: std::env::var("PATH")
+            .ok()
+            .map(|p| service::clean_path(&p))
+            .filter(|p| !p.is_empty()),
     })
 }
 
@@ -215,6 +225,10 @@ pub(crate) fn install(args: InstallArgs, state: &StateArgs) -> Result<ExitCode, 
     }
     let next = cfg.next_steps(&path);
     let (manager, scope) = names(&cfg);
+    let warnings: Vec<String> = build_folder_warning(&cfg).into_iter().collect();
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
     if args.json {
         print_json(&json!({
             "path": path,
@@ -223,6 +237,7 @@ pub(crate) fn install(args: InstallArgs, state: &StateArgs) -> Result<ExitCode, 
             "state_dir": cfg.state_dir,
             "written": written,
             "next": next,
+            "warnings": warnings,
         }))?;
     } else {
         let what = if written { "wrote" } else { "unchanged:" };
@@ -237,6 +252,16 @@ pub(crate) fn install(args: InstallArgs, state: &StateArgs) -> Result<ExitCode, 
         print(&out)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The warning for a service that would run a binary inside a build folder, if it would.
+fn build_folder_warning(cfg: &ServiceConfig) -> Option<String> {
+    let target = service::build_folder(&cfg.program, Path::is_file)?;
+    Some(format!(
+        "the service runs {}, inside the build folder {}: the next build or `cargo clean` changes          or removes what it runs; install the binary first (e.g. `cargo install --path host --root ~/.local`),          then run `~/.local/bin/conduit service install --force`",
+        cfg.program.display(),
+        target.display()
+    ))
 }
 
 /// The `*.wants/` links `systemctl enable` made to the unit at `path`.
@@ -323,13 +348,15 @@ pub(crate) fn status(args: StatusArgs, state: &StateArgs) -> Result<ExitCode, Cl
         .with_context(|| format!("cannot read {}", path.display()))
         .map_err(CliError::failure)?;
     let rt = runtime()?;
-    let health = StateDir::open(&cfg.state_dir)
+    // Read only: a status never creates the state directory it looks at.
+    let health = StateDir::read_only(&cfg.state_dir)
         .ok()
         .and_then(|s| daemon(&rt, &s))
         .and_then(|c| rt.block_on(c.get("/v1/health")).ok());
     let installed = existing != Existing::Absent;
     let current = existing == Existing::Same;
-    let ok = current && health.is_some();
+    // The daemon answering is not enough: an extension in trouble makes the service unwell.
+    let ok = current && health.as_ref().is_some_and(|h| h["status"] == "ok");
     if args.json {
         print_json(&json!({
             "path": path,
@@ -346,10 +373,16 @@ pub(crate) fn status(args: StatusArgs, state: &StateArgs) -> Result<ExitCode, Cl
             Existing::Different => "installed, but differs from what `conduit service install` would write now (another binary or state directory, or edited): `conduit service install --force` rewrites it".to_owned(),
         };
         let daemon = match &health {
-            Some(h) => format!(
-                "running, pid {}, {} of {} extensions ready",
-                h["pid"], h["extensions"]["ready"], h["extensions"]["installed"]
-            ),
+            Some(h) => {
+                let line = serde_json::from_value::<conduit_host::daemon::trouble::Summary>(
+                    h["extensions"].clone(),
+                )
+                .map_or_else(
+                    |e| format!("(cannot read its extensions: {e})"),
+                    |s| s.line(),
+                );
+                format!("running, pid {}, {line}", h["pid"])
+            }
             None => format!(
                 "not running on {} (start it: {})",
                 cfg.state_dir.display(),

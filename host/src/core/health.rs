@@ -71,7 +71,9 @@ impl Condition {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HealthView {
     pub condition: Condition,
-    /// Since when (Unix ms) it has been degraded or unresponsive.
+    /// Since when (Unix ms) it has been in trouble: the first failure of this spell, kept
+    /// across the restarts the host makes of it for being unresponsive (a new run after one
+    /// is still the same spell). Absent when healthy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub since_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -135,6 +137,9 @@ pub struct Health {
     probe_call: Option<ProbeCall>,
     /// The length of the degraded spells that have ended.
     degraded_ms_total: i64,
+    /// The first failure since its last in-transaction answer (or a run that started
+    /// healthy): when it went wrong, whatever restarts the host made since.
+    troubled_since_ms: Option<i64>,
 }
 
 /// The probe interval after `failures` consecutive failures.
@@ -183,6 +188,7 @@ impl Health {
         self.unresponsive_since_ms = None;
         self.end_degraded(now);
         if std::mem::take(&mut self.restart_asked) && self.probe_call.is_some() {
+            // The same spell goes on: `troubled_since_ms` is kept.
             self.degraded_since_ms = Some(now);
             self.reason = Some(
                 "restarted after being unresponsive; probed before its in-transaction calls resume"
@@ -192,12 +198,14 @@ impl Health {
         } else {
             self.reason = None;
             self.next_probe_at_ms = None;
+            self.troubled_since_ms = None;
         }
     }
 
     /// An in-transaction call was answered at `now` (a malformed answer is an answer too).
     pub fn answered(&mut self, now: i64) {
         self.failures = 0;
+        self.troubled_since_ms = None;
         self.end_degraded(now);
         self.reason = None;
         self.next_probe_at_ms = None;
@@ -207,6 +215,7 @@ impl Health {
     fn failed(&mut self, threshold: u32, now: i64, why: String) {
         self.failures = self.failures.saturating_add(1);
         self.degraded_since_ms.get_or_insert(now);
+        self.troubled_since_ms.get_or_insert(now);
         self.reason = Some(why);
         self.next_probe_at_ms = Some(now + probe_interval_ms(self.failures));
         if self.failures >= threshold {
@@ -278,7 +287,13 @@ impl Health {
     pub fn view(&self, threshold: u32) -> HealthView {
         HealthView {
             condition: self.condition(),
-            since_ms: self.unresponsive_since_ms.or(self.degraded_since_ms),
+            since_ms: match self.condition() {
+                Condition::Healthy => None,
+                _ => self
+                    .troubled_since_ms
+                    .or(self.unresponsive_since_ms)
+                    .or(self.degraded_since_ms),
+            },
             reason: self.reason.clone(),
             failures: self.failures,
             unresponsive_after: threshold,
@@ -501,7 +516,8 @@ mod tests {
         assert_eq!(h.next_action(3_250), Action::Probe);
         h.probed(3, Some(7), 3_500, Err("late".into()));
         assert_eq!(h.condition(), Condition::Unresponsive);
-        assert_eq!(h.view(3).since_ms, Some(3_500));
+        // Since the first failure of the spell, not since it crossed the threshold.
+        assert_eq!(h.view(3).since_ms, Some(0));
         assert_eq!(h.next_action(3_500), Action::Restart);
         assert_eq!(h.next_action(9_000), Action::Nothing);
         // Still the old run: still unresponsive, still not callable.
@@ -513,12 +529,21 @@ mod tests {
         assert!(!h.callable());
         assert_eq!(h.view(3).failures, 0);
         assert_eq!(h.view(3).unresponsive_restarts, 1);
+        // The host's restart does not start a new spell: it went wrong at 0, and says so.
+        assert_eq!(h.view(3).since_ms, Some(0));
         assert_eq!(h.next_action(10_000), Action::Probe);
         // A late answer to a probe of the old run changes nothing.
         assert!(!h.probed(3, Some(7), 10_100, Ok(())));
         assert!(!h.callable());
         assert!(h.probed(3, Some(8), 10_200, Ok(())));
         assert!(h.callable());
+        assert_eq!(h.view(3).since_ms, None);
+        // Failing again before any real answer: the spell that began at 0 goes on.
+        h.missed(3, 11_000, "late".into(), call());
+        assert_eq!(h.view(3).since_ms, Some(0));
+        h.answered(11_500);
+        h.missed(3, 12_000, "late".into(), call());
+        assert_eq!(h.view(3).since_ms, Some(12_000));
     }
 
     #[test]
@@ -538,6 +563,9 @@ mod tests {
         h.observe_run(Some(9), 200);
         assert!(h.callable());
         assert_eq!(h.condition(), Condition::Healthy);
+        assert_eq!(h.view(5).since_ms, None);
+        h.missed(5, 300, "late".into(), call());
+        assert_eq!(h.view(5).since_ms, Some(300));
     }
 
     #[test]

@@ -24,13 +24,15 @@
 //! what it holds is in leaves it imports (`artifacts.rs`, `health.rs`, `stats.rs` for
 //! [`LoopStats`], `fault.rs` for the store-fault mapping and [`DiskFullLog`],
 //! `host_loop/poll.rs` for the ingress poll bookkeeping), and the modules that work on a `Core`
-//! (`ops.rs`, `callbacks.rs`, `host_loop/`) import it from `shared.rs`, never from here.
+//! (`ops.rs`, `callbacks.rs`, `manual.rs` — what an operator ends by hand —, `host_loop/`)
+//! import it from `shared.rs`, never from here.
 
 pub mod artifacts;
 pub mod callbacks;
 mod fault;
 pub mod health;
 pub mod host_loop;
+mod manual;
 pub mod ops;
 mod shared;
 mod stats;

@@ -11,8 +11,14 @@
 //! - [`handle`]: the [`Daemon`] handle the API, the telemetry, the service notifier and the CLI
 //!   use, with the types they read ([`ExtensionView`], [`ReloadReport`]) and the I/O of a
 //!   reload. It imports none of them.
+//! - [`overview`]: `GET /v1/overview`, what `conduit top` and `conduit web` read: the
+//!   extensions table filtered, sorted and paged by a pure [`overview::select`].
 //! - [`reload`]: what a reload starts, stops and restarts, a pure function of the registry's
 //!   records and what is supervised.
+//! - [`trouble`]: whether an extension is in trouble and since when, and the daemon's health
+//!   summed up from that, pure functions of the views (what every health report reads).
+//! - [`routes`]: where an event stands with routing (in a Work, in none, or waiting and for
+//!   whom), read back from the views by the host loop's own rules.
 //! - `run`: the startup and shutdown wiring (signals, the store, the host loop thread, the
 //!   API, the notifier); the only part that imports the API.
 //!
@@ -21,8 +27,11 @@
 //! (bounded) for its report.
 
 pub mod handle;
+pub mod overview;
 pub mod reload;
+pub mod routes;
 mod run;
+pub mod trouble;
 
 pub use handle::{
     Daemon, ExtensionView, POLL_INTERVAL, ReloadReport, SOCKET_NAME, SettingError, socket_path,

@@ -62,7 +62,7 @@ pub use registry::{
     FileRecord, PackageError, PackageRecord, RECORDS_DIR, REGISTRY_FILE, get, list, set_enabled,
 };
 pub use tree::UnsafeEntry;
-pub use verify::{FileChange, TamperError, VerifyError, verify};
+pub use verify::{FileChange, TamperError, VerifyError, verify, verify_read_only};
 
 /// Entry points for the fuzz targets in `fuzz/`, compiled only under `--cfg fuzzing` (which
 /// `cargo fuzz` sets), so the crate's API stays as it is.

@@ -425,6 +425,19 @@ impl StoreLock {
         StoreLock::take(state, FlockArg::LockShared)
     }
 
+    /// A shared lock if no install or remove holds the store now; `None` if one does.
+    pub(crate) fn try_shared(state: &StateDir) -> Result<Option<StoreLock>, PackageError> {
+        match StoreLock::take(state, FlockArg::LockSharedNonblock) {
+            Ok(lock) => Ok(Some(lock)),
+            Err(PackageError::Io { source, .. })
+                if source.raw_os_error() == Some(nix::libc::EWOULDBLOCK) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn take(state: &StateDir, arg: FlockArg) -> Result<StoreLock, PackageError> {
         let dir = state.packages_dir();
         let file = File::open(&dir).map_err(|e| PackageError::io("open", &dir, e))?;

@@ -139,6 +139,10 @@ pub enum VerifyError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "cannot check package `{name}` now: an install or remove is under way; try again when it is done"
+    )]
+    Busy { name: String },
 }
 
 /// Checks that the installed files of the package named `name` are those of its record: by
@@ -148,6 +152,24 @@ pub enum VerifyError {
 /// Waits for a running install or remove to finish, so it never sees half of one.
 pub fn verify(state: &StateDir, name: &str) -> Result<(), VerifyError> {
     let _lock = StoreLock::shared(state)?;
+    check(state, name, true)
+}
+
+/// [`verify`] that writes nothing (the stats of a full check are not kept) and waits for
+/// nothing: while an install or remove holds the store, it fails at once with
+/// [`VerifyError::Busy`]. For `conduit doctor`, which must change nothing.
+pub fn verify_read_only(state: &StateDir, name: &str) -> Result<(), VerifyError> {
+    let Some(_lock) = StoreLock::try_shared(state)? else {
+        return Err(VerifyError::Busy {
+            name: name.to_owned(),
+        });
+    };
+    check(state, name, false)
+}
+
+/// The check itself, under the caller's shared lock; `remember` keeps the stats of a full
+/// check that passed.
+fn check(state: &StateDir, name: &str, remember: bool) -> Result<(), VerifyError> {
     let registry = Registry::load_one(state, name)?;
     let Some(record) = registry.packages.get(name) else {
         return Err(PackageError::NotInstalled {
@@ -165,7 +187,9 @@ pub fn verify(state: &StateDir, name: &str) -> Result<(), VerifyError> {
     }
     hash_and_compare(&dir, record)?;
     // Kept only if nothing changed while the files were being hashed.
-    if let Some(before) = before {
+    if let Some(before) = before
+        && remember
+    {
         keep(state, record, before);
     }
     Ok(())

@@ -106,6 +106,33 @@ impl ServiceConfig {
         }
     }
 
+    /// The command that shows the daemon's log under this manager: a user unit's journal
+    /// needs `--user`.
+    pub fn journal_command(&self) -> String {
+        match (self.manager, self.scope) {
+            (Manager::Systemd, Scope::User) => "journalctl --user -u conduit".into(),
+            (Manager::Systemd, Scope::System) => "journalctl -u conduit".into(),
+            (Manager::Launchd, _) => format!(
+                "tail -f {}",
+                quote(&self.state_dir.join("logs/daemon.log").to_string_lossy())
+            ),
+        }
+    }
+
+    /// The command that starts (or restarts) the installed service now.
+    pub fn restart_command(&self) -> String {
+        match (self.manager, self.scope) {
+            (Manager::Systemd, Scope::User) => "systemctl --user restart conduit".into(),
+            (Manager::Systemd, Scope::System) => "systemctl restart conduit".into(),
+            (Manager::Launchd, Scope::User) => {
+                format!("launchctl kickstart -k gui/$(id -u)/{LAUNCHD_LABEL}")
+            }
+            (Manager::Launchd, Scope::System) => {
+                format!("launchctl kickstart -k system/{LAUNCHD_LABEL}")
+            }
+        }
+    }
+
     /// The commands that stop the service and make the manager forget it, before the file
     /// is removed.
     pub fn stop_steps(&self, path: &Path) -> Vec<String> {
@@ -126,6 +153,36 @@ impl ServiceConfig {
             }
         }
     }
+}
+
+/// The build folder `program` lies in, if it is one: a `target` folder beside a `Cargo.toml`
+/// (`is_file` says whether a path is a file; `std::path::Path::is_file` in production). A
+/// service that runs a binary from there runs whatever the next build or `cargo clean` leaves.
+pub fn build_folder(program: &Path, is_file: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    program
+        .ancestors()
+        .skip(1)
+        .find(|dir| {
+            dir.file_name().is_some_and(|n| n == "target")
+                && dir.parent().is_some_and(|p| is_file(&p.join("Cargo.toml")))
+        })
+        .map(Path::to_owned)
+}
+
+/// A `PATH` fit for a service: each folder once (the first time it appears), without empty
+/// entries and relative folders (which would resolve against the service's working folder,
+/// not the installing shell's).
+pub fn clean_path(path: &str) -> String {
+    let mut seen = std::collections::HashSet::new();
+    path.split(':')
+        .filter(|p| p.starts_with('/'))
+        .map(|p| {
+            let trimmed = p.trim_end_matches('/');
+            if trimmed.is_empty() { "/" } else { trimmed }
+        })
+        .filter(|p| seen.insert(*p))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// The first line of every generated file, by which `install` tells its own files (which it
@@ -164,6 +221,59 @@ mod tests {
         assert_eq!(quote("/home/a b/state"), "\"/home/a b/state\"");
         assert_eq!(quote("x\"y\\z"), "\"x\\\"y\\\\z\"");
         assert_eq!(quote(""), "\"\"");
+    }
+
+    #[test]
+    fn a_path_keeps_each_absolute_folder_once() {
+        assert_eq!(
+            clean_path(
+                "/home/u/.cargo/bin:/usr/bin::/home/u/.cargo/bin/:bin:./x:/usr/local/bin:/usr/bin"
+            ),
+            "/home/u/.cargo/bin:/usr/bin:/usr/local/bin"
+        );
+        assert_eq!(clean_path(""), "");
+        assert_eq!(clean_path("/:/"), "/");
+    }
+
+    #[test]
+    fn a_binary_under_a_cargo_target_folder_is_in_a_build_folder() {
+        let cargo = |p: &Path| p == Path::new("/src/conduit/Cargo.toml");
+        assert_eq!(
+            build_folder(Path::new("/src/conduit/target/debug/conduit"), cargo),
+            Some(PathBuf::from("/src/conduit/target"))
+        );
+        assert_eq!(
+            build_folder(Path::new("/src/conduit/target/release/conduit"), cargo),
+            Some(PathBuf::from("/src/conduit/target"))
+        );
+        // A folder called target with no Cargo.toml beside it is not one.
+        assert_eq!(
+            build_folder(Path::new("/opt/target/bin/conduit"), cargo),
+            None
+        );
+        assert_eq!(
+            build_folder(Path::new("/usr/local/bin/conduit"), cargo),
+            None
+        );
+    }
+
+    #[test]
+    fn the_journal_of_a_user_unit_is_read_with_user() {
+        let cfg = |scope| ServiceConfig {
+            manager: Manager::Systemd,
+            scope,
+            program: "/usr/bin/conduit".into(),
+            state_dir: "/s".into(),
+            path_env: None,
+        };
+        assert_eq!(
+            cfg(Scope::User).journal_command(),
+            "journalctl --user -u conduit"
+        );
+        assert_eq!(
+            cfg(Scope::System).journal_command(),
+            "journalctl -u conduit"
+        );
     }
 
     #[test]

@@ -84,3 +84,29 @@ pub fn plist(cfg: &ServiceConfig) -> String {
     );
     p
 }
+
+/// What an installed property list runs: the first `<string>` of `ProgramArguments` and the
+/// one after `--state-dir`, unescaped as [`plist`] escapes them.
+pub fn program_arguments(text: &str) -> Option<(String, Option<String>)> {
+    let start = text.find("<key>ProgramArguments</key>")?;
+    let rest = &text[start..];
+    let array = &rest[rest.find("<array>")?..rest.find("</array>")?];
+    let args: Vec<String> = array
+        .split("<string>")
+        .skip(1)
+        .filter_map(|s| s.split("</string>").next())
+        .map(|s| {
+            s.replace("&quot;", "\"")
+                .replace("&gt;", ">")
+                .replace("&lt;", "<")
+                .replace("&amp;", "&")
+        })
+        .collect();
+    let program = args.first()?.clone();
+    let state = args
+        .iter()
+        .position(|a| a == "--state-dir")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    Some((program, state))
+}

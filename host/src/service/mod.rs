@@ -17,7 +17,7 @@ use std::path::Path;
 
 pub use config::{
     GENERATED_MARK, LAUNCHD_LABEL, Manager, PERMANENT_EXIT_CODE, STOP_TIMEOUT_SECS, SYSTEMD_UNIT,
-    Scope, ServiceConfig, WATCHDOG_SECS,
+    Scope, ServiceConfig, WATCHDOG_SECS, build_folder, clean_path,
 };
 
 impl ServiceConfig {
@@ -28,6 +28,15 @@ impl ServiceConfig {
             Manager::Systemd => systemd::unit(self),
             Manager::Launchd => launchd::plist(self),
         }
+    }
+}
+
+/// What an installed service file runs: its program and the `--state-dir` it passes, read
+/// back from `text` as `manager`'s generator writes them. `None` when the text has none.
+pub fn installed_command(manager: Manager, text: &str) -> Option<(String, Option<String>)> {
+    match manager {
+        Manager::Systemd => systemd::exec_start(text),
+        Manager::Launchd => launchd::program_arguments(text),
     }
 }
 

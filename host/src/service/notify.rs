@@ -21,8 +21,8 @@ use conduit_supervisor::State;
 use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::health::Condition;
 use crate::daemon::handle::{Daemon, ExtensionView};
+use crate::daemon::trouble;
 
 /// How long the daemon waits for its extensions to settle before it says `READY=1` anyway:
 /// past every extension's start timeout (10 s), with room for a slow machine.
@@ -150,49 +150,52 @@ fn loop_figures(daemon: &Daemon) -> LoopFigures {
     }
 }
 
-/// The line `systemctl status conduit` shows, e.g.
-/// `3 ready, 1 backing-off; 0 degraded; 2 restarts; host loop: 1,234 passes, 0 fallbacks`.
+/// The line `systemctl status conduit` shows, e.g. `5 ready, 1 unresponsive, 1 backing-off,
+/// 1 disabled; in trouble since 2026-12-04 17:22:10 UTC; 2 restarts; host loop: 1,234 passes,
+/// 0 fallbacks`: the extensions counted as the health endpoint counts them (ready means ready
+/// and in no trouble; each one in trouble under its trouble), then the quiet states.
 pub fn status_line(views: &[ExtensionView], figures: &LoopFigures) -> String {
-    let mut by_state: BTreeMap<u8, (&'static str, usize)> = BTreeMap::new();
-    let mut restarts = 0u64;
-    for v in views {
-        // Ready first, then what needs attention, then the quiet states.
-        let order = match v.status.state {
-            State::Ready => 0,
-            State::Starting => 1,
-            State::BackingOff => 2,
-            State::CrashLooping => 3,
-            State::Incompatible => 4,
-            State::Refused => 5,
-            State::Stopping => 6,
-            State::Stopped => 7,
-            State::Disabled => 8,
-        };
-        by_state
-            .entry(order)
-            .or_insert((v.status.state.as_str(), 0))
-            .1 += 1;
-        restarts += u64::from(v.status.restarts);
+    let summary = trouble::summarize(views);
+    let mut parts: Vec<String> = Vec::new();
+    if summary.ready > 0 {
+        parts.push(format!("{} ready", summary.ready));
     }
-    let degraded = views
-        .iter()
-        .filter(|v| {
-            v.health
-                .as_ref()
-                .is_some_and(|h| h.condition != Condition::Healthy)
-        })
-        .count();
-    let states = if by_state.is_empty() {
+    let troubles = summary.trouble_counts();
+    if !troubles.is_empty() {
+        parts.push(troubles);
+    }
+    // The rest by their state: starting, stopping, stopped, disabled.
+    let mut quiet: BTreeMap<u8, (&'static str, usize)> = BTreeMap::new();
+    for v in views {
+        if trouble::trouble(v).is_some() || (v.enabled && v.status.state == State::Ready) {
+            continue;
+        }
+        let state = if v.enabled {
+            v.status.state
+        } else {
+            State::Disabled
+        };
+        let order = match state {
+            State::Starting => 0,
+            State::Stopping => 1,
+            State::Stopped => 2,
+            State::Disabled => 3,
+            _ => 4,
+        };
+        quiet.entry(order).or_insert((state.as_str(), 0)).1 += 1;
+    }
+    parts.extend(quiet.values().map(|(name, n)| format!("{n} {name}")));
+    let mut line = if views.is_empty() {
         "no extensions installed".to_owned()
     } else {
-        by_state
-            .values()
-            .map(|(name, n)| format!("{n} {name}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        parts.join(", ")
     };
+    if let Some(at) = summary.since_ms {
+        line.push_str(&format!("; in trouble since {}", trouble::utc_seconds(at)));
+    }
+    let restarts: u64 = views.iter().map(|v| u64::from(v.status.restarts)).sum();
     format!(
-        "{states}; {degraded} degraded; {} restart{}; host loop: {} passes, {} fallbacks",
+        "{line}; {} restart{}; host loop: {} passes, {} fallbacks",
         thousands(restarts),
         if restarts == 1 { "" } else { "s" },
         thousands(figures.passes),
@@ -252,6 +255,7 @@ impl Liveness {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::health::Condition;
     use conduit_supervisor::Status;
 
     fn view(name: &str, state: State, restarts: u32, enabled: bool) -> ExtensionView {
@@ -294,15 +298,15 @@ mod tests {
         };
         assert_eq!(
             status_line(&v, &f),
-            "2 ready, 1 backing-off, 1 disabled; 0 degraded; 4 restarts; host loop: 1,234,567 passes, 2 fallbacks"
+            "2 ready, 1 backing-off, 1 disabled; 4 restarts; host loop: 1,234,567 passes, 2 fallbacks"
         );
         assert_eq!(
             status_line(&[], &LoopFigures::default()),
-            "no extensions installed; 0 degraded; 0 restarts; host loop: 0 passes, 0 fallbacks"
+            "no extensions installed; 0 restarts; host loop: 0 passes, 0 fallbacks"
         );
         assert_eq!(
             status_line(&[view("a", State::Ready, 1, true)], &LoopFigures::default()),
-            "1 ready; 0 degraded; 1 restart; host loop: 0 passes, 0 fallbacks"
+            "1 ready; 1 restart; host loop: 0 passes, 0 fallbacks"
         );
     }
 
@@ -312,21 +316,30 @@ mod tests {
             view("a", State::Ready, 0, true),
             view("b", State::Ready, 0, true),
         ];
-        v[1].health = Some(crate::core::health::HealthView {
-            condition: Condition::Degraded,
-            since_ms: Some(1),
+        let health = |condition, since_ms| crate::core::health::HealthView {
+            condition,
+            since_ms: Some(since_ms),
             reason: Some("missed the deadline".into()),
             failures: 1,
             unresponsive_after: 5,
             next_probe_at_ms: None,
             unresponsive_restarts: 0,
-            degraded_since_ms: Some(1),
+            degraded_since_ms: Some(since_ms),
             degraded_ms_total: 0,
-        });
-        assert!(
-            status_line(&v, &LoopFigures::default()).starts_with("2 ready; 1 degraded; 0 restarts"),
-            "{}",
-            status_line(&v, &LoopFigures::default())
+        };
+        v[1].health = Some(health(Condition::Degraded, 61_000));
+        assert_eq!(
+            status_line(&v, &LoopFigures::default()),
+            "1 ready, 1 degraded; in trouble since 1970-01-01 00:01:01 UTC; 0 restarts; host loop: 0 passes, 0 fallbacks"
+        );
+        // Unresponsive and crash-looping count too, and the earliest trouble gives the time.
+        v[0].health = Some(health(Condition::Unresponsive, 1_000));
+        let mut looping = view("c", State::CrashLooping, 9, true);
+        looping.status.failing_since_ms = Some(30_000);
+        v.push(looping);
+        assert_eq!(
+            status_line(&v, &LoopFigures::default()),
+            "1 crash-looping, 1 unresponsive, 1 degraded; in trouble since 1970-01-01 00:00:01 UTC; 9 restarts; host loop: 0 passes, 0 fallbacks"
         );
     }
 

@@ -27,7 +27,7 @@ pub fn unit(cfg: &ServiceConfig) -> String {
     u.push_str(
         "\n[Unit]
 Description=conduit: runs extension packages and their coordination core
-Documentation=man:systemd.service(5)
+Documentation=man:conduit-daemon-run(1) man:conduit(1)
 # Never give up after quick crashes: a transient cause (a full disk, a busy machine) clears by
 # itself, and a cause no restart can fix exits with the permanent code, which is not restarted
 # (RestartPreventExitStatus below). RestartSec keeps the retries gentle.
@@ -70,7 +70,7 @@ WatchdogSec={WATCHDOG_SECS}
 Restart=on-failure
 RestartSec=5
 # …except after exit {PERMANENT_EXIT_CODE}: the state directory is unusable or another daemon holds it,
-# and only an operator can fix that (`journalctl -u conduit` says what).
+# and only an operator can fix that (`{journal}` says what).
 RestartPreventExitStatus={PERMANENT_EXIT_CODE}
 # SIGTERM goes to the daemon alone, which stops its extensions gracefully (shutdown, then
 # SIGTERM, then SIGKILL to each one's processes); whatever is left when it exits is killed.
@@ -87,7 +87,8 @@ NoNewPrivileges=yes
 # task limits (memory.max, cpu.max, pids.max); the variable tells the daemon it may.
 Delegate=yes
 Environment={}=delegated",
-        conduit_supervisor::cgroup::DELEGATED_ENV
+        conduit_supervisor::cgroup::DELEGATED_ENV,
+        journal = cfg.journal_command(),
     );
     match cfg.scope {
         Scope::System => {
@@ -113,4 +114,45 @@ PrivateTmp=yes",
     };
     let _ = writeln!(u, "\n[Install]\nWantedBy={target}");
     u
+}
+
+/// What an installed unit runs: the program of its `ExecStart=` line and the `--state-dir`
+/// given to it, read back with the quoting [`unit`] writes (double quotes, `\` escapes, `%%`
+/// and `$$`). `None` when the text has no `ExecStart=`.
+pub fn exec_start(text: &str) -> Option<(String, Option<String>)> {
+    let line = text
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("ExecStart="))?;
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let (mut quoted, mut escaped, mut any) = (false, false, false);
+    for c in line.chars() {
+        if escaped {
+            word.push(c);
+            escaped = false;
+        } else if c == '\\' && quoted {
+            escaped = true;
+        } else if c == '"' {
+            quoted = !quoted;
+            any = true;
+        } else if c.is_whitespace() && !quoted {
+            if any || !word.is_empty() {
+                words.push(std::mem::take(&mut word));
+            }
+            any = false;
+        } else {
+            word.push(c);
+        }
+    }
+    if any || !word.is_empty() {
+        words.push(word);
+    }
+    let literal = |w: &str| w.replace("%%", "%").replace("$$", "$");
+    let program = literal(words.first()?);
+    let state = words
+        .iter()
+        .position(|w| w == "--state-dir")
+        .and_then(|i| words.get(i + 1))
+        .map(|w| literal(w));
+    Some((program, state))
 }

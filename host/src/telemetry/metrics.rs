@@ -16,21 +16,10 @@ use conduit_supervisor::State;
 
 pub use super::snapshot::{Family, Hist, Kind, LATENCY_BOUNDS_S, Sample, Snapshot, Value};
 use crate::daemon::handle::{Daemon, ExtensionView};
+use crate::daemon::trouble;
 
 /// The content type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-const STATES: [State; 9] = [
-    State::Starting,
-    State::Ready,
-    State::BackingOff,
-    State::CrashLooping,
-    State::Incompatible,
-    State::Refused,
-    State::Stopping,
-    State::Stopped,
-    State::Disabled,
-];
 
 fn u(v: u64) -> f64 {
     v as f64
@@ -129,7 +118,7 @@ fn build(
         "1 for the state the extension is in, 0 for the others.",
     );
     for e in exts {
-        for st in STATES {
+        for st in State::ALL {
             f.num(
                 &[("extension", &name(e)), ("state", st.as_str())],
                 u8::from(e.status.state == st),
@@ -164,6 +153,114 @@ fn build(
     for e in exts {
         let ms = e.health.as_ref().map_or(0, |h| h.degraded_ms(now));
         f.num(&[("extension", &name(e))], ms as f64 / 1e3);
+    }
+    let f = s.family(
+        "conduit_extension_trouble",
+        Kind::Gauge,
+        "1 for the trouble the extension is in (crash-looping, refused, incompatible, unresponsive, over-limit, backing-off, degraded), 0 for the others; all 0 when it is in none.",
+    );
+    let troubles: Vec<Option<trouble::Troubled>> = exts.iter().map(trouble::trouble).collect();
+    for (e, t) in exts.iter().zip(&troubles) {
+        for kind in trouble::Trouble::ALL {
+            f.num(
+                &[("extension", &name(e)), ("trouble", kind.as_str())],
+                u8::from(t.as_ref().is_some_and(|t| t.trouble == kind)),
+            );
+        }
+    }
+    let f = s.family(
+        "conduit_extension_trouble_since_seconds",
+        Kind::Gauge,
+        "When the extension's current trouble began (Unix seconds): its first failure, kept across the host's restarts of it. Only extensions in trouble have a sample.",
+    );
+    for (e, t) in exts.iter().zip(&troubles) {
+        if let Some(at) = t.as_ref().and_then(|t| t.since_ms) {
+            f.num(&[("extension", &name(e))], at as f64 / 1e3);
+        }
+    }
+    let summary = trouble::summarize(exts);
+    let f = s.family(
+        "conduit_extensions",
+        Kind::Gauge,
+        "Extensions by health, as GET /v1/health counts them: ready (and in no trouble), starting, or in each trouble.",
+    );
+    f.num(&[("health", "ready")], u(summary.ready as u64));
+    f.num(&[("health", "starting")], u(summary.starting as u64));
+    for kind in trouble::Trouble::ALL {
+        f.num(&[("health", kind.as_str())], u(summary.count(kind) as u64));
+    }
+    // What `ext status` shows under `using` and `limits`, for the extensions that have them.
+    let usage = |e: &ExtensionView| e.status.resources.as_ref().and_then(|r| r.usage);
+    let limits = |e: &ExtensionView| e.status.resources.as_ref().map(|r| r.limits);
+    let f = s.family(
+        "conduit_extension_memory_bytes",
+        Kind::Gauge,
+        "Resident memory of the extension's whole process tree, as last sampled (while it runs).",
+    );
+    for e in exts {
+        if let Some(us) = usage(e) {
+            f.num(&[("extension", &name(e))], u(us.rss_bytes));
+        }
+    }
+    let f = s.family(
+        "conduit_extension_memory_limit_bytes",
+        Kind::Gauge,
+        "The memory limit of the extension's tree.",
+    );
+    for e in exts {
+        if let Some(l) = limits(e) {
+            f.num(&[("extension", &name(e))], u(l.memory));
+        }
+    }
+    let f = s.family(
+        "conduit_extension_cpu_ratio",
+        Kind::Gauge,
+        "CPU the extension's tree used over the last second or so, as a share of one CPU (while it runs).",
+    );
+    for e in exts {
+        if let Some(us) = usage(e) {
+            f.num(&[("extension", &name(e))], us.cpu);
+        }
+    }
+    let f = s.family(
+        "conduit_extension_cpu_limit_ratio",
+        Kind::Gauge,
+        "The CPU limit of the extension's tree, as a share of one CPU.",
+    );
+    for e in exts {
+        if let Some(l) = limits(e) {
+            f.num(&[("extension", &name(e))], l.cpu);
+        }
+    }
+    let f = s.family(
+        "conduit_extension_tasks",
+        Kind::Gauge,
+        "Processes and threads in the extension's tree (while it runs).",
+    );
+    for e in exts {
+        if let Some(us) = usage(e) {
+            f.num(&[("extension", &name(e))], us.tasks);
+        }
+    }
+    let f = s.family(
+        "conduit_extension_throttled",
+        Kind::Gauge,
+        "1 while the extension's tree is stopped to hold it to its CPU share (while it runs).",
+    );
+    for e in exts {
+        if let Some(us) = usage(e) {
+            f.num(&[("extension", &name(e))], u8::from(us.throttled));
+        }
+    }
+    let f = s.family(
+        "conduit_extension_limit_stops_total",
+        Kind::Counter,
+        "Runs of the extension the host stopped for going over its memory or task limit.",
+    );
+    for e in exts {
+        if let Some(r) = &e.status.resources {
+            f.num(&[("extension", &name(e))], r.limit_stops);
+        }
     }
     let f = s.family(
         "conduit_extension_calls_total",

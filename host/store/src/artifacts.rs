@@ -60,7 +60,7 @@ const SQL_BY_ID: &str = concat!(artifact_select!(), "WHERE id = ?1");
 const SQL_BY_SHA: &str = concat!(artifact_select!(), "WHERE sha256 = ?1");
 const SQL_LIST: &str = concat!(artifact_select!(), "WHERE id > ?1 ORDER BY id LIMIT ?2");
 
-fn decode(row: &Row<'_>) -> Result<Artifact, StoreError> {
+pub(crate) fn decode(row: &Row<'_>) -> Result<Artifact, StoreError> {
     let id: i64 = col(row, 0)?;
     let size: i64 = col(row, 2)?;
     Ok(Artifact {

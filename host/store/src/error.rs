@@ -46,6 +46,18 @@ pub enum StoreError {
         known: usize,
     },
 
+    /// Read without a daemon, the file is at an older schema than this build's: only the
+    /// daemon's open migrates it.
+    #[error(
+        "the store at {} has schema version {found}, older than the {known} this build reads; start the daemon once (`conduit daemon run`) to migrate it",
+        path.display()
+    )]
+    NotMigrated {
+        path: PathBuf,
+        found: i64,
+        known: usize,
+    },
+
     /// A schema migration failed; the transaction that ran it was rolled back.
     #[error("migration to schema version {version} failed: {}", sqlite(cause))]
     Migration {
@@ -159,6 +171,7 @@ impl StoreError {
             | StoreError::NotWal { .. }
             | StoreError::Corrupt { .. }
             | StoreError::TooNew { .. }
+            | StoreError::NotMigrated { .. }
             | StoreError::Migration { .. }
             | StoreError::Begin(_)
             | StoreError::Commit(_)

@@ -101,7 +101,7 @@ fn decode_event(row: &Row<'_>) -> Result<Event, StoreError> {
     })
 }
 
-fn decode_record(row: &Row<'_>) -> Result<EventRecord, StoreError> {
+pub(crate) fn decode_record(row: &Row<'_>) -> Result<EventRecord, StoreError> {
     Ok(EventRecord {
         event: decode_event(row)?,
         routed_at_ms: col(row, 6)?,

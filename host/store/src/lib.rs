@@ -30,9 +30,11 @@ mod artifacts;
 mod conn;
 mod counts;
 mod emissions;
+mod ended;
 mod error;
 mod events;
 mod ingress;
+mod inspect;
 mod limits;
 mod pool;
 mod refs;
@@ -42,14 +44,17 @@ mod schema;
 mod store;
 mod timers;
 mod tx;
+mod views;
 mod waits;
 mod work;
 
 pub use artifacts::Artifact;
 pub use counts::Counts;
 pub use emissions::{Emission, EmissionState, Planned};
+pub use ended::Ended;
 pub use error::{Fault, StoreError};
 pub use events::{Accepted, EventRecord};
+pub use inspect::{Inspection, QuickCheck, inspect, read_only};
 pub use limits::{
     BUSY_TIMEOUT, JOURNAL_SIZE_LIMIT, MAX_PAGE, MAX_READERS, READER_CHECKOUT_TIMEOUT,
     TEST_MAX_PAGE_COUNT_ENV,
@@ -63,5 +68,6 @@ pub use schema::MIGRATIONS;
 pub use store::Store;
 pub use timers::Timer;
 pub use tx::{ReadTx, WriteTx};
+pub use views::{ViewCounts, WorkCount, WorkFilter, WorkSummary};
 pub use waits::{Wait, WaitState};
 pub use work::{WorkRecord, WorkState};

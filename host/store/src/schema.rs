@@ -175,6 +175,45 @@ BEGIN
     UPDATE artifact_totals SET count = count + 1, bytes = bytes + NEW.size WHERE id = 1;
 END;
 "#,
+    // 4 (it follows retention's 3; on a branch without that one, it is the third entry): what
+    // an operator ended by hand, kept rather than erased. A deleted timer has no `next_at` and
+    // a `deleted_at`; a cancelled wait is in state `cancelled` with a `cancelled_at`; a closed
+    // Work is `done` with a `closed_at` and the operator's reason. Each leaves its live partial
+    // index (`timers_due`, `waits_active`, `work_live`) as a finished record does.
+    r#"
+ALTER TABLE timers ADD COLUMN deleted_at INTEGER;
+ALTER TABLE waits ADD COLUMN cancelled_at INTEGER;
+ALTER TABLE work ADD COLUMN closed_at INTEGER;
+ALTER TABLE work ADD COLUMN close_reason TEXT;
+"#,
+    // 5 (after retention's 3 and the hand-ended records' 4; on a branch without those, the
+    // last entry): what the operator views read (`conduit top`, `conduit web`; views.rs): Work by state and
+    // by kind, newest first, from indexes; and Work counted by kind and state in a table the
+    // triggers keep, so a count is a read of a few rows whatever the history retained.
+    r#"
+CREATE INDEX work_by_state ON work (state, id);
+CREATE INDEX work_by_kind ON work (kind, state, id);
+CREATE TABLE work_counts (
+    kind  TEXT    NOT NULL,
+    state TEXT    NOT NULL,
+    n     INTEGER NOT NULL,
+    PRIMARY KEY (kind, state)
+) STRICT, WITHOUT ROWID;
+INSERT INTO work_counts (kind, state, n) SELECT kind, state, count(*) FROM work GROUP BY kind, state;
+CREATE TRIGGER work_counts_insert AFTER INSERT ON work BEGIN
+    INSERT INTO work_counts (kind, state, n) VALUES (new.kind, new.state, 1)
+        ON CONFLICT (kind, state) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER work_counts_update AFTER UPDATE OF kind, state ON work
+    WHEN old.kind != new.kind OR old.state != new.state BEGIN
+    UPDATE work_counts SET n = n - 1 WHERE kind = old.kind AND state = old.state;
+    INSERT INTO work_counts (kind, state, n) VALUES (new.kind, new.state, 1)
+        ON CONFLICT (kind, state) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER work_counts_delete AFTER DELETE ON work BEGIN
+    UPDATE work_counts SET n = n - 1 WHERE kind = old.kind AND state = old.state;
+END;
+"#,
 ];
 
 /// Brings the file at `path` (already open as `conn`) up to `MIGRATIONS.len()`.

@@ -303,6 +303,244 @@ fn counts_follow_events_and_work_exactly() {
     assert_eq!(work(WorkState::Open) + work(WorkState::Ready), 1);
 }
 
+fn assert_view_reads_use_their_indexes(conn: &Connection) {
+    use crate::views;
+    assert_uses(conn, views::SQL_PAGE_STATE, "work", "work_by_state");
+    assert_uses(conn, views::SQL_PAGE_KIND_STATE, "work", "work_by_kind");
+    let unrouted = plan(conn, views::SQL_UNROUTED_CAPPED);
+    assert!(
+        unrouted.iter().any(|l| l.contains("INDEX events_unrouted")),
+        "{unrouted:#?}"
+    );
+    let inputs = plan(conn, views::SQL_WORK_EVENTS);
+    assert!(
+        inputs[0].starts_with("SEARCH i USING PRIMARY KEY (work_id=?"),
+        "{inputs:#?}"
+    );
+    for sql in [
+        views::SQL_PAGE_ALL,
+        views::SQL_KIND_STATES,
+        views::SQL_WORK_EVENTS,
+        views::SQL_ARTIFACTS,
+        views::SQL_UNROUTED_CAPPED,
+    ] {
+        for line in plan(conn, sql) {
+            // `SCAN (subquery-1)` reads the subquery's rows, not a table.
+            let whole = line.starts_with("SCAN ")
+                && !line.contains(" USING ")
+                && !line.starts_with("SCAN (subquery");
+            assert!(!whole, "{sql}\nscans a table: {line}");
+        }
+    }
+}
+
+#[test]
+fn view_reads_use_their_indexes_on_a_large_history() {
+    let (_dir, store) = temp_store();
+    // On an empty file, where SQLite has no statistics.
+    assert_view_reads_use_their_indexes(&store.writer.lock().unwrap());
+    store
+        .write(|tx| {
+            for thread in 0..40 {
+                let mut ids = Vec::new();
+                for i in 0..25 {
+                    let delivery = format!("{thread}-{i}");
+                    ids.push(
+                        tx.accept_event("s", &delivery, "k", &json!({}), 1)?
+                            .event_id,
+                    );
+                }
+                let kind = if thread % 2 == 0 { "even" } else { "odd" };
+                let work = tx.open_or_feed_work(kind, &thread.to_string(), &ids, true, 1)?;
+                for id in ids {
+                    tx.mark_routed(id, Some(work), 1)?;
+                }
+                tx.set_work_state(work, WorkState::Done, 2)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let conn = store.writer.lock().unwrap();
+    conn.execute_batch("ANALYZE").unwrap();
+    assert_view_reads_use_their_indexes(&conn);
+    assert_live_reads_use_partial_indexes(&conn);
+}
+
+#[test]
+fn work_counts_follow_inserts_state_changes_and_deletes() {
+    let (_dir, store) = temp_store();
+    let count = |store: &Store| -> Vec<(String, String, u64)> {
+        store
+            .read(|r| r.view_counts(10))
+            .unwrap()
+            .work
+            .into_iter()
+            .map(|c| (c.kind, c.state, c.n))
+            .collect()
+    };
+    assert!(count(&store).is_empty());
+    let (a, b) = store
+        .write(|tx| {
+            let e1 = tx.accept_event("s", "1", "k", &json!({}), 1)?.event_id;
+            let e2 = tx.accept_event("s", "2", "k", &json!({}), 1)?.event_id;
+            let a = tx.open_or_feed_work("x", "a", &[e1], false, 1)?;
+            let b = tx.open_or_feed_work("y", "b", &[e2], true, 1)?;
+            Ok((a, b))
+        })
+        .unwrap();
+    assert_eq!(
+        count(&store),
+        vec![
+            ("x".into(), "open".into(), 1),
+            ("y".into(), "ready".into(), 1)
+        ]
+    );
+    store
+        .write(|tx| {
+            // Fed with `start`: open -> ready.
+            let e3 = tx.accept_event("s", "3", "k", &json!({}), 1)?.event_id;
+            tx.open_or_feed_work("x", "a", &[e3], true, 2)?;
+            tx.set_work_state(b, WorkState::Done, 2)?;
+            // The same state again changes nothing.
+            tx.set_work_state(b, WorkState::Done, 3)?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(
+        count(&store),
+        vec![
+            ("x".into(), "ready".into(), 1),
+            ("y".into(), "done".into(), 1)
+        ]
+    );
+    store
+        .writer
+        .lock()
+        .unwrap()
+        .execute_batch(&format!(
+            "DELETE FROM work_inputs WHERE work_id = {a}; DELETE FROM work WHERE id = {a}"
+        ))
+        .unwrap();
+    assert_eq!(count(&store), vec![("y".into(), "done".into(), 1)]);
+}
+
+#[test]
+fn the_views_migration_counts_the_work_already_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("conduit.db");
+    // A file at the schema before the views' migration, with Work in it, as an earlier build
+    // left it.
+    let views = MIGRATIONS
+        .iter()
+        .position(|m| m.contains("CREATE TABLE work_counts"))
+        .unwrap();
+    let conn = Connection::open(&path).unwrap();
+    conn.pragma_update(None, "journal_mode", "wal").unwrap();
+    for (i, m) in MIGRATIONS[..views].iter().enumerate() {
+        conn.execute_batch(m).unwrap();
+        conn.pragma_update(None, "user_version", i as i64 + 1)
+            .unwrap();
+    }
+    conn.execute_batch(
+        "INSERT INTO work (kind, key, state, created_at, updated_at) VALUES
+           ('x', 'a', 'done', 1, 1), ('x', 'b', 'done', 1, 1), ('x', 'c', 'open', 1, 1)",
+    )
+    .unwrap();
+    drop(conn);
+    let store = Store::open(&path).unwrap();
+    let c = store.read(|r| r.view_counts(10)).unwrap();
+    let got: Vec<_> = c.work.iter().map(|w| (w.state.as_str(), w.n)).collect();
+    assert_eq!(got, vec![("done", 2), ("open", 1)]);
+}
+
+#[test]
+fn the_unrouted_count_stops_at_its_cap() {
+    let (_dir, store) = temp_store();
+    store
+        .write(|tx| {
+            for i in 0..5 {
+                tx.accept_event("s", &i.to_string(), "k", &json!({}), 1)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let at = |cap| store.read(|r| r.view_counts(cap)).unwrap();
+    let c = at(5);
+    assert_eq!(
+        (c.unrouted, c.unrouted_capped, c.latest_event_id),
+        (5, true, 5)
+    );
+    let c = at(6);
+    assert_eq!((c.unrouted, c.unrouted_capped), (5, false));
+    let c = at(4);
+    assert_eq!((c.unrouted, c.unrouted_capped), (4, true));
+}
+
+#[test]
+fn work_pages_go_newest_first_by_state_and_kind() {
+    use crate::views::WorkFilter;
+    let (_dir, store) = temp_store();
+    store
+        .write(|tx| {
+            for i in 0..10 {
+                let e = tx
+                    .accept_event("s", &i.to_string(), "k", &json!({}), 1)?
+                    .event_id;
+                let kind = if i % 2 == 0 { "even" } else { "odd" };
+                let w = tx.open_or_feed_work(kind, &i.to_string(), &[e], true, 1)?;
+                if i % 3 == 0 {
+                    tx.set_work_state(w, WorkState::Done, 2)?;
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    let ids = |f: WorkFilter, before: Option<i64>, n: u32| -> Vec<i64> {
+        store
+            .read(|r| r.work_page(&f, before, n))
+            .unwrap()
+            .iter()
+            .map(|w| w.id)
+            .collect()
+    };
+    let all = WorkFilter::default();
+    assert_eq!(ids(all.clone(), None, 3), vec![10, 9, 8]);
+    assert_eq!(ids(all, Some(8), 3), vec![7, 6, 5]);
+    let done = WorkFilter {
+        state: Some(WorkState::Done),
+        kind: None,
+    };
+    assert_eq!(ids(done, None, 10), vec![10, 7, 4, 1]);
+    let even = WorkFilter {
+        state: None,
+        kind: Some("even".into()),
+    };
+    // Work 1, 3, 5, … are kind `even` (event i = id - 1); in two states, merged.
+    assert_eq!(ids(even.clone(), None, 3), vec![9, 7, 5]);
+    assert_eq!(ids(even, Some(5), 10), vec![3, 1]);
+    let even_ready = WorkFilter {
+        state: Some(WorkState::Ready),
+        kind: Some("even".into()),
+    };
+    assert_eq!(ids(even_ready, None, 10), vec![9, 5, 3]);
+    let page = store
+        .read(|r| r.work_page(&WorkFilter::default(), None, 1))
+        .unwrap();
+    assert_eq!(page[0].inputs, 1);
+    let evs = store.read(|r| r.work_events(10, None, 5)).unwrap();
+    assert_eq!(evs.iter().map(|e| e.event.id).collect::<Vec<_>>(), vec![10]);
+    assert!(
+        store
+            .read(|r| r.work_events(10, Some(10), 5))
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        store.read(|r| r.work_page(&WorkFilter::default(), None, 0)),
+        Err(StoreError::InvalidLimit { .. })
+    ));
+}
+
 /// The sweep's reads go through their partial indexes, and the liveness rule looks each record
 /// up by its key: a sweep with nothing to do reads nothing of the history.
 fn assert_sweep_reads_use_their_indexes(conn: &Connection) {

@@ -4,12 +4,16 @@
 //! row as history. The host loop finds due timers through the partial index `timers_due`, which
 //! holds only active timers, ordered by when they fire.
 //!
+//! An operator may delete a timer ([`WriteTx::delete_timer`]): it stops and keeps its row, with
+//! when it was deleted.
+//!
 //! Invariant: an active timer has exactly one pending firing time; the store never fires
-//! anything itself (it has no clock).
+//! anything itself (it has no clock). A deleted timer never fires again.
 
 use rusqlite::{Row, params};
 use serde::{Deserialize, Serialize};
 
+use crate::ended::Ended;
 use crate::error::SqlContext;
 use crate::error::StoreError;
 use crate::rows::{col, collect, first, page};
@@ -28,6 +32,9 @@ pub struct Timer {
     pub next_at_ms: Option<i64>,
     pub last_fired_at_ms: Option<i64>,
     pub created_at_ms: i64,
+    /// When an operator deleted it (it is kept, stopped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_at_ms: Option<i64>,
 }
 
 impl Timer {
@@ -39,7 +46,8 @@ impl Timer {
 
 macro_rules! timer_select {
     () => {
-        "SELECT id, extension, recurrence, spec, next_at, last_fired_at, created_at FROM timers "
+        "SELECT id, extension, recurrence, spec, next_at, last_fired_at, created_at, deleted_at \
+         FROM timers "
     };
 }
 
@@ -61,6 +69,7 @@ fn decode(row: &Row<'_>) -> Result<Timer, StoreError> {
         next_at_ms: col(row, 4)?,
         last_fired_at_ms: col(row, 5)?,
         created_at_ms: col(row, 6)?,
+        deleted_at_ms: col(row, 7)?,
     })
 }
 
@@ -122,6 +131,22 @@ impl WriteTx<'_> {
                 })
             })
             .with_context(|| format!("create timer {extension}/{recurrence}"))
+    }
+
+    /// Deletes a timer by hand at `now`: it stops for good and is kept, marked. `None` if there
+    /// is no such timer; [`Ended::Already`] if it was deleted before.
+    pub fn delete_timer(&mut self, id: i64, now: i64) -> Result<Option<Ended<Timer>>, StoreError> {
+        let Some(t) = self.timer(id)? else {
+            return Ok(None);
+        };
+        if t.deleted_at_ms.is_some() {
+            return Ok(Some(Ended::Already(t)));
+        }
+        self.conn()
+            .prepare_cached("UPDATE timers SET next_at = NULL, deleted_at = ?2 WHERE id = ?1")
+            .and_then(|mut stmt| stmt.execute(params![id, now]))
+            .with_context(|| format!("delete timer {id}"))?;
+        Ok(self.timer(id)?.map(Ended::Now))
     }
 
     /// Records that a timer fired at `fired_at` and sets when it fires next; `None` stops it.

@@ -4,13 +4,18 @@
 //! has been asked about, so each pass offers it only newer Events (`events_after(cursor)`). The
 //! host loop finds active Waits through the partial index `waits_active`.
 //!
-//! Invariant: the cursor only moves forward, and a satisfied Wait never changes again.
+//! An operator may cancel an active Wait ([`WriteTx::cancel_wait`]): it is kept, `cancelled`,
+//! with when.
+//!
+//! Invariant: the cursor only moves forward, and a satisfied or cancelled Wait never changes
+//! again.
 
 use std::fmt;
 
 use rusqlite::{Row, params};
 use serde::{Deserialize, Serialize};
 
+use crate::ended::Ended;
 use crate::error::SqlContext;
 use crate::error::StoreError;
 use crate::refs::{Referrer, note_refs};
@@ -23,6 +28,8 @@ use crate::tx::{ReadTx, WriteTx};
 pub enum WaitState {
     Active,
     Satisfied,
+    /// Cancelled by an operator before anything satisfied it.
+    Cancelled,
 }
 
 impl WaitState {
@@ -31,6 +38,7 @@ impl WaitState {
         match self {
             WaitState::Active => "active",
             WaitState::Satisfied => "satisfied",
+            WaitState::Cancelled => "cancelled",
         }
     }
 
@@ -38,6 +46,7 @@ impl WaitState {
         match s {
             "active" => Some(WaitState::Active),
             "satisfied" => Some(WaitState::Satisfied),
+            "cancelled" => Some(WaitState::Cancelled),
             _ => None,
         }
     }
@@ -68,12 +77,14 @@ pub struct Wait {
     pub created_at_ms: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub satisfied_at_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled_at_ms: Option<i64>,
 }
 
 macro_rules! wait_select {
     () => {
         "SELECT id, extension, filter, subject, work_id, cursor_event_id, state, satisfied_by, \
-         created_at, satisfied_at FROM waits "
+         created_at, satisfied_at, cancelled_at FROM waits "
     };
 }
 
@@ -105,6 +116,7 @@ fn decode(row: &Row<'_>) -> Result<Wait, StoreError> {
         satisfied_by_event_id: col(row, 7)?,
         created_at_ms: col(row, 8)?,
         satisfied_at_ms: col(row, 9)?,
+        cancelled_at_ms: col(row, 10)?,
     })
 }
 
@@ -208,6 +220,28 @@ impl WriteTx<'_> {
             .and_then(|mut stmt| stmt.execute(params![id, event_id, now]))
             .with_context(|| format!("satisfy wait {id} with event {event_id}"))?;
         self.expect_active(id, n)
+    }
+
+    /// Cancels an active Wait by hand at `now`; it is kept, `cancelled`. `None` if there is no
+    /// such Wait; [`Ended::Already`] if it was cancelled before, [`Ended::Refused`] if an
+    /// Event satisfied it.
+    pub fn cancel_wait(&mut self, id: i64, now: i64) -> Result<Option<Ended<Wait>>, StoreError> {
+        let Some(w) = self.wait(id)? else {
+            return Ok(None);
+        };
+        match w.state {
+            WaitState::Cancelled => return Ok(Some(Ended::Already(w))),
+            WaitState::Satisfied => return Ok(Some(Ended::Refused(w))),
+            WaitState::Active => {}
+        }
+        self.conn()
+            .prepare_cached(
+                "UPDATE waits SET state = 'cancelled', cancelled_at = ?2 \
+                 WHERE id = ?1 AND state = 'active'",
+            )
+            .and_then(|mut stmt| stmt.execute(params![id, now]))
+            .with_context(|| format!("cancel wait {id}"))?;
+        Ok(self.wait(id)?.map(Ended::Now))
     }
 
     /// Turns "no row changed" into the reason: the Wait is missing or no longer active.

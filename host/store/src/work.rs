@@ -3,7 +3,8 @@
 //! A Work is `open` (inputs queued), `ready` (inputs make it runnable) or `done`. Routing finds
 //! the unfinished Work for a `(kind, key)` through the partial unique index `work_live_key`, and
 //! the host loop reads unfinished Work through `work_live`; done Work is history that neither
-//! read touches.
+//! read touches. An operator may close an unfinished Work ([`WriteTx::close_work`]): it is
+//! `done`, with when and why.
 //!
 //! Invariant: at most one unfinished Work per `(kind, key)` (the unique partial index enforces
 //! it); once that Work is done, the same key opens a new one.
@@ -14,6 +15,7 @@ use conduit_protocol::calls::Work;
 use rusqlite::{Row, params};
 use serde::{Deserialize, Serialize};
 
+use crate::ended::Ended;
 use crate::error::SqlContext;
 use crate::error::StoreError;
 use crate::rows::{col, collect, first, page};
@@ -41,7 +43,8 @@ impl WorkState {
         }
     }
 
-    fn parse(s: &str) -> Option<WorkState> {
+    /// The state named `s` as stored (`open`, `ready`, `done`), if it is one.
+    pub fn parse(s: &str) -> Option<WorkState> {
         match s {
             "open" => Some(WorkState::Open),
             "ready" => Some(WorkState::Ready),
@@ -68,6 +71,11 @@ pub struct WorkRecord {
     pub event_ids: Vec<i64>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// When an operator closed it (it is then `done`), and why, if they said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_at_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub close_reason: Option<String>,
 }
 
 impl From<WorkRecord> for Work {
@@ -87,7 +95,7 @@ macro_rules! work_select {
     () => {
         "SELECT id, kind, key, state, created_at, updated_at, \
          (SELECT group_concat(event_id, ',' ORDER BY event_id) \
-          FROM work_inputs WHERE work_id = work.id) \
+          FROM work_inputs WHERE work_id = work.id), closed_at, close_reason \
          FROM work "
     };
 }
@@ -127,6 +135,8 @@ fn decode(row: &Row<'_>) -> Result<WorkRecord, StoreError> {
         event_ids,
         created_at_ms: col(row, 4)?,
         updated_at_ms: col(row, 5)?,
+        closed_at_ms: col(row, 7)?,
+        close_reason: col(row, 8)?,
     })
 }
 
@@ -230,6 +240,35 @@ impl WriteTx<'_> {
                 .with_context(|| format!("feed work {work_id} with event {event_id}"))?;
         }
         Ok(work_id)
+    }
+
+    /// Closes an unfinished Work by hand at `now`: it becomes `done`, kept with when and
+    /// `reason`, and its key is free for a new Work. `None` if there is no such Work;
+    /// [`Ended::Already`] if an operator closed it before, [`Ended::Refused`] if it was done
+    /// already.
+    pub fn close_work(
+        &mut self,
+        id: i64,
+        reason: Option<&str>,
+        now: i64,
+    ) -> Result<Option<Ended<WorkRecord>>, StoreError> {
+        let Some(w) = self.work(id)? else {
+            return Ok(None);
+        };
+        if w.closed_at_ms.is_some() {
+            return Ok(Some(Ended::Already(w)));
+        }
+        if w.state == WorkState::Done {
+            return Ok(Some(Ended::Refused(w)));
+        }
+        self.conn()
+            .prepare_cached(
+                "UPDATE work SET state = 'done', closed_at = ?2, close_reason = ?3, updated_at = ?2 \
+                 WHERE id = ?1 AND state != 'done'",
+            )
+            .and_then(|mut stmt| stmt.execute(params![id, now, reason]))
+            .with_context(|| format!("close work {id}"))?;
+        Ok(self.work(id)?.map(Ended::Now))
     }
 
     /// Moves a Work to `state`. Reopening a done Work fails while another unfinished Work

@@ -777,3 +777,97 @@ fn artifact_lifecycle() {
     }
     assert!(store.read(|r| r.artifact(999)).unwrap().is_none());
 }
+
+// ---- ended by hand ---------------------------------------------------------------------------
+
+#[test]
+fn a_timer_deleted_a_wait_cancelled_and_a_work_closed_are_kept_and_leave_the_live_reads() {
+    use conduit_store::Ended;
+    let (_dir, store) = temp_store();
+    let (timer, wait, satisfied, work) = store
+        .write(|tx| {
+            let e = tx.accept_event("s", "d1", "job.x", &json!({}), 1)?.event_id;
+            let timer = tx.create_timer("ext", "tick", "every 1m", 5, 1)?;
+            let wait = tx.create_wait("ext", "f", "a", None, 0, 1)?;
+            let satisfied = tx.create_wait("ext", "f", "b", None, 0, 1)?;
+            tx.satisfy_wait(satisfied, e, 2)?;
+            let work = tx.open_or_feed_work("job", "k", &[e], true, 2)?;
+            Ok((timer, wait, satisfied, work))
+        })
+        .unwrap();
+    let ended = store
+        .write(|tx| {
+            Ok((
+                tx.delete_timer(timer, 10)?,
+                tx.cancel_wait(wait, 11)?,
+                tx.cancel_wait(satisfied, 11)?,
+                tx.close_work(work, Some("handled by hand"), 12)?,
+                tx.delete_timer(999, 10)?,
+            ))
+        })
+        .unwrap();
+    let Some(Ended::Now(t)) = ended.0 else {
+        panic!("{:?}", ended.0)
+    };
+    assert_eq!((t.deleted_at_ms, t.next_at_ms), (Some(10), None));
+    let Some(Ended::Now(w)) = ended.1 else {
+        panic!("{:?}", ended.1)
+    };
+    assert_eq!(
+        (w.state, w.cancelled_at_ms),
+        (WaitState::Cancelled, Some(11))
+    );
+    // A satisfied wait is not cancelled; it stays as it was.
+    let Some(Ended::Refused(s)) = ended.2 else {
+        panic!("{:?}", ended.2)
+    };
+    assert_eq!(s.state, WaitState::Satisfied);
+    let Some(Ended::Now(k)) = ended.3 else {
+        panic!("{:?}", ended.3)
+    };
+    assert_eq!(k.state, WorkState::Done);
+    assert_eq!(k.closed_at_ms, Some(12));
+    assert_eq!(k.close_reason.as_deref(), Some("handled by hand"));
+    assert_eq!(ended.4, None);
+    // Again: already so, nothing changes.
+    let again = store
+        .write(|tx| {
+            Ok((
+                tx.delete_timer(timer, 20)?,
+                tx.cancel_wait(wait, 20)?,
+                tx.close_work(work, None, 20)?,
+            ))
+        })
+        .unwrap();
+    assert!(matches!(again.0, Some(Ended::Already(t)) if t.deleted_at_ms == Some(10)));
+    assert!(matches!(again.1, Some(Ended::Already(w)) if w.cancelled_at_ms == Some(11)));
+    assert!(matches!(again.2, Some(Ended::Already(w)) if w.closed_at_ms == Some(12)));
+    // Kept in the lists, gone from the live reads; the Work's key opens a new one.
+    store
+        .read(|r| {
+            assert_eq!(r.list_timers(None, 10)?.len(), 1);
+            assert!(r.due_timers(i64::MAX, 10)?.is_empty());
+            assert_eq!(r.list_waits(None, 10)?.len(), 2);
+            assert!(r.active_waits(None, 10)?.is_empty());
+            assert!(r.open_work(10)?.is_empty());
+            Ok(())
+        })
+        .unwrap();
+    let next = store
+        .write(|tx| {
+            let e = tx
+                .accept_event("s", "d2", "job.x", &json!({}), 30)?
+                .event_id;
+            tx.open_or_feed_work("job", "k", &[e], true, 30)
+        })
+        .unwrap();
+    assert_ne!(next, work);
+    // A Work the host finished is not closed by hand.
+    let refused = store
+        .write(|tx| {
+            tx.set_work_state(next, WorkState::Done, 31)?;
+            tx.close_work(next, None, 32)
+        })
+        .unwrap();
+    assert!(matches!(refused, Some(Ended::Refused(w)) if w.closed_at_ms.is_none()));
+}

@@ -28,7 +28,7 @@ use crate::run::{
     track,
 };
 use crate::spec::ExtensionSpec;
-use crate::status::{Resources, State, now_ms};
+use crate::status::{Requester, Resources, State, StopRequest, now_ms};
 use crate::tree::{CpuClock, Ledger, TRACK_INTERVAL, TRACK_INTERVAL_QUIET};
 
 /// The callback handler of one extension, shared by the sessions of all its runs.
@@ -81,7 +81,10 @@ pub(crate) async fn actor(
         if let Some(Err(e)) = preflight {
             tracing::error!(extension = %spec.name, error = %e, "refusing to start");
             match hold(&ext, State::Refused, e, &mut cmds, &shutdown).await {
-                Cmd::Restart => continue,
+                Cmd::Restart(req) => {
+                    forget_failures(&ext, &spec, &mut tracker, &req);
+                    continue;
+                }
                 Cmd::Stop => break,
             }
         }
@@ -94,13 +97,16 @@ pub(crate) async fn actor(
         ext.set_peer(None);
         match outcome {
             Outcome::Stop => break,
-            Outcome::Restart => {
-                spec.policy.reset(&mut tracker);
+            Outcome::Restart(req) => {
+                forget_failures(&ext, &spec, &mut tracker, &req);
                 continue;
             }
             Outcome::Incompatible(msg) => {
                 match hold(&ext, State::Incompatible, msg, &mut cmds, &shutdown).await {
-                    Cmd::Restart => continue,
+                    Cmd::Restart(req) => {
+                        forget_failures(&ext, &spec, &mut tracker, &req);
+                        continue;
+                    }
                     Cmd::Stop => break,
                 }
             }
@@ -125,6 +131,8 @@ pub(crate) async fn actor(
                 let restart_span = tracing::debug_span!("extension.restart", extension = %spec.name, cause, delay_ms, failures = decision.failures, state = %state);
                 ext.update(|s| {
                     s.state = state;
+                    s.failing_since_ms.get_or_insert_with(now_ms);
+                    s.failing_as = Some(state);
                     s.pid = None;
                     s.ready_since_ms = None;
                     s.spawn_to_ready_ms = None;
@@ -138,15 +146,13 @@ pub(crate) async fn actor(
                 tokio::select! {
                     () = tokio::time::sleep(decision.delay) => {}
                     cmd = cmds.recv() => match cmd {
-                        Some(Cmd::Restart) => spec.policy.reset(&mut tracker),
+                        Some(Cmd::Restart(req)) => forget_failures(&ext, &spec, &mut tracker, &req),
                         Some(Cmd::Stop) | None => break,
                     },
                     () = shutdown.cancelled() => break,
                 }
-                ext.update(|s| {
-                    s.next_start_at_ms = None;
-                    s.backoff_ms = None;
-                });
+                // The delay stays shown until the state changes (`run_once` or `hold` clear it
+                // in the same update), so no one reads `backing-off` without its delay.
                 drop(restart_span);
             }
         }
@@ -162,6 +168,24 @@ pub(crate) async fn actor(
     });
 }
 
+/// After a requested restart: an operator's forgets the failures counted so far and the
+/// failing streak (the operator has seen it); the host's keeps both, so a restart for being
+/// unresponsive never hides since when the extension has been in trouble.
+fn forget_failures(
+    ext: &Extension,
+    spec: &ExtensionSpec,
+    tracker: &mut RestartTracker,
+    req: &StopRequest,
+) {
+    if req.by == Requester::Operator {
+        spec.policy.reset(tracker);
+        ext.update(|s| {
+            s.failing_since_ms = None;
+            s.failing_as = None;
+        });
+    }
+}
+
 /// Show `state` and why, with no process, until the operator restarts or stops the
 /// extension: a start that was refused or is incompatible is not retried by itself.
 async fn hold(
@@ -173,7 +197,10 @@ async fn hold(
 ) -> Cmd {
     ext.update(|s| {
         s.state = state;
+        s.failing_since_ms.get_or_insert_with(now_ms);
         s.last_error = Some(why);
+        s.next_start_at_ms = None;
+        s.backoff_ms = None;
         s.pid = None;
         s.spawn_to_ready_ms = None;
         s.handshake_ms = None;
@@ -183,13 +210,12 @@ async fn hold(
 
 /// End a run whose handshake found no protocol both sides speak: stopped, not restarted.
 async fn incompatible(ext: &Extension, run: Run, spec: &ExtensionSpec, msg: String) -> Outcome {
-    Box::pin(stop_run(
-        ext,
-        run,
-        spec.stop_grace,
-        "an incompatible handshake",
-    ))
-    .await;
+    let req = StopRequest {
+        by: Requester::Host,
+        restart: false,
+        why: "an incompatible handshake".into(),
+    };
+    Box::pin(stop_run(ext, run, spec.stop_grace, &req)).await;
     Outcome::Incompatible(msg)
 }
 
@@ -214,6 +240,8 @@ async fn run_once(
 ) -> Outcome {
     ext.update(|s| {
         s.state = State::Starting;
+        s.next_start_at_ms = None;
+        s.backoff_ms = None;
         s.pid = None;
         s.descendants.clear();
         s.spawn_to_ready_ms = None;
@@ -319,13 +347,9 @@ async fn run_once(
                     let exit = status.ok().map(|st| ExitInfo::from_status(st, now_ms()));
                     return Box::pin(finish_failed(ext, run, exit, None, "exited during the handshake".into())).await;
                 }
-                () = shutdown.cancelled() => { Box::pin(stop_run(ext, run, spec.stop_grace, "the daemon stopping")).await; return Outcome::Stop; }
+                () = shutdown.cancelled() => { Box::pin(stop_run(ext, run, spec.stop_grace, &StopRequest::shutdown())).await; return Outcome::Stop; }
                 // A stop or restart asked for during the handshake is not kept waiting for it.
-                cmd = cmds.recv() => {
-                    let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
-                    Box::pin(stop_run(ext, run, spec.stop_grace, why)).await;
-                    return outcome;
-                }
+                cmd = cmds.recv() => return Box::pin(end_on_request(ext, run, spec, cmd)).await,
                 () = tokio::time::sleep_until(sample_due(&enforcer)), if enforcer.is_some() => {
                     let e = enforcer.as_mut().expect("sampled only with an enforcer");
                     if let Some(why) = e.sample(ext, run.pid) {
@@ -414,6 +438,8 @@ async fn run_once(
     // REST_LOOK_EVERY): meanwhile neither the tracking nor the sampling timer runs.
     let clock = CpuClock::of(run.pid);
     let mut rest: Option<(tokio::sync::oneshot::Receiver<()>, tokio::time::Instant)> = None;
+    let stable_at = tokio::time::Instant::from_std(ready_at + spec.policy.stable_after);
+    let mut stable = false;
     // In a cgroup the kernel enforces memory.max itself: its OOM kills are counted there.
     let ooms = spec
         .confine
@@ -460,14 +486,21 @@ async fn run_once(
             }
             cmd = cmds.recv() => {
                 ext.set_peer(None);
-                let (outcome, why) = match cmd { Some(Cmd::Restart) => (Outcome::Restart, "a restart request"), Some(Cmd::Stop) | None => (Outcome::Stop, "a stop request") };
-                Box::pin(stop_run(ext, run, spec.stop_grace, why)).await;
-                return outcome;
+                return Box::pin(end_on_request(ext, run, spec, cmd)).await;
             }
             () = shutdown.cancelled() => {
                 ext.set_peer(None);
-                Box::pin(stop_run(ext, run, spec.stop_grace, "the daemon stopping")).await;
+                Box::pin(stop_run(ext, run, spec.stop_grace, &StopRequest::shutdown())).await;
                 return Outcome::Stop;
+            }
+            // A run that stays ready this long ends the failing streak (as the restart policy
+            // starts its count again after it).
+            () = tokio::time::sleep_until(stable_at), if !stable => {
+                stable = true;
+                ext.update(|s| {
+                    s.failing_since_ms = None;
+                    s.failing_as = None;
+                });
             }
             () = tokio::time::sleep_until(next_track), if rest.is_none() => {
                 // Read before the tree: whatever the tree does after this moves the clock.
@@ -492,6 +525,25 @@ async fn run_once(
                 }
             }
         }
+    }
+}
+
+/// End a run because `cmd` asked (a channel closed is a stop): the graceful stop, recorded
+/// with who asked; then restart at once or stop.
+async fn end_on_request(
+    ext: &Extension,
+    run: Run,
+    spec: &ExtensionSpec,
+    cmd: Option<Cmd>,
+) -> Outcome {
+    let req = match &cmd {
+        Some(Cmd::Restart(req)) => req.clone(),
+        Some(Cmd::Stop) | None => StopRequest::operator_stop(),
+    };
+    stop_run(ext, run, spec.stop_grace, &req).await;
+    match cmd {
+        Some(Cmd::Restart(req)) => Outcome::Restart(req),
+        Some(Cmd::Stop) | None => Outcome::Stop,
     }
 }
 

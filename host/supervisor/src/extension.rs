@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::log::Tail;
 use crate::stats::{self, LatencyHistogram, Traffic};
-use crate::status::{InFlightCall, State, Status};
+use crate::status::{InFlightCall, State, Status, StopRequest};
 use crate::tree::{self, ProcId, ProcStat};
 use crate::usage::Usage;
 
@@ -74,7 +74,8 @@ impl ExtCallError {
 
 /// What the actor is asked to do, by the handle and the registry.
 pub(crate) enum Cmd {
-    Restart,
+    /// End the current run as the request says, then start again at once.
+    Restart(StopRequest),
     Stop,
 }
 
@@ -193,6 +194,23 @@ impl Extension {
             .lines();
         s.calls = self.inner.stats.snapshot();
         s
+    }
+
+    /// What an overview shows of it: a few fields of the status, the newest exit, the calls in
+    /// flight and the call figures across methods (percentiles computed again only after new
+    /// calls). Cheaper than [`Extension::status`] by the stderr tail, the per-method table and
+    /// the copy of the rest.
+    pub fn glance(&self) -> crate::status::Glance {
+        let mut g =
+            crate::status::Glance::of(&self.inner.status.lock().unwrap_or_else(|p| p.into_inner()));
+        g.in_flight = self
+            .inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len() as u32;
+        g.calls = self.inner.stats.summary(Instant::now());
+        g
     }
 
     pub fn state(&self) -> State {
@@ -378,9 +396,11 @@ impl Extension {
     }
 
     /// Ask the actor to restart the extension now (also from `backing-off`, `crash-looping`,
-    /// `incompatible` or `refused`); resets the failure count.
-    pub fn restart(&self) {
-        let _ = self.inner.cmds.send(Cmd::Restart);
+    /// `incompatible` or `refused`); `req` says who asks and why, as the exit's record will.
+    /// An operator's restart resets the failure count and the failing streak; the host's
+    /// (unresponsive) keeps them.
+    pub fn restart(&self, req: StopRequest) {
+        let _ = self.inner.cmds.send(Cmd::Restart(req));
     }
 
     /// The calls awaiting an answer now, oldest first.

@@ -52,8 +52,11 @@ pub mod usage;
 
 pub use crate::extension::{ExtCallError, Extension, RunBrief};
 pub use crate::spec::{BulkSink, CallbackHandlers, ExtensionSpec, no_callbacks};
-pub use crate::stats::{LatencyHistogram, MethodStats, Traffic};
+pub use crate::stats::{
+    CallSummary, LatencyHistogram, MethodStats, RATE_BUCKET, RATE_BUCKETS, Traffic,
+};
 pub use crate::status::{
-    ExitCause, ExitRecord, InFlightCall, RECENT_EXITS, Resources, State, Status, now_ms,
+    ExitCause, ExitGlance, ExitRecord, Glance, InFlightCall, RECENT_EXITS, Requester, Resources,
+    State, Status, StopRequest, now_ms,
 };
 pub use crate::supervisor::Supervisor;

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use crate::enforce::signal_tree;
 use crate::extension::Extension;
 use crate::process::{self, ExitInfo};
-use crate::status::{ExitCause, ExitRecord, State, Status, now_ms};
+use crate::status::{ExitCause, ExitRecord, State, Status, StopRequest, now_ms};
 use crate::tree::{self, Ledger};
 
 /// One run of the child: what the actor owns while it is alive.
@@ -36,8 +36,8 @@ pub(crate) enum Outcome {
     },
     /// Refused the handshake's versions; wait for an operator.
     Incompatible(String),
-    /// An operator asked for a restart; start again at once.
-    Restart,
+    /// Someone asked for a restart (the request says who); start again at once.
+    Restart(StopRequest),
     /// Stop for good.
     Stop,
 }
@@ -243,7 +243,7 @@ async fn finish_stderr(task: JoinHandle<()>) {
 
 /// The graceful stop: `shutdown` request → close stdin → SIGTERM to the group → SIGKILL, each
 /// step bounded; then every process recorded in its tree is killed, wherever it moved.
-pub(crate) async fn stop_run(ext: &Extension, mut run: Run, grace: Duration, why: &str) {
+pub(crate) async fn stop_run(ext: &Extension, mut run: Run, grace: Duration, req: &StopRequest) {
     use nix::sys::signal::Signal;
     // A tree stopped for its CPU share could not answer `shutdown` or see SIGTERM.
     signal_tree(run.pid, Signal::SIGCONT);
@@ -285,13 +285,7 @@ pub(crate) async fn stop_run(ext: &Extension, mut run: Run, grace: Duration, why
             .and_then(Result::ok);
     }
     let exit = status.map(|st| ExitInfo::from_status(st, now_ms()));
-    let rec = ExitRecord::new(
-        run.pid,
-        ExitCause::StoppedByHost,
-        Some(why.to_owned()),
-        exit,
-        in_flight,
-    );
+    let rec = ExitRecord::requested(run.pid, req, exit, in_flight);
     ext.update(|s| s.record_exit(rec));
     end_run(ext, run).await;
 }

@@ -36,6 +36,26 @@ pub enum State {
 }
 
 impl State {
+    /// Every state, in the order of [`State`]'s variants: the metrics export one series each,
+    /// and the docs' test asks that `ext status --help` names each. A test fails to compile
+    /// while a new variant is missing here.
+    pub const ALL: [State; 9] = [
+        State::Starting,
+        State::Ready,
+        State::BackingOff,
+        State::CrashLooping,
+        State::Incompatible,
+        State::Refused,
+        State::Stopping,
+        State::Stopped,
+        State::Disabled,
+    ];
+
+    /// The state named `s` (`crash-looping`), if it is one.
+    pub fn parse(s: &str) -> Option<State> {
+        State::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             State::Starting => "starting",
@@ -74,6 +94,17 @@ pub struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backoff_ms: Option<u64>,
     pub ready_since_ms: Option<i64>,
+    /// Since when (Unix ms) its runs have been failing: the first failure of the current
+    /// streak (a crash, a failed start, a stop for a limit, a refusal). Kept across its
+    /// restarts; cleared once a run stays ready for the restart policy's stable period, or an
+    /// operator restarts it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since_ms: Option<i64>,
+    /// While its runs keep failing, what the restart policy last made of it (`backing-off`
+    /// or `crash-looping`), kept through the next start so a retry in progress still reads as
+    /// the streak it is in; cleared with `failing_since_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_as: Option<State>,
     /// Of the current run, once ready: milliseconds from spawning the process to its accepted
     /// handshake (the cold start), and of those the handshake alone (`initialize` sent to its
     /// answer). `null` while starting or not running.
@@ -145,6 +176,88 @@ pub struct InFlightCall {
     pub age_ms: u64,
 }
 
+/// Who asked for a run to end, when the host ended it on request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Requester {
+    /// An operator: `conduit ext restart` (or the API's restart), or a change of the package
+    /// (disable, remove, upgrade, new settings) that stops the run.
+    Operator,
+    /// The host on its own: it restarts an extension that stopped answering (unresponsive).
+    Host,
+    /// The daemon stopping.
+    Shutdown,
+}
+
+impl Requester {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Requester::Operator => "operator",
+            Requester::Host => "host",
+            Requester::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// A request to end a run: who asks, whether a new run follows at once, and why. The one
+/// place the words of a requested end are chosen, so an operator's restart never reads like
+/// the host's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StopRequest {
+    pub by: Requester,
+    pub restart: bool,
+    pub why: String,
+}
+
+impl StopRequest {
+    /// `conduit ext restart NAME` or `POST /v1/extensions/NAME/restart`.
+    pub fn operator_restart() -> Self {
+        StopRequest {
+            by: Requester::Operator,
+            restart: true,
+            why: "an operator's restart request".into(),
+        }
+    }
+
+    /// The host restarts an extension that answered none of its last calls; `details` says
+    /// which and how they failed.
+    pub fn unresponsive(details: &str) -> Self {
+        StopRequest {
+            by: Requester::Host,
+            restart: true,
+            why: format!("unresponsive ({details})"),
+        }
+    }
+
+    /// An operator's change that stops the run for good: the extension was disabled, removed
+    /// or replaced (an upgrade or new settings start a new one).
+    pub fn operator_stop() -> Self {
+        StopRequest {
+            by: Requester::Operator,
+            restart: false,
+            why: "an operator's stop (disabled, removed, upgraded or reconfigured)".into(),
+        }
+    }
+
+    /// The daemon is stopping.
+    pub fn shutdown() -> Self {
+        StopRequest {
+            by: Requester::Shutdown,
+            restart: false,
+            why: "the daemon stopping".into(),
+        }
+    }
+
+    /// The line `recent exits` shows, `how` being how the child exited.
+    fn summary(&self, how: &str) -> String {
+        match (self.by, self.restart) {
+            (Requester::Operator, true) => format!("restarted at an operator's request ({how})"),
+            (Requester::Host, true) => format!("restarted by the host: {} ({how})", self.why),
+            _ => format!("stopped by the host after {} ({how})", self.why),
+        }
+    }
+}
+
 /// One end of a child, for `ext status`.
 #[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct ExitRecord {
@@ -154,11 +267,18 @@ pub struct ExitRecord {
     /// Why the host stopped it, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Who asked for the end, when the host ended it on request (`stopped-by-host`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<Requester>,
+    /// Whether a new run followed at once because of that request.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restart: bool,
     /// The exit code or signal, when the child's status was collected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit: Option<ExitInfo>,
     /// One line for people: `exit code 3`, `closed its stdout while running; stopped by the
-    /// host (killed by SIGKILL)`, `stopped by the host after an operator's stop (exit code 0)`.
+    /// host (killed by SIGKILL)`, `restarted at an operator's request (exit code 0)`,
+    /// `restarted by the host: unresponsive (…) (exit code 0)`.
     pub summary: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub in_flight: Vec<InFlightCall>,
@@ -192,10 +312,33 @@ impl ExitRecord {
             pid,
             cause,
             reason,
+            requested_by: None,
+            restart: false,
             exit,
             summary,
             in_flight,
         }
+    }
+
+    /// The end of a run the host made because `req` asked for it.
+    pub(crate) fn requested(
+        pid: u32,
+        req: &StopRequest,
+        exit: Option<ExitInfo>,
+        in_flight: Vec<InFlightCall>,
+    ) -> Self {
+        let mut rec = ExitRecord::new(
+            pid,
+            ExitCause::StoppedByHost,
+            Some(req.why.clone()),
+            exit,
+            in_flight,
+        );
+        let how = exit.map_or("its status was not collected".to_owned(), |e| e.to_string());
+        rec.summary = req.summary(&how);
+        rec.requested_by = Some(req.by);
+        rec.restart = req.restart;
+        rec
     }
 }
 
@@ -218,6 +361,8 @@ impl Status {
             next_start_at_ms: None,
             backoff_ms: None,
             ready_since_ms: None,
+            failing_since_ms: None,
+            failing_as: None,
             spawn_to_ready_ms: None,
             handshake_ms: None,
             protocol_version: None,
@@ -256,10 +401,129 @@ impl Status {
     }
 }
 
+/// What an overview shows of one extension, read without copying its whole status (see
+/// `Extension::glance`): a thousand of these are read for one overview.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct Glance {
+    pub state: State,
+    pub pid: Option<u32>,
+    pub restarts: u32,
+    pub ready_since_ms: Option<i64>,
+    pub next_start_at_ms: Option<i64>,
+    /// The newest of the recent exits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<ExitGlance>,
+    /// Resident memory of the tree and its CPU share now, while it runs and is sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    /// The memory and CPU limits in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_limit: Option<f64>,
+    /// Host calls awaiting the extension's answer now.
+    pub in_flight: u32,
+    pub calls: crate::stats::CallSummary,
+}
+
+/// The newest exit, as an overview shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ExitGlance {
+    pub at_ms: i64,
+    pub cause: ExitCause,
+    pub summary: String,
+    /// The exit code or signal, when the child's status was collected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitInfo>,
+    /// How many calls were in flight then.
+    pub in_flight: u32,
+}
+
+impl ExitGlance {
+    /// A few words: the exit code or signal (`exit code 3`, `killed by SIGKILL`), else the
+    /// cause (`closed-stdout`, `stopped-by-host`, `over-limit`).
+    pub fn brief(&self) -> String {
+        match (self.cause, self.exit) {
+            (ExitCause::Exited | ExitCause::Signalled, Some(e)) => e.to_string(),
+            (cause, Some(e)) => format!("{}, {e}", cause.as_str()),
+            (cause, None) => cause.as_str().to_owned(),
+        }
+    }
+}
+
+impl ExitCause {
+    /// The name on the wire (`closed-stdout`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExitCause::Exited => "exited",
+            ExitCause::Signalled => "signalled",
+            ExitCause::ClosedStdout => "closed-stdout",
+            ExitCause::StoppedByHost => "stopped-by-host",
+            ExitCause::OverLimit => "over-limit",
+        }
+    }
+}
+
+impl Glance {
+    /// What `status` holds, with no call figures yet.
+    pub fn of(status: &Status) -> Glance {
+        let res = status.resources.as_ref();
+        let usage = res.and_then(|r| r.usage.as_ref());
+        Glance {
+            state: status.state,
+            pid: status.pid,
+            restarts: status.restarts,
+            ready_since_ms: status.ready_since_ms,
+            next_start_at_ms: status.next_start_at_ms,
+            last_exit: status.recent_exits.first().map(|e| ExitGlance {
+                at_ms: e.at_ms,
+                cause: e.cause,
+                summary: e.summary.clone(),
+                exit: e.exit,
+                in_flight: e.in_flight.len() as u32,
+            }),
+            rss_bytes: usage.map(|u| u.rss_bytes),
+            cpu: usage.map(|u| u.cpu),
+            memory_limit: res.map(|r| r.limits.memory),
+            cpu_limit: res.map(|r| r.limits.cpu),
+            in_flight: 0,
+            calls: Default::default(),
+        }
+    }
+}
+
 /// The current time in Unix milliseconds, as statuses and the store record it.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::State;
+
+    #[test]
+    fn all_holds_every_state_once_in_order() {
+        // Exhaustive: a new variant stops this compiling until it has its place in `ALL`.
+        fn place(s: State) -> usize {
+            match s {
+                State::Starting => 0,
+                State::Ready => 1,
+                State::BackingOff => 2,
+                State::CrashLooping => 3,
+                State::Incompatible => 4,
+                State::Refused => 5,
+                State::Stopping => 6,
+                State::Stopped => 7,
+                State::Disabled => 8,
+            }
+        }
+        for (i, s) in State::ALL.into_iter().enumerate() {
+            assert_eq!(place(s), i, "{s} is out of place in State::ALL");
+        }
+    }
 }

@@ -155,6 +155,18 @@ pub fn over_limit(u: &TreeUse, l: &Limits) -> Option<(LimitKey, String)> {
     None
 }
 
+/// Which limit a stop's reason names, read back from the words [`over_limit`] (and the
+/// cgroup's OOM kill in `actor.rs`) write: `memory limit` or `limit of N tasks`.
+pub fn limit_named_in(reason: &str) -> Option<LimitKey> {
+    if reason.contains("memory limit") {
+        Some(LimitKey::Memory)
+    } else if reason.contains("tasks") {
+        Some(LimitKey::Tasks)
+    } else {
+        None
+    }
+}
+
 /// What the duty cycle says to do with the tree now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Duty {
@@ -389,5 +401,11 @@ mod tests {
             ..at
         };
         assert_eq!(over_limit(&tasks, &l).unwrap().0, LimitKey::Tasks);
+        // The words name the limit again, for whoever reads a recorded stop.
+        for u in [past, tasks] {
+            let (k, why) = over_limit(&u, &l).unwrap();
+            assert_eq!(limit_named_in(&why), Some(k), "{why}");
+        }
+        assert_eq!(limit_named_in("exit code 3"), None);
     }
 }

@@ -105,7 +105,15 @@ async fn grandchildren_that_leave_the_group_or_session_are_stopped_with_the_exte
     );
     let rec = &ext.status().recent_exits[0];
     assert_eq!(rec.cause, ExitCause::StoppedByHost);
-    assert!(rec.summary.contains("a stop request"), "{}", rec.summary);
+    assert_eq!(
+        rec.requested_by,
+        Some(conduit_supervisor::Requester::Operator)
+    );
+    assert!(
+        rec.summary.contains("an operator's stop"),
+        "{}",
+        rec.summary
+    );
     sup.shutdown().await;
 }
 
@@ -268,7 +276,7 @@ async fn restarts_counts_restarts_not_failures_and_keeps_five_exits() {
     assert_eq!(st.recent_exits[0].cause, ExitCause::Exited);
     // Restarted by hand six times: counted, and only the last five exits are kept.
     for n in 1..=6u32 {
-        ext.restart();
+        ext.restart(conduit_supervisor::StopRequest::operator_restart());
         until("the restart is counted", || {
             let st = ext.status();
             st.restarts == n

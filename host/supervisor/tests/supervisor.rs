@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use conduit_protocol::ErrorCode;
 use conduit_supervisor::tree::group_alive;
-use conduit_supervisor::{ExtensionSpec, State, Supervisor, no_callbacks};
+use conduit_supervisor::{
+    ExitCause, ExtensionSpec, Requester, State, StopRequest, Supervisor, no_callbacks,
+};
 use serde_json::{Value, json};
 
 mod common;
@@ -305,28 +307,150 @@ async fn no_answer_to_the_handshake_is_a_failure_after_the_start_timeout() {
     env.sup.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_preflight_is_refused_with_its_reason_until_restarted() {
-    let env = env();
-    let mut s = spec(&env, "tampered", "ok");
+/// Give `s` a preflight that refuses with `why` until the flag it returns is set.
+fn refuse_until_allowed(
+    s: &mut ExtensionSpec,
+    why: &'static str,
+) -> Arc<std::sync::atomic::AtomicBool> {
     let allowed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let a = allowed.clone();
     s.preflight = Some(Arc::new(move || {
         if a.load(std::sync::atomic::Ordering::SeqCst) {
             Ok(())
         } else {
-            Err("main.py changed after install".into())
+            Err(why.into())
         }
     }));
+    allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_preflight_is_refused_with_its_reason_until_restarted() {
+    let env = env();
+    let mut s = spec(&env, "tampered", "ok");
+    let allowed = refuse_until_allowed(&mut s, "main.py changed after install");
     let ext = env.sup.start(s).await;
     ext.wait_for(READY, |s| s == State::Refused).await.unwrap();
     assert_eq!(
         ext.status().last_error.as_deref(),
         Some("main.py changed after install")
     );
+    // Since when it has been refused is kept; an operator's restart clears it.
+    assert!(ext.status().failing_since_ms.is_some());
     allowed.store(true, std::sync::atomic::Ordering::SeqCst);
-    ext.restart();
+    ext.restart(StopRequest::operator_restart());
     ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    assert_eq!(ext.status().failing_since_ms, None);
+    env.sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn since_when_it_fails_is_kept_across_restarts_until_a_run_is_stable() {
+    let looping = env();
+    let mut s = spec(&looping, "wobbly", "exit-at-start");
+    s.policy = conduit_supervisor::backoff::RestartPolicy {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(40),
+        stable_after: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let ext = looping.sup.start(s).await;
+    let deadline = Instant::now() + READY;
+    // Several failures in a row: the first one's time stays.
+    let first = loop {
+        let st = ext.status();
+        if let Some(at) = st.failing_since_ms {
+            break at;
+        }
+        assert!(Instant::now() < deadline, "{st:#?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    loop {
+        let st = ext.status();
+        assert_eq!(st.failing_since_ms, Some(first), "{st:#?}");
+        if st.restarts >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{st:#?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    looping.sup.shutdown().await;
+
+    // A host's restart keeps it; a run ready for the stable period clears it.
+    let env = env();
+    let mut s = spec(&env, "steady", "ok");
+    s.policy.stable_after = Duration::from_millis(300);
+    let allowed = refuse_until_allowed(&mut s, "not yet");
+    let ext = env.sup.start(s).await;
+    ext.wait_for(READY, |s| s == State::Refused).await.unwrap();
+    let since = ext.status().failing_since_ms;
+    assert!(since.is_some());
+    allowed.store(true, std::sync::atomic::Ordering::SeqCst);
+    ext.restart(StopRequest::unresponsive("test"));
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    assert_eq!(
+        ext.status().failing_since_ms,
+        since,
+        "kept across the host's restart"
+    );
+    let deadline = Instant::now() + READY;
+    while ext.status().failing_since_ms.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "never cleared: {:#?}",
+            ext.status()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ext.state(), State::Ready);
+    env.sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_by_the_host_reads_unlike_an_operators_in_recent_exits() {
+    let env = env();
+    let ext = env.sup.start(spec(&env, "twice", "ok")).await;
+    ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
+    ext.restart(StopRequest::operator_restart());
+    let exits = |n: usize| {
+        let ext = ext.clone();
+        async move {
+            let deadline = std::time::Instant::now() + READY;
+            loop {
+                let st = ext.status();
+                if st.recent_exits.len() >= n && st.state == State::Ready {
+                    return st.recent_exits;
+                }
+                assert!(std::time::Instant::now() < deadline, "{st:#?}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let by_operator = exits(1).await[0].clone();
+    assert_eq!(by_operator.cause, ExitCause::StoppedByHost);
+    assert_eq!(by_operator.requested_by, Some(Requester::Operator));
+    assert!(by_operator.restart);
+    assert!(
+        by_operator
+            .summary
+            .starts_with("restarted at an operator's request ("),
+        "{}",
+        by_operator.summary
+    );
+    ext.restart(StopRequest::unresponsive(
+        "2 consecutive in-transaction calls or probes failed; last: no answer within 250ms",
+    ));
+    let by_host = exits(2).await[0].clone();
+    assert_eq!(by_host.cause, ExitCause::StoppedByHost);
+    assert_eq!(by_host.requested_by, Some(Requester::Host));
+    assert!(
+        by_host.summary.starts_with(
+            "restarted by the host: unresponsive (2 consecutive in-transaction calls or probes failed; last: no answer within 250ms) ("
+        ),
+        "{}",
+        by_host.summary
+    );
+    assert_ne!(by_host.summary, by_operator.summary);
     env.sup.shutdown().await;
 }
 

@@ -91,6 +91,27 @@ impl Fixture {
         pkg
     }
 
+    /// A package running `host/tests/fixtures/hog.py` in `mode` (it uses too much on
+    /// command), with `extra` appended to its manifest (`[limits]`, `[sandbox]`).
+    pub fn hog(&self, name: &str, mode: &str, extra: &str) -> PathBuf {
+        let pkg = self.dir.path().join("src").join(name);
+        std::fs::create_dir_all(&pkg).unwrap();
+        std::fs::copy(
+            workspace_root().join("host/tests/fixtures/hog.py"),
+            pkg.join("hog.py"),
+        )
+        .unwrap();
+        std::fs::write(
+            pkg.join("conduit-extension.toml"),
+            format!(
+                "name = \"{name}\"\nversion = \"0.1.0\"\nprotocol = 1\ncommand = [\"python3\", \"hog.py\", \"{mode}\"]\n\n\
+                 [capabilities]\nmethods = [\"echo\", \"pid\", \"open_files\", \"probe\"]\n{extra}"
+            ),
+        )
+        .unwrap();
+        pkg
+    }
+
     /// A package running `host/tests/fixtures/core_ext.py` in `mode`, with every capability the
     /// core calls declared.
     pub fn core_ext(&self, name: &str, mode: &str) -> PathBuf {

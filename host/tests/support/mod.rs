@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)] // each test binary uses its own part of this module
 
+pub mod browser;
 pub mod drill;
 pub mod fixture;
 pub mod http;

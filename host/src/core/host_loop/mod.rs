@@ -284,7 +284,12 @@ impl HostLoop {
                 reason = view.reason.as_deref().unwrap_or(""),
                 "extension is unresponsive (alive, but answered none of its last calls); restarting it"
             );
-            ext.restart();
+            let details = format!(
+                "{} consecutive in-transaction calls or probes failed; last: {}",
+                view.failures,
+                view.reason.as_deref().unwrap_or("no answer")
+            );
+            ext.restart(conduit_supervisor::StopRequest::unresponsive(&details));
         }
         for probe in tending.probes {
             if let Some((ext, _)) = exts.get(&probe.name) {
