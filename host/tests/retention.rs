@@ -178,6 +178,24 @@ fn over_the_budget_the_oldest_unneeded_content_goes_and_what_a_live_record_needs
     ]);
     assert_eq!(page["artifacts"].as_array().unwrap().len(), 2);
     assert_eq!(page["next_after"], 3);
+    // The same list newest first (the web view's order), and one cursor at a time.
+    let (code, newest) = support::http::request(&socket(&f), "GET", "/v1/artifacts?limit=2", None);
+    assert_eq!(code, 200, "{newest}");
+    let newest_ids: Vec<i64> = newest["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(newest_ids, [4, 3]);
+    assert_eq!(newest["next_before"], 3);
+    let (code, v) =
+        support::http::request(&socket(&f), "GET", "/v1/artifacts?after=1&before=3", None);
+    assert_eq!(code, 400, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("not both"),
+        "{v}"
+    );
 
     // Reading removed content says so; kept content is served from its own route.
     let get = f.conduit(&["artifacts", "get", &ids[1], "-o", "/dev/null"]);

@@ -12,7 +12,6 @@ use axum::{Json, Router};
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiResult, bad_request};
-use super::records::PageQuery;
 use crate::daemon::handle::Daemon;
 use crate::retention::{SweepError, view};
 
@@ -42,10 +41,27 @@ fn not_found(sha: &str) -> ApiError {
     )
 }
 
-async fn list(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
-    let limit = q.limit()?;
-    let after = q.after;
-    let page = d.core().read(move |r| view::page(r, after, limit)).await?;
+#[derive(Deserialize)]
+struct ListQuery {
+    after: Option<i64>,
+    before: Option<i64>,
+    limit: Option<u32>,
+}
+
+/// With `after`, oldest first as the other lists page; otherwise newest first (`before`), the
+/// order the web view reads.
+async fn list(State(d): State<Arc<Daemon>>, Query(q): Query<ListQuery>) -> ApiResult {
+    let limit = conduit_protocol::page_limit(q.limit).map_err(|e| bad_request(e.to_string()))?;
+    let order = match (q.after, q.before) {
+        (Some(_), Some(_)) => {
+            return Err(bad_request(
+                "give `after` (oldest first) or `before` (newest first), not both",
+            ));
+        }
+        (Some(a), None) => view::Order::After(Some(a)),
+        (None, b) => view::Order::Before(b),
+    };
+    let page = d.core().read(move |r| view::page(r, order, limit)).await?;
     Ok(Json(page).into_response())
 }
 

@@ -99,16 +99,15 @@ fn push_warning(d: &Daemon, kind: &str) -> Result<Option<String>, ApiError> {
     Ok(crate::daemon::routes::warning(kind, &d.extensions()?))
 }
 
-/// `?after=&limit=` (and `&source=` for events), as every list takes it.
 #[derive(Deserialize)]
-pub(super) struct PageQuery {
-    pub(super) after: Option<i64>,
+struct PageQuery {
+    after: Option<i64>,
     limit: Option<u32>,
     source: Option<String>,
 }
 
 impl PageQuery {
-    pub(super) fn limit(&self) -> Result<u32, ApiError> {
+    fn limit(&self) -> Result<u32, ApiError> {
         conduit_protocol::page_limit(self.limit).map_err(|e| bad_request(e.to_string()))
     }
 }

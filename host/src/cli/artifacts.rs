@@ -29,38 +29,42 @@ pub(crate) struct ShowArgs {
     json: bool,
 }
 
-fn open_store(
+/// Reads `conduit.db` directly, read only (nothing is created or migrated); `None` when there
+/// is no database yet.
+fn read_store<T>(
     state: &conduit_host::state_dir::StateDir,
-) -> Result<Option<conduit_store::Store>, CliError> {
+    f: impl FnOnce(&conduit_store::ReadTx<'_>) -> Result<T, conduit_store::StoreError>,
+) -> Result<Option<T>, CliError> {
     let db = conduit_host::retention::sweep::db_path(state);
     if !db.exists() {
         return Ok(None);
     }
-    conduit_store::Store::open(&db)
+    conduit_store::read_only(&db, f)
         .map(Some)
         .map_err(CliError::failure)
 }
 
 pub(crate) fn list(args: ListArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let rt = runtime()?;
     let page: ArtifactPage = if let Some(client) = daemon(&rt, &state) {
-        let mut path = format!("/v1/artifacts?limit={}", args.limit);
-        if let Some(a) = args.after {
-            path.push_str(&format!("&after={a}"));
-        }
+        // `after` (0 from the start) asks for the oldest first, as the other lists page.
+        let path = format!(
+            "/v1/artifacts?limit={}&after={}",
+            args.limit,
+            args.after.unwrap_or(0)
+        );
         let v = rt.block_on(client.get(&path)).map_err(CliError::failure)?;
         serde_json::from_value(v).map_err(CliError::failure)?
     } else {
-        match open_store(&state)? {
-            Some(store) => store
-                .read(|r| view::page(r, args.after, args.limit))
-                .map_err(CliError::failure)?,
-            None => ArtifactPage {
-                artifacts: Vec::new(),
-                next_after: None,
-            },
-        }
+        read_store(&state, |r| {
+            view::page(r, view::Order::After(args.after), args.limit)
+        })?
+        .unwrap_or(ArtifactPage {
+            artifacts: Vec::new(),
+            next_after: Some(None),
+            next_before: None,
+        })
     };
     if args.json {
         print_json(&page)?;
@@ -98,7 +102,7 @@ pub(crate) fn show(args: ShowArgs, state: &StateArgs) -> Result<ExitCode, CliErr
             args.id
         )));
     };
-    let state = state.open_existing()?;
+    let state = state.open_read_only()?;
     let rt = runtime()?;
     let missing = || {
         CliError::usage(anyhow::anyhow!(
@@ -121,13 +125,9 @@ pub(crate) fn show(args: ShowArgs, state: &StateArgs) -> Result<ExitCode, CliErr
         }
         serde_json::from_value(v).map_err(CliError::failure)?
     } else {
-        let found = match open_store(&state)? {
-            Some(store) => store
-                .read(|r| view::one(r, &sha))
-                .map_err(CliError::failure)?,
-            None => None,
-        };
-        found.ok_or_else(missing)?
+        read_store(&state, |r| view::one(r, &sha))?
+            .flatten()
+            .ok_or_else(missing)?
     };
     if args.json {
         print_json(&v)?;

@@ -87,7 +87,11 @@ pub(crate) struct UnsetArgs {
 }
 
 pub(crate) fn run(cmd: Command, state: &StateArgs) -> Result<ExitCode, CliError> {
-    let state = state.open_existing()?;
+    // `show` and `get` only read; `set` and `unset` write settings.toml.
+    let state = match cmd {
+        Command::Show(_) | Command::Get(_) => state.open_read_only()?,
+        Command::Set(_) | Command::Unset(_) => state.open_existing()?,
+    };
     // A file with a bad value is the operator's to fix: exit 2, naming the file and the key.
     let current = settings::retention(&state).map_err(CliError::usage)?;
     match cmd {

@@ -31,12 +31,25 @@ pub struct ArtifactView {
     pub references_total: Option<u64>,
 }
 
-/// A page of artifacts, as the other lists page (`next_after` is the last id, `null` on an
-/// empty page).
+/// A page of artifacts: oldest first after a cursor, as the other lists page (`next_after`
+/// is the last id, `null` on an empty page), or newest first before one, as the web view
+/// reads them (`next_before`, `null` on a page shorter than asked).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArtifactPage {
     pub artifacts: Vec<ArtifactView>,
-    pub next_after: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<Option<i64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<Option<i64>>,
+}
+
+/// Which way a page of artifacts goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Oldest first, ids above the cursor (from the start when `None`).
+    After(Option<i64>),
+    /// Newest first, ids below the cursor (from the newest when `None`).
+    Before(Option<i64>),
 }
 
 fn view(r: &ReadTx<'_>, artifact: Artifact) -> Result<ArtifactView, StoreError> {
@@ -67,10 +80,17 @@ pub fn one(r: &ReadTx<'_>, sha256: &str) -> Result<Option<ArtifactView>, StoreEr
     Ok(Some(v))
 }
 
-/// A page of artifacts with ids above `after`, oldest first, removed ones included.
-pub fn page(r: &ReadTx<'_>, after: Option<i64>, limit: u32) -> Result<ArtifactPage, StoreError> {
-    let rows = r.list_artifacts(after, limit)?;
-    let next_after = rows.last().map(|a| a.id);
+/// A page of artifacts, removed ones included, in `order`.
+pub fn page(r: &ReadTx<'_>, order: Order, limit: u32) -> Result<ArtifactPage, StoreError> {
+    let rows = match order {
+        Order::After(after) => r.artifacts_after(after, limit)?,
+        Order::Before(before) => r.list_artifacts(before, limit)?,
+    };
+    let last = rows.last().map(|a| a.id);
+    let (next_after, next_before) = match order {
+        Order::After(_) => (Some(last), None),
+        Order::Before(_) => (None, Some(last.filter(|_| rows.len() == limit as usize))),
+    };
     let artifacts = rows
         .into_iter()
         .map(|a| view(r, a))
@@ -78,6 +98,7 @@ pub fn page(r: &ReadTx<'_>, after: Option<i64>, limit: u32) -> Result<ArtifactPa
     Ok(ArtifactPage {
         artifacts,
         next_after,
+        next_before,
     })
 }
 

@@ -59,6 +59,11 @@ macro_rules! artifact_select {
 const SQL_BY_ID: &str = concat!(artifact_select!(), "WHERE id = ?1");
 const SQL_BY_SHA: &str = concat!(artifact_select!(), "WHERE sha256 = ?1");
 const SQL_LIST: &str = concat!(artifact_select!(), "WHERE id > ?1 ORDER BY id LIMIT ?2");
+/// Newest first, below a cursor (`views.rs`'s list); the same columns, so one `decode`.
+pub(crate) const SQL_NEWEST: &str = concat!(
+    artifact_select!(),
+    "WHERE id < ?1 ORDER BY id DESC LIMIT ?2"
+);
 
 pub(crate) fn decode(row: &Row<'_>) -> Result<Artifact, StoreError> {
     let id: i64 = col(row, 0)?;
@@ -116,8 +121,9 @@ impl ReadTx<'_> {
     }
 
     /// A page of artifacts with ids above `after_id` (from the start when `None`), oldest
-    /// first, whether their content is kept or was removed.
-    pub fn list_artifacts(
+    /// first, whether their content is kept or was removed (newest first:
+    /// [`ReadTx::list_artifacts`]).
+    pub fn artifacts_after(
         &self,
         after_id: Option<i64>,
         limit: u32,
