@@ -167,6 +167,45 @@ pub fn proc_cpu(pid: u32) -> Option<Duration> {
     Some(Duration::from_nanos(ns))
 }
 
+/// The run time of each live thread of a process, by thread id, from
+/// `/proc/<pid>/task/*/schedstat`: a mark to measure a long-lived process (a daemon) against
+/// with [`TaskCpu::since`]. `None` when the process is gone.
+#[derive(Debug, Clone, Default)]
+pub struct TaskCpu(std::collections::HashMap<u32, u64>);
+
+impl TaskCpu {
+    pub fn now(pid: u32) -> Option<TaskCpu> {
+        let dir = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        let mut map = std::collections::HashMap::new();
+        for task in dir.flatten() {
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            // A thread that exits between the listing and the read is left out.
+            let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+                continue;
+            };
+            if let Some(ns) = stat.split_whitespace().next().and_then(|v| v.parse().ok()) {
+                map.insert(tid, ns);
+            }
+        }
+        Some(TaskCpu(map))
+    }
+
+    /// CPU the process's threads ran since `earlier`: each live thread's growth, a thread
+    /// started meanwhile counted whole. A thread that ended meanwhile is missing (its run
+    /// time since `earlier` is lost, never subtracted), so this reads low, never high, and
+    /// never below zero.
+    pub fn since(&self, earlier: &TaskCpu) -> Duration {
+        let ns: u64 = self
+            .0
+            .iter()
+            .map(|(tid, now)| now.saturating_sub(earlier.0.get(tid).copied().unwrap_or(0)))
+            .sum();
+        Duration::from_nanos(ns)
+    }
+}
+
 /// The CPU of this process and of one live child, read together.
 #[derive(Debug, Clone, Copy)]
 pub struct PairMark {

@@ -12,7 +12,7 @@
 //! | `callback {n, text}` | makes `n` sequential `ping {text}` calls to the host, timing each, and answers the times |
 //! | `sleep {ms}` | tells the host it started (a `sleeping` callback, not awaited), then waits `ms`, or until cancelled; records when it saw the cancellation |
 //! | `cancel_seen` | answers (and clears) when the last `sleep` started and saw its cancellation |
-//! | `artifact {bytes, chunk_bytes}` | streams `bytes` bytes to the host in chunks, with their SHA-256, and answers what the host stored |
+//! | `artifact {bytes, chunk_bytes}` | streams `bytes` bytes to the host in chunks, with their size (the host computes the SHA-256, as conduit's does, docs/protocol.md §8), and answers what the host stored |
 //!
 //! Cancellation is timed across the two processes on `CLOCK_MONOTONIC`, which is one clock
 //! for the whole machine: the host notes the moment it starts cancelling, the extension the
@@ -105,6 +105,36 @@ pub fn artifact_id(len: usize) -> String {
     let id = format!("sha256:{}", hex::encode(hasher.finalize()));
     ids.push((len, id.clone()));
     id
+}
+
+/// `first` (the start of the artifact's content) with its first 8 bytes replaced by `salt`
+/// (little-endian), as [`jsonrpc::ArtifactParams::salt`] asks; unchanged for salt 0.
+pub fn salted(first: &[u8], salt: u64) -> Vec<u8> {
+    let mut out = first.to_vec();
+    if salt != 0 {
+        let n = out.len().min(8);
+        out[..n].copy_from_slice(&salt.to_le_bytes()[..n]);
+    }
+    out
+}
+
+/// [`artifact_id`] of the content salted with `salt` ([`salted`]); not cached, so a salted id
+/// costs one pass over `len` bytes.
+pub fn salted_artifact_id(len: usize, salt: u64) -> String {
+    if salt == 0 {
+        return artifact_id(len);
+    }
+    let mut hasher = Sha256::new();
+    let mut first = true;
+    for_each_block(len.min(ARTIFACT_BYTES as usize), |b| {
+        if first {
+            hasher.update(salted(b, salt));
+            first = false;
+        } else {
+            hasher.update(b);
+        }
+    });
+    format!("sha256:{}", hex::encode(hasher.finalize()))
 }
 
 /// When the last `sleep` started and when it saw its cancellation (0: not yet).
@@ -229,6 +259,19 @@ mod tests {
             hex::encode(Sha256::digest(artifact_bytes(10_000)))
         );
         assert_eq!(artifact_id(10_000), want);
+    }
+
+    #[test]
+    fn a_salted_artifact_id_is_the_digest_of_the_salted_bytes() {
+        for len in [3, 8, 10_000] {
+            let bytes = artifact_bytes(len);
+            let mut salted_bytes = salted(&bytes[..len.min(4096)], 77);
+            salted_bytes.extend_from_slice(&bytes[len.min(4096)..]);
+            assert_ne!(salted_bytes, bytes);
+            let want = format!("sha256:{}", hex::encode(Sha256::digest(&salted_bytes)));
+            assert_eq!(salted_artifact_id(len, 77), want, "{len} bytes");
+        }
+        assert_eq!(salted_artifact_id(10_000, 0), artifact_id(10_000));
     }
 
     #[test]

@@ -89,6 +89,11 @@ impl Drop for Spinners {
 /// (one CPU: two context switches; two CPUs: a wake-up of the other CPU each message), and the
 /// scheduler picks anew for every child; pinning makes one run comparable with the next.
 pub fn pin_to(cpu: Option<usize>) -> anyhow::Result<()> {
+    sched_setaffinity(Pid::from_raw(0), &cpu_set(cpu)?).context("sched_setaffinity")
+}
+
+/// `cpu` alone, or every CPU for `None`.
+fn cpu_set(cpu: Option<usize>) -> anyhow::Result<CpuSet> {
     let mut set = CpuSet::new();
     match cpu {
         Some(c) => set.set(c).context("CPU number")?,
@@ -101,7 +106,27 @@ pub fn pin_to(cpu: Option<usize>) -> anyhow::Result<()> {
             }
         }
     }
-    sched_setaffinity(Pid::from_raw(0), &set).context("sched_setaffinity")
+    Ok(set)
+}
+
+/// Move every thread of process `pid` to `cpu` (or to every CPU for `None`): for a process
+/// started by another (an extension the daemon spawned), which no fork of ours could place.
+/// Threads it starts afterwards inherit the mask of the thread that starts them.
+pub fn pin_process(pid: u32, cpu: Option<usize>) -> anyhow::Result<()> {
+    let set = cpu_set(cpu)?;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .with_context(|| format!("listing the threads of {pid}"))?;
+    for task in tasks.flatten() {
+        if let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<i32>().ok())
+        {
+            sched_setaffinity(Pid::from_raw(tid), &set)
+                .with_context(|| format!("sched_setaffinity of thread {tid} of {pid}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Where a benchmark's host runs and where the children it spawns run (`None`: anywhere, or

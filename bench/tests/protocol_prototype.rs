@@ -3,7 +3,7 @@
 //! itself), and the JSON has the shape `docs/performance.md` and scripts read.
 //!
 //! The run is tiny (the point is that it works, not the figures): idle only, one placement,
-//! one round, a 256 KiB artifact (on both paths, and through a daemon).
+//! one round, a 256 KiB artifact (on both paths, and through a daemon in the same placement).
 
 use std::process::Command;
 
@@ -98,6 +98,38 @@ fn both_transports_run_the_workload_and_the_json_has_its_shape() {
             assert!(v.is_some_and(|v| v > 0.0), "{t} {key}: {figures}");
         }
         assert!(figures["echo_p99_us"].as_f64() >= figures["echo_p50_us"].as_f64());
+        // The crash restated: the transport's own child's exit in the same round, and what
+        // the host adds to it (a difference of medians, so any sign).
+        assert!(
+            figures["child_kill_to_eof_us"]
+                .as_f64()
+                .is_some_and(|v| v > 0.0),
+            "{t}: {figures}"
+        );
+        assert!(figures["crash_host_added_us"].is_f64(), "{t}: {figures}");
+    }
+    // Every target says whether it is gated in this regime and placement; the restated ones
+    // are there.
+    let targets = idle["targets"].as_array().unwrap();
+    assert!(
+        targets
+            .iter()
+            .all(|t| t["gated"].is_boolean() && t["met"].is_boolean())
+    );
+    for want in [
+        "crash: the host adds ≤ 50 µs",
+        "artifact faster than gRPC",
+        "cold start ≤ the spawn floor + 1 ms",
+        "pipelined ≥ 50%",
+        "artifact through the daemon ≥ 60% of the bench host's rate",
+        "daemon CPU per MiB ≤ 1.5× the bench host's",
+    ] {
+        assert!(
+            targets
+                .iter()
+                .any(|t| t["target"].as_str().is_some_and(|s| s.starts_with(want))),
+            "no target `{want}`: {targets:?}"
+        );
     }
     assert!(report["placements"]["same-cpu"]["idle"].is_object());
     // JSON-RPC's second artifact path, base64 chunks beside the bulk pipe.
@@ -107,8 +139,13 @@ fn both_transports_run_the_workload_and_the_json_has_its_shape() {
         "{}",
         idle["transports"]
     );
-    // `conduit` is built beside this binary by `make build`, so the daemon path runs too.
+    // `conduit` is built beside this binary by `make build`, so the daemon path runs too, in
+    // the placement of the rounds beside it.
     let daemon = &report["through_daemon"]["idle"];
+    assert_eq!(
+        daemon,
+        &report["placements"]["same-cpu"]["idle"]["through_daemon"]
+    );
     for key in ["daemon_artifact_mib_s", "daemon_artifact_json_mib_s"] {
         assert!(
             daemon[key].as_f64().is_some_and(|v| v > 0.0),

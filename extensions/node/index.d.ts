@@ -136,6 +136,18 @@ export interface PushResult {
 export interface ArtifactStored {
   artifact_id: string;
   size: number;
+  /** The SHA-256 the host computed of what it stored, lower-case hex. */
+  sha256: string;
+}
+export interface ArtifactOptions {
+  mediaType?: string;
+  size?: number;
+  chunkBytes?: number;
+  timeoutMs?: number;
+  /** Hash the bytes here too and send the digest at close, for the host to check (end to end). */
+  verify?: boolean;
+  /** Send base64 chunks even where the host offers the bulk pipe. */
+  jsonChunks?: boolean;
 }
 export interface CallOptions {
   /** Give up after this many ms (deadline_exceeded, and $/cancel to the host). Default: the
@@ -151,11 +163,12 @@ export declare class Host {
   work(workId: number, opts?: CallOptions): Promise<Work>;
   emit(emission: string, payload: unknown, workId?: number | null, opts?: CallOptions): Promise<EmitResult>;
   push(source: string, deliveryId: string, kind: string, payload: unknown, opts?: CallOptions): Promise<PushResult>;
-  artifact(
+  artifact(name: string, opts?: ArtifactOptions): Promise<ArtifactWriter>;
+  storeArtifact(
     name: string,
-    opts?: { mediaType?: string; size?: number; chunkBytes?: number; timeoutMs?: number },
-  ): Promise<ArtifactWriter>;
-  storeArtifact(name: string, data: Uint8Array | string, opts?: { mediaType?: string; timeoutMs?: number }): Promise<ArtifactStored>;
+    data: Uint8Array | string,
+    opts?: { mediaType?: string; timeoutMs?: number; verify?: boolean; sha256?: string; jsonChunks?: boolean },
+  ): Promise<ArtifactStored>;
 }
 
 /** An open artifact stream: write, then finish (or abort). Its bytes go as base64 chunks, or as
@@ -169,8 +182,11 @@ export declare class ArtifactWriter {
   readonly size: number;
   /** Whether the bytes go on the host's bulk pipe (docs/protocol.md §8.1) rather than as chunks. */
   readonly isBulk: boolean;
+  /** Whether the bytes are hashed here, to be sent at close (verify, or an older host). */
+  readonly isHashing: boolean;
   write(data: Uint8Array | string): Promise<void>;
-  finish(): Promise<ArtifactStored>;
+  /** `sha256`: the content's digest if already known, sent for the host to check. */
+  finish(opts?: { sha256?: string }): Promise<ArtifactStored>;
   abort(): void;
 }
 

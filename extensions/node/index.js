@@ -312,19 +312,28 @@ export class Host {
   push(source, deliveryId, kind, payload, opts) {
     return this.call("ingress.push", { source, delivery_id: deliveryId, kind, payload }, opts);
   }
-  async artifact(name, { mediaType, size, chunkBytes = DEFAULT_ARTIFACT_CHUNK_BYTES, timeoutMs } = {}) {
+  /**
+   * Open an artifact stream. The host computes the SHA-256 of what it received and finish()
+   * returns it. `verify: true` also hashes the bytes here and sends that digest at close; the
+   * host then refuses the stream (artifact_invalid, keeping nothing) unless what it received
+   * matches: end-to-end verification, for one SHA-256 pass here. `jsonChunks: true` sends base64
+   * chunks even where the host offers the bulk pipe (docs/protocol.md §8.1).
+   */
+  async artifact(name, { mediaType, size, chunkBytes = DEFAULT_ARTIFACT_CHUNK_BYTES, timeoutMs, verify = false, jsonChunks = false } = {}) {
     const p = { name };
     if (mediaType !== undefined) p.media_type = mediaType;
     if (size !== undefined) p.size = size;
-    if (this._server.bulk) p.bulk = true;
+    if (this._server.bulk && !jsonChunks) p.bulk = true;
     const opened = await this.call("artifact.open", p, { timeoutMs });
-    return new ArtifactWriter(this, name, opened, chunkBytes, timeoutMs);
+    return new ArtifactWriter(this, name, opened, chunkBytes, timeoutMs, { verify, bulk: !jsonChunks });
   }
-  async storeArtifact(name, data, { mediaType, timeoutMs } = {}) {
-    const w = await this.artifact(name, { mediaType, size: data.length, timeoutMs });
+  /** Store `data` as one artifact; `sha256`: its digest if already known, for the host to check. */
+  async storeArtifact(name, data, { mediaType, timeoutMs, verify, sha256, jsonChunks } = {}) {
+    const size = typeof data === "string" ? Buffer.byteLength(data) : data.length;
+    const w = await this.artifact(name, { mediaType, size, timeoutMs, verify, jsonChunks });
     try {
       await w.write(data);
-      return await w.finish();
+      return await w.finish({ sha256 });
     } catch (e) {
       w.abort();
       throw e;
@@ -335,10 +344,12 @@ export class Host {
 /**
  * An open artifact stream: chunks in seq order, at most `window` unanswered (§8). When the host
  * offered the bulk pipe and granted it (`bulk_tag`, §8.1), the bytes go there instead, as
- * frames of up to 256 KiB with no acks.
+ * frames of up to 256 KiB with no acks. The size is counted on the way; the SHA-256 is the
+ * host's (answered at close), computed here too only when verifying end to end or when the
+ * host needs it (an older host, whose open answer lacks `sha256_optional`).
  */
 export class ArtifactWriter {
-  constructor(host, name, opened, chunkBytes, timeoutMs) {
+  constructor(host, name, opened, chunkBytes, timeoutMs, { verify = false, bulk = true } = {}) {
     const ok = opened && typeof opened.stream_id === "string" && Number.isInteger(opened.max_chunk_bytes) &&
       opened.max_chunk_bytes >= 1 && Number.isInteger(opened.window) && opened.window >= 1;
     if (!ok) throw RpcError.internal(`artifact \`${name}\`: unusable artifact.open answer ${JSON.stringify(opened)}`);
@@ -353,19 +364,23 @@ export class ArtifactWriter {
     this._bufLen = 0;
     this._seq = 0;
     this.size = 0;
-    this._sha = createHash("sha256");
+    this._sha = verify || opened.sha256_optional !== true ? createHash("sha256") : null;
     this._inFlight = new Set();
     this._failure = null;
     this._state = "open";
     this._queue = Promise.resolve(); // serializes writes, so chunks go out in seq order
     const tag = opened.bulk_tag;
-    this._bulk = host._server.bulk;
+    this._bulk = bulk ? host._server.bulk : null;
     this._tag = this._bulk && Number.isInteger(tag) && tag >= 0 && tag < 2 ** 32 ? tag : null;
     if (this._tag !== null) this.chunkBytes = BULK_FRAME_BYTES;
   }
   /** Whether the bytes go on the host's bulk pipe rather than as chunks. */
   get isBulk() {
     return this._tag !== null;
+  }
+  /** Whether the bytes are hashed here, to be sent at close (verify, or a host that needs it). */
+  get isHashing() {
+    return this._sha !== null;
   }
   async _room(below) {
     while (this._inFlight.size > below && !this._failure) await Promise.race(this._inFlight);
@@ -401,7 +416,7 @@ export class ArtifactWriter {
     const run = async () => {
       if (this._state !== "open") throw RpcError.internal(`artifact \`${this.name}\`: the stream is ${this._state}`);
       let b = typeof data === "string" ? Buffer.from(data) : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
-      this._sha.update(b);
+      if (this._sha) this._sha.update(b);
       this.size += b.length;
       try {
         if (this._bufLen && this._bufLen + b.length >= this.chunkBytes) {
@@ -428,23 +443,43 @@ export class ArtifactWriter {
     this._queue = p.catch(() => {});
     return p;
   }
-  /** Send what is buffered, wait for every ack, close: {artifact_id, size}. */
-  async finish() {
+  /**
+   * Send what is buffered, wait for every ack, close: {artifact_id, size, sha256}, `sha256` being
+   * the digest the host computed of what it stored. `sha256` (option): the content's digest if
+   * already known (a file hashed earlier); it is sent and the host refuses the stream
+   * (artifact_invalid, keeping nothing) unless the bytes it received have it. A writer that
+   * hashed the bytes itself refuses a `sha256` that is not its own before closing.
+   */
+  async finish({ sha256 } = {}) {
     await this._queue;
     if (this._state !== "open") throw RpcError.internal(`artifact \`${this.name}\`: the stream is ${this._state}`);
+    let stored, sent;
     try {
       if (this._bufLen) await this._send(Buffer.concat(this._buf));
       this._buf = [];
       this._bufLen = 0;
       await this._room(0);
+      const own = this._sha ? this._sha.digest("hex") : undefined;
+      if (own !== undefined && sha256 !== undefined && own !== sha256.toLowerCase()) {
+        throw RpcError.internal(`artifact \`${this.name}\`: the ${this.size} bytes written have sha256 ${own}, not the ${sha256} given to finish; the stream was aborted`);
+      }
+      sent = sha256 !== undefined ? sha256 : own;
+      const close = { stream_id: this.streamId, size: this.size };
+      if (sent !== undefined) close.sha256 = sent;
       this._state = "closing";
-      const stored = await this._host.call("artifact.close", { stream_id: this.streamId, size: this.size, sha256: this._sha.digest("hex") }, { timeoutMs: this._timeoutMs });
+      stored = await this._host.call("artifact.close", close, { timeoutMs: this._timeoutMs });
       this._state = "done";
-      return stored;
     } catch (e) {
       this.abort();
       throw e;
     }
+    if (stored && typeof stored.sha256 !== "string" && typeof stored.artifact_id === "string" && stored.artifact_id.startsWith("sha256:")) {
+      stored.sha256 = stored.artifact_id.slice("sha256:".length); // an older host's answer
+    }
+    if (sent !== undefined && String(stored && stored.sha256).toLowerCase() !== sent.toLowerCase()) {
+      throw RpcError.internal(`artifact \`${this.name}\`: the host accepted sha256 ${sent} but answered ${JSON.stringify(stored)}`);
+    }
+    return stored;
   }
   /** Discard the stream (best effort; nothing waits for the answer). */
   abort() {

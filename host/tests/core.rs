@@ -430,7 +430,7 @@ fn a_16_mib_artifact_arrives_intact_and_a_wrong_digest_keeps_nothing() {
         "call",
         "art",
         "make-artifact",
-        r#"{"size":300000,"chunk":65536,"bad_digest":true}"#,
+        r#"{"size":300000,"chunk":65536,"digest":"wrong"}"#,
     ]);
     assert_eq!(run.code(), Some(0), "{}", run.context());
     let v: Value = serde_json::from_slice(&run.out.stdout).unwrap();
@@ -455,6 +455,28 @@ fn make_artifact(f: &Fixture, ext: &str, params: &str) -> Value {
     serde_json::from_slice(&run.out.stdout).unwrap()
 }
 
+/// The content stored as the answer `v` to a close says (`artifact_id`, `size`, `sha256`), read
+/// back with `conduit artifacts get`: it must have that size and that digest, and be stored
+/// under it. `what` names the case in a failure.
+fn stored_as_answered(f: &Fixture, v: &Value, what: &str) -> Vec<u8> {
+    let id = v["artifact_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: no artifact_id in {v:#}"));
+    let out = f.dir.path().join("stored.bin");
+    let get = f.conduit(&["artifacts", "get", id, "-o", out.to_str().unwrap()]);
+    assert_eq!(get.code(), Some(0), "{}", get.context());
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(bytes.len() as u64, v["size"].as_u64().unwrap(), "{what}");
+    use sha2::Digest;
+    let digest = hex::encode(sha2::Sha256::digest(&bytes));
+    assert_eq!(
+        v["sha256"], digest,
+        "{what}: the answer holds the host's digest"
+    );
+    assert_eq!(id, format!("sha256:{digest}"), "{what}: stored under it");
+    bytes
+}
+
 fn stored_count(f: &Fixture) -> usize {
     std::fs::read_dir(f.state().join("artifacts/sha256")).map_or(0, |d| d.count())
 }
@@ -465,6 +487,46 @@ fn tmp_leftovers(f: &Fixture) -> Vec<std::ffi::OsString> {
         .flatten()
         .map(|e| e.file_name())
         .collect()
+}
+
+#[test]
+fn artifacts_closed_without_a_digest_are_stored_under_the_hosts_and_a_wrong_one_keeps_nothing() {
+    // docs/protocol.md §8, written from the spec in Python: the close may leave `sha256` out,
+    // and the answer's `sha256` is the digest of what the host received and stored.
+    let mut f = Fixture::new();
+    f.install(&f.core_ext("art", "ok"));
+    f.start_daemon();
+    f.wait_state("art", "ready", PATIENCE);
+    for (params, bulk) in [
+        (r#"{"size":700001,"chunk":65536,"digest":"none"}"#, false),
+        (
+            r#"{"size":700002,"chunk":100000,"bulk":true,"digest":"none"}"#,
+            true,
+        ),
+    ] {
+        let v = make_artifact(&f, "art", params);
+        assert_eq!(
+            v["bulk"].as_bool().unwrap_or(false),
+            bulk,
+            "{params}: {v:#}"
+        );
+        assert_eq!(v["sent_sha256"], false, "{params}: {v:#}");
+        stored_as_answered(&f, &v, params);
+    }
+    assert_eq!(stored_count(&f), 2);
+    // A wrong digest on the pipe is refused as on chunks, keeping nothing.
+    let v = make_artifact(
+        &f,
+        "art",
+        r#"{"size":300000,"chunk":65536,"bulk":true,"digest":"wrong"}"#,
+    );
+    assert_eq!(v["error"]["code"], -32009, "artifact_invalid: {v:#}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("does not match its close"), "{msg}");
+    assert_eq!(stored_count(&f), 2);
+    f.wait_until("no partial artifact files", || {
+        tmp_leftovers(&f).is_empty().then_some(())
+    });
 }
 
 #[test]
@@ -601,7 +663,7 @@ fn a_bulk_close_missing_bytes_on_an_open_pipe_is_refused_after_thirty_seconds_of
 }
 
 #[test]
-fn the_rust_sdk_sends_an_export_on_the_bulk_pipe_into_the_store() {
+fn the_rust_sdk_exports_into_the_store_under_the_hosts_digest_which_it_returns() {
     let mut f = Fixture::new();
     for p in stage_examples(&f) {
         f.install(&p);
@@ -613,34 +675,39 @@ fn the_rust_sdk_sends_an_export_on_the_bulk_pipe_into_the_store() {
         let (code, body) = http_post(&f, "/v1/events", &push_body(&format!("big-{i}"), 900_000));
         assert_eq!(code, 201, "{body}");
     }
-    let run = f.conduit(&[
-        "ext",
-        "call",
-        "notes",
-        "export",
-        "{}",
-        "--timeout-ms",
-        "60000",
-    ]);
-    assert_eq!(run.code(), Some(0), "{}{}", run.context(), f.context());
-    let v: Value = serde_json::from_slice(&run.out.stdout).unwrap();
-    assert_eq!(v["transport"], "bulk-pipe", "{v:#}");
-    assert_eq!(v["notes"], 3, "{v:#}");
-    let out = f.dir.path().join("notes.jsonl");
-    let id = v["artifact_id"].as_str().unwrap();
-    let get = f.conduit(&["artifacts", "get", id, "-o", out.to_str().unwrap()]);
-    assert_eq!(get.code(), Some(0), "{}", get.context());
-    let text = std::fs::read_to_string(&out).unwrap();
-    assert_eq!(text.len() as u64, v["size"].as_u64().unwrap());
-    let lines: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let deliveries: Vec<&str> = lines
-        .iter()
-        .map(|e| e["delivery_id"].as_str().unwrap())
-        .collect();
-    assert_eq!(deliveries, ["big-0", "big-1", "big-2"]);
+    // By default the SDK sends no digest (docs/protocol.md §8): on the bulk pipe and as JSON
+    // chunks the host's own is what the SDK returns; verifying end to end, the SDK's is checked.
+    for (params, transport) in [
+        ("{}", "bulk-pipe"),
+        (r#"{"json_chunks":true}"#, "json-chunks"),
+        (r#"{"verify":true}"#, "bulk-pipe"),
+    ] {
+        let run = f.conduit(&[
+            "ext",
+            "call",
+            "notes",
+            "export",
+            params,
+            "--timeout-ms",
+            "60000",
+        ]);
+        assert_eq!(run.code(), Some(0), "{}{}", run.context(), f.context());
+        let v: Value = serde_json::from_slice(&run.out.stdout).unwrap();
+        assert_eq!(v["transport"], transport, "{params}: {v:#}");
+        assert_eq!(v["notes"], 3, "{v:#}");
+        let bytes = stored_as_answered(&f, &v, params);
+        let lines: Vec<Value> = String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let deliveries: Vec<&str> = lines
+            .iter()
+            .map(|e| e["delivery_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(deliveries, ["big-0", "big-1", "big-2"]);
+    }
+    assert_eq!(stored_count(&f), 1, "the same content, stored once");
     assert!(tmp_leftovers(&f).is_empty());
 }
 

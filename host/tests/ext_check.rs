@@ -226,6 +226,62 @@ fn serving_a_65th_request_fails_overload() {
     );
 }
 
+/// The notes of rule `id` in a `--json` report.
+#[track_caller]
+fn notes_of(run: &Run, id: &str) -> Vec<String> {
+    let report = run.json();
+    let rule = report["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == id)
+        .unwrap_or_else(|| panic!("no rule {id}{}", run.context()));
+    rule["notes"]
+        .as_array()
+        .map(|n| {
+            n.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What the fixture's `make-artifact` streams (`serve.py`).
+fn fixture_artifact() -> Vec<u8> {
+    b"conduit check artifact\n".repeat(1000)
+}
+
+#[test]
+fn an_artifact_closed_without_a_sha256_passes_and_is_stored_under_the_hosts_digest() {
+    // docs/protocol.md §8: the receiver computes the digest; the sender may leave it out.
+    let run = check(&fixture("artifact-no-sha256"), true);
+    run.expect_code(0);
+    for (id, (status, detail, _)) in rules(&run) {
+        assert_eq!(status, "pass", "{id}: {detail}{}", run.context());
+    }
+    let notes = notes_of(&run, "declared-methods-answer");
+    let want = "artifact `check.txt`: 23000 bytes as chunks, size verified, sha256 computed by the host (the package sent none)";
+    assert!(
+        notes.iter().any(|n| n == want),
+        "{notes:?}{}",
+        run.context()
+    );
+}
+
+#[test]
+fn an_artifact_closed_with_a_wrong_sha256_fails_declared_methods_answer() {
+    let run = check(&fixture("artifact-wrong-sha256"), true);
+    let (detail, fix) = fails_exactly(&run, "declared-methods-answer", &[]);
+    use sha2::Digest as _;
+    let digest = hex::encode(sha2::Sha256::digest(fixture_artifact()));
+    assert!(
+        detail.contains("artifact `check.txt` refused: the artifact does not match its close")
+            && detail.contains(&format!("received 23000 bytes with sha256 {digest}")),
+        "names the stream and what arrived: {detail}"
+    );
+    assert!(fix.contains("the sha256 of exactly those bytes"), "{fix}");
+}
+
 // ---- one broken package per message-shape and lifecycle rule ------------------------------
 
 #[test]
@@ -658,7 +714,7 @@ fn the_notes_example_passes_and_its_export_takes_the_bulk_pipe() {
         .unwrap_or_default();
     assert!(
         notes.iter().any(|n| n.starts_with("artifact `")
-            && n.contains(" bytes on the bulk pipe, size and sha256 verified")),
+            && n.contains(" bytes on the bulk pipe, size verified, sha256 computed by the host")),
         "{notes:?}{}",
         run.context()
     );

@@ -1,5 +1,7 @@
 //! The Python and Node SDKs through the real `conduit`: their examples pass `conduit ext check`,
-//! run a notes-like workload under the daemon, stream an artifact on the daemon's bulk pipe,
+//! run a notes-like workload under the daemon, store artifacts under the daemon's digest (on
+//! its bulk pipe and as JSON chunks, without a digest of their own unless asked; a wrong one
+//! refused),
 //! report a handler's exception as a non-retryable error, and carry an up-to-date copy of their
 //! SDK. `conduit ext new` skeletons of every
 //! language pass `ext check` as generated.
@@ -181,10 +183,11 @@ def fail(ctx, params):
 @ext.method("export")
 def export(ctx, params):
     data = bytes(range(256)) * (params["size"] // 256)
-    with ctx.host.artifact("export.bin", size=len(data)) as w:
+    with ctx.host.artifact("export.bin", size=len(data), verify=params.get("verify", False),
+                           json_chunks=params.get("json_chunks", False)) as w:
         for i in range(0, len(data), 4096):
             w.write(data[i:i + 4096])
-        return dict(w.finish(), bulk=w.is_bulk)
+        return dict(w.finish(sha256=params.get("sha256")), bulk=w.is_bulk, hashing=w.is_hashing)
 
 
 ext.run()
@@ -258,10 +261,10 @@ const ext = new Extension("node-export", "0.1.0");
 ext.method("export", async (ctx, params) => {
   const data = Buffer.alloc(params.size);
   for (let i = 0; i < data.length; i++) data[i] = i % 256;
-  const w = await ctx.host.artifact("export.bin", { size: data.length });
+  const w = await ctx.host.artifact("export.bin", { size: data.length, verify: params.verify, jsonChunks: params.json_chunks });
   try {
     for (let i = 0; i < data.length; i += 4096) await w.write(data.subarray(i, i + 4096));
-    return { ...(await w.finish()), bulk: w.isBulk };
+    return { ...(await w.finish({ sha256: params.sha256 })), bulk: w.isBulk, hashing: w.isHashing };
   } catch (e) {
     w.abort();
     throw e;
@@ -281,10 +284,12 @@ ext.run();
 }
 
 /// With `tool` present: the package `build` makes, installed and ready under a daemon, exports
-/// 750 KiB (several 256 KiB frames) on the bulk pipe: it answers that the pipe carried them, and
-/// the stored artifact holds exactly those bytes.
+/// 750 KiB (several 256 KiB frames) on the bulk pipe and as JSON chunks without a digest, and
+/// once verifying end to end: each is stored under the digest the host computed, which the SDK
+/// returns, holding exactly those bytes, and the SDK hashed only when asked (docs/protocol.md
+/// §8). A wrong digest passed as known is refused `artifact_invalid`, and nothing is stored.
 #[track_caller]
-fn exports_on_the_bulk_pipe(tool: &str, build: fn(&Fixture) -> PathBuf, name: &str) {
+fn exports_under_the_hosts_digest(tool: &str, build: fn(&Fixture) -> PathBuf, name: &str) {
     if !have(tool) {
         return;
     }
@@ -293,38 +298,76 @@ fn exports_on_the_bulk_pipe(tool: &str, build: fn(&Fixture) -> PathBuf, name: &s
     f.start_daemon();
     f.wait_state(name, "ready", PATIENCE);
     let size = 256 * 3000;
-    let run = f.conduit(&[
-        "ext",
-        "call",
-        name,
-        "export",
-        &format!(r#"{{"size":{size}}}"#),
-        "--timeout-ms",
-        "60000",
-    ]);
-    assert_eq!(run.code(), Some(0), "{}{}", run.context(), f.context());
-    let v = run.json();
-    assert_eq!(v["bulk"], true, "{v:#}");
-    assert_eq!(v["size"], size, "{v:#}");
-    let out = f.dir.path().join("export.bin");
-    let id = v["artifact_id"].as_str().unwrap();
-    let get = f.conduit(&["artifacts", "get", id, "-o", out.to_str().unwrap()]);
-    assert_eq!(get.code(), Some(0), "{}", get.context());
     let want: Vec<u8> = (0..size).map(|i| (i % 256) as u8).collect();
-    assert!(
-        std::fs::read(&out).unwrap() == want,
-        "the stored bytes differ"
-    );
+    use sha2::Digest as _;
+    let digest = hex::encode(sha2::Sha256::digest(&want));
+    let export = |params: Value| {
+        let run = f.conduit(&[
+            "ext",
+            "call",
+            name,
+            "export",
+            &params.to_string(),
+            "--timeout-ms",
+            "60000",
+        ]);
+        (run.code(), run.json(), run.context())
+    };
+    for (params, bulk, hashing) in [
+        (serde_json::json!({ "size": size }), true, false),
+        (
+            serde_json::json!({ "size": size, "json_chunks": true }),
+            false,
+            false,
+        ),
+        (
+            serde_json::json!({ "size": size, "verify": true }),
+            true,
+            true,
+        ),
+    ] {
+        let (code, v, context) = export(params.clone());
+        assert_eq!(code, Some(0), "{context}{}", f.context());
+        assert_eq!(v["bulk"], bulk, "{params}: {v:#}");
+        assert_eq!(v["hashing"], hashing, "{params}: {v:#}");
+        assert_eq!(v["size"], size, "{v:#}");
+        assert_eq!(
+            v["sha256"], digest,
+            "{params}: the host's digest, returned: {v:#}"
+        );
+        assert_eq!(v["artifact_id"], format!("sha256:{digest}"), "{v:#}");
+        let out = f.dir.path().join("export.bin");
+        let get = f.conduit(&[
+            "artifacts",
+            "get",
+            &format!("sha256:{digest}"),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(get.code(), Some(0), "{}", get.context());
+        assert!(
+            std::fs::read(&out).unwrap() == want,
+            "the stored bytes differ"
+        );
+    }
+    // A wrong known digest: refused, and nothing more is stored.
+    let stored = || std::fs::read_dir(f.state().join("artifacts/sha256")).map_or(0, |d| d.count());
+    let before = stored();
+    let wrong = hex::encode(sha2::Sha256::digest(b"other bytes"));
+    let (code, v, context) = export(serde_json::json!({ "size": size, "sha256": wrong }));
+    assert_eq!(code, Some(1), "{context}");
+    assert_eq!(v["error"]["code"], -32009, "artifact_invalid: {v:#}");
+    assert_eq!(stored(), before, "a refused artifact was kept");
 }
 
 #[test]
-fn the_python_sdk_streams_an_artifact_on_the_daemons_bulk_pipe() {
-    exports_on_the_bulk_pipe("python3", python_package, "py-notes");
+fn the_python_sdk_stores_artifacts_under_the_daemons_digest() {
+    exports_under_the_hosts_digest("python3", python_package, "py-notes");
 }
 
 #[test]
-fn the_node_sdk_streams_an_artifact_on_the_daemons_bulk_pipe() {
-    exports_on_the_bulk_pipe("node", node_package, "node-export");
+fn the_node_sdk_stores_artifacts_under_the_daemons_digest() {
+    exports_under_the_hosts_digest("node", node_package, "node-export");
 }
 
 #[test]

@@ -21,7 +21,6 @@ use conduit_bench::prototype::grpc::{
 };
 use conduit_bench::prototype::{ARTIFACT_NAME, ChildArgs, SleepProbe, VERSION, artifact_bytes};
 use futures::StreamExt as _;
-use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixListener;
 use tonic::Status;
@@ -154,17 +153,16 @@ async fn callback(host: &Channel, r: CallbackRequest) -> Result<CallbackReply, S
     Ok(CallbackReply { nanos })
 }
 
-/// Stream the artifact to the host's `Artifact` in chunks, hashing on the way; the last chunk
-/// carries the size and digest for the host to check.
+/// Stream the artifact to the host's `Artifact` in chunks; the last chunk carries the size.
+/// The host computes the digest and answers it, as conduit's host does (docs/protocol.md §8):
+/// the sender does not hash.
 async fn produce(host: &Channel, r: ProduceRequest) -> Result<ArtifactStored, Status> {
     let data = bytes::Bytes::from_static(artifact_bytes(r.bytes as usize));
     let chunk = (r.chunk_bytes as usize).max(1);
     let n = data.len().div_ceil(chunk).max(1);
     let total = data.len() as u64;
-    let mut hasher = Sha256::new();
     let chunks = futures::stream::iter(0..n).map(move |i| {
         let piece = data.slice(i * chunk..((i + 1) * chunk).min(data.len()));
-        hasher.update(&piece);
         let last = i + 1 == n;
         ArtifactChunk {
             name: if i == 0 {
@@ -173,11 +171,7 @@ async fn produce(host: &Channel, r: ProduceRequest) -> Result<ArtifactStored, St
                 String::new()
             },
             data: piece,
-            sha256: if last {
-                hex::encode(hasher.finalize_reset())
-            } else {
-                String::new()
-            },
+            sha256: String::new(),
             size: if last { total } else { 0 },
         }
     });

@@ -17,7 +17,7 @@ use conduit_bench::prototype::jsonrpc::{
     ARTIFACT, ArtifactParams, CALLBACK, CANCEL_SEEN, CallbackParams, CallbackResult, CancelSeen,
     ECHO, Echo, PING, SLEEP, SLEEPING,
 };
-use conduit_bench::prototype::{ARTIFACT_NAME, ChildArgs, SleepProbe, artifact_bytes};
+use conduit_bench::prototype::{ARTIFACT_NAME, ChildArgs, SleepProbe, artifact_bytes, salted};
 use conduit_extension::prelude::*;
 use conduit_extension::protocol::calls::{Empty, SleepParams, SleepResult};
 
@@ -99,7 +99,10 @@ async fn artifact(cx: Ctx, p: ArtifactParams) -> Result<ArtifactStored, RpcError
         cx.host().clone()
     };
     let mut w = host.artifact(open).await?;
-    for piece in data.chunks(p.chunk_bytes.max(1)) {
+    let chunk = p.chunk_bytes.max(1);
+    let (first, rest) = data.split_at(chunk.min(data.len()));
+    w.write(&salted(first, p.salt)).await?;
+    for piece in rest.chunks(chunk) {
         w.write(piece).await?;
     }
     Ok(w.finish().await?)

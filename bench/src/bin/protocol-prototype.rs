@@ -199,8 +199,9 @@ struct Report {
     regimes: Ordered<RegimeResult>,
     /// Placement → regime → results, for every placement.
     placements: Ordered<Ordered<RegimeResult>>,
-    /// Regime → the artifact through a real daemon into its store (absent without `conduit`
-    /// beside this executable).
+    /// Regime → the artifact through a real daemon into its store, in the placement `regimes`
+    /// holds (every placement's is in `placements`; absent without `conduit` beside this
+    /// executable).
     through_daemon: Ordered<Figures>,
 }
 
@@ -356,6 +357,21 @@ fn run(args: Args) -> anyhow::Result<()> {
                 );
             }
             let spent = mark.elapsed()?;
+            // The daemon's path in the same regime and placement, beside the bench's host.
+            let through = match &conduit {
+                Some(conduit) => Some(
+                    rt.block_on(daemon::artifacts(
+                        conduit,
+                        &programs.jsonrpc,
+                        dir.path(),
+                        cfg.artifact_bytes,
+                        cfg.artifacts,
+                        cpus,
+                    ))
+                    .context("the artifact through the daemon")?,
+                ),
+                None => None,
+            };
             let conditions = Conditions {
                 spinners: n_spinners,
                 placement: placement.describe(),
@@ -364,26 +380,26 @@ fn run(args: Args) -> anyhow::Result<()> {
                     / spent.wall.as_secs_f64().max(1e-9),
                 wall_s: spent.wall.as_secs_f64(),
             };
-            let res = report::summarise(regime, &floors, &rounds, &binaries, conditions);
+            let res = report::summarise(
+                regime,
+                placement.key(),
+                &floors,
+                &rounds,
+                &binaries,
+                conditions,
+                through.clone(),
+            );
+            if pi == 0
+                && let Some(f) = through
+            {
+                through_daemon.push(regime.key(), f);
+            }
             print!("{}", report::table(regime, placement.key(), &res));
             // The progress lines go to stderr; keep the two in order when both are a file.
             std::io::Write::flush(&mut std::io::stdout())?;
             by_placement.0[pi].1.push(regime.key(), res);
         }
         regime::pin_to(None).context("unpinning the host")?;
-        if let Some(conduit) = &conduit {
-            let f = rt
-                .block_on(daemon::artifacts(
-                    conduit,
-                    &programs.jsonrpc,
-                    dir.path(),
-                    cfg.artifact_bytes,
-                    cfg.artifacts,
-                ))
-                .context("the artifact through the daemon")?;
-            print!("{}", report::daemon_table(regime, &f));
-            through_daemon.push(regime.key(), f);
-        }
         drop(spinners);
     }
     drop(rt);

@@ -135,8 +135,9 @@ pub struct ProduceRequest {
     pub chunk_bytes: u32,
 }
 
-/// One piece of an artifact stream. The first names it; the last carries the sender's claim
-/// (size and SHA-256), which the host checks.
+/// One piece of an artifact stream. The first names it; the last carries the sender's claim,
+/// which the host checks: the size, and a SHA-256 when the sender has one (empty: none; the
+/// host computes the digest either way).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ArtifactChunk {
     #[prost(string, tag = "1")]

@@ -55,4 +55,9 @@ pub struct ArtifactParams {
     /// Send `artifact.chunk` calls even when the host offers the bulk pipe.
     #[serde(default)]
     pub json_chunks: bool,
+    /// When not 0, the content's first 8 bytes are this (little-endian; [`super::salted`]): a
+    /// daemon keeps one copy per digest and does not write a copy it already has again, so
+    /// each transfer through the daemon sends content it has not seen.
+    #[serde(default)]
+    pub salt: u64,
 }

@@ -2,8 +2,11 @@
 //!
 //! Pages through `state.events` (200 at a time, oldest first) and writes each event as one
 //! line into an artifact stream; the SDK sends the bytes on the host's bulk pipe when it offers
-//! one (`docs/protocol.md` §8.1), else as JSON chunks. The answer is what the host stored,
-//! with how many notes went in and which way the bytes went.
+//! one (`docs/protocol.md` §8.1), else as JSON chunks. The answer is what the host stored —
+//! under the SHA-256 the host computed of what it received (§8) — with how many notes went in
+//! and which way the bytes went. `verify` asks for end-to-end verification (the SDK hashes the
+//! lines as it writes them and the host checks that digest); `json_chunks` sends JSON chunks
+//! even where the pipe is offered.
 
 use conduit_extension::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -14,6 +17,12 @@ pub struct ExportParams {
     /// Only notes whose payload's `thread` is this.
     #[serde(default)]
     pub thread: Option<String>,
+    /// Hash here too and have the host check it (`Host::with_verified_artifacts`).
+    #[serde(default)]
+    pub verify: bool,
+    /// Send JSON chunks even where the host offers the bulk pipe (`Host::with_json_chunks`).
+    #[serde(default)]
+    pub json_chunks: bool,
 }
 
 /// `export` result.
@@ -21,6 +30,8 @@ pub struct ExportParams {
 pub struct Exported {
     pub artifact_id: String,
     pub size: u64,
+    /// The SHA-256 the host computed of what it stored.
+    pub sha256: String,
     pub notes: u64,
     /// `"bulk-pipe"` or `"json-chunks"`.
     pub transport: String,
@@ -29,7 +40,13 @@ pub struct Exported {
 const PAGE: u32 = 200;
 
 pub async fn export(cx: Ctx, p: ExportParams) -> Result<Exported, RpcError> {
-    let host = cx.host();
+    let mut host = cx.host().clone();
+    if p.verify {
+        host = host.with_verified_artifacts();
+    }
+    if p.json_chunks {
+        host = host.with_json_chunks();
+    }
     let open = ArtifactOpen {
         name: "notes.jsonl".into(),
         media_type: Some("application/jsonl".into()),
@@ -70,6 +87,7 @@ pub async fn export(cx: Ctx, p: ExportParams) -> Result<Exported, RpcError> {
     Ok(Exported {
         artifact_id: stored.artifact_id,
         size: stored.size,
+        sha256: stored.sha256,
         notes,
         transport: transport.into(),
     })

@@ -45,10 +45,11 @@ ext.method("slow-callback", async (ctx, p) => {
 ext.method("artifact", async (ctx, p) => {
   const data = Buffer.alloc(p.size);
   for (let i = 0; i < p.size; i++) data[i] = i % 256;
-  const w = await ctx.host.artifact("out.bin", { mediaType: "application/octet-stream", chunkBytes: p.chunk });
+  const w = await ctx.host.artifact("out.bin", { mediaType: "application/octet-stream", chunkBytes: p.chunk, verify: p.verify });
   try {
     for (let i = 0; i < data.length; i += 1000) await w.write(data.subarray(i, i + 1000));
-    return { ...(await w.finish()), bulk: w.isBulk };
+    const stored = await w.finish({ sha256: p.sha256 });
+    return p.hashing ? { ...stored, bulk: w.isBulk, hashing: w.isHashing } : { ...stored, bulk: w.isBulk };
   } catch (e) {
     w.abort();
     throw e;

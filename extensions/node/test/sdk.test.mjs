@@ -445,7 +445,22 @@ describe("bulk pipe", () => {
     assert.deepEqual(reader.frames, [BULK_FRAME_BYTES, BULK_FRAME_BYTES, size - 2 * BULK_FRAME_BYTES].map((len) => ({ tag: 7, len })));
     assert.deepEqual(close.params, { stream_id: "s-9", size, sha256: sha256(got) });
     h.answer(close, { artifact_id: "sha256:" + sha256(got), size });
-    assert.deepEqual((await h.waitFor(rid)).result, { artifact_id: "sha256:" + sha256(got), size, bulk: true });
+    // An older host's answer (no `sha256`): the SDK reads the digest from the id.
+    assert.deepEqual((await h.waitFor(rid)).result, { artifact_id: "sha256:" + sha256(got), size, sha256: sha256(got), bulk: true });
+  });
+
+  test("a current host gets no digest on the pipe's close, and its own is returned", async () => {
+    await offer();
+    const size = 300 * 1024;
+    const rid = h.request("artifact", { size, hashing: true });
+    const op = await h.nextCall();
+    h.answer(op, { stream_id: "s-4", max_chunk_bytes: 262144, window: 8, bulk_tag: 2, sha256_optional: true });
+    await bytesRead(size);
+    const close = await h.nextCall();
+    assert.deepEqual(close.params, { stream_id: "s-4", size });
+    const digest = sha256(reader.of(2));
+    h.answer(close, { artifact_id: "sha256:" + digest, size, sha256: digest });
+    assert.deepEqual((await h.waitFor(rid)).result, { artifact_id: "sha256:" + digest, size, sha256: digest, bulk: true, hashing: false });
   });
 
   test("frames of two streams written at once never interleave", async () => {
@@ -498,7 +513,7 @@ describe("bulk pipe", () => {
     assert.ok(got.equals(pattern(3000)));
     assert.deepEqual(c.params, { stream_id: "s-1", size: 3000, sha256: sha256(got) });
     h.answer(c, { artifact_id: "sha256:" + sha256(got), size: 3000 });
-    assert.deepEqual((await h.waitFor(rid)).result, { artifact_id: "sha256:" + sha256(got), size: 3000, bulk: false });
+    assert.deepEqual((await h.waitFor(rid)).result, { artifact_id: "sha256:" + sha256(got), size: 3000, sha256: sha256(got), bulk: false });
     assert.equal(reader.bytes, 0);
   });
 
@@ -527,5 +542,85 @@ describe("bulk pipe", () => {
     h.answer(close, { artifact_id: "sha256:" + close.params.sha256, size: 10 });
     assert.equal((await h.waitFor(rid)).result.bulk, false);
     assert.match(h.stderr, /cannot use the host's bulk pipe \(descriptor 3\): it is not a pipe/);
+  });
+});
+
+// docs/protocol.md §8: the host computes the digest; the writer sends one only when asked to
+// verify, when given one, or when the host needs it (no `sha256_optional` in the open's answer).
+describe("host digest", () => {
+  let h;
+  const SIZE = 10000;
+  const OPENED = { stream_id: "s-1", max_chunk_bytes: 4096, window: 8, sha256_optional: true };
+  beforeEach(async () => {
+    h = new FakeHost([SAMPLE], HERE);
+    await h.initialize();
+  });
+  afterEach(async () => {
+    await h.stop();
+    assert.deepEqual(h.violations, [], "non-protocol output on stdout");
+  });
+  /** Serve one artifact's open and chunks; the request's id and the close call. */
+  const stream = async (params, opened = OPENED) => {
+    const rid = h.request("artifact", { size: SIZE, hashing: true, ...params });
+    const op = await h.nextCall();
+    assert.equal(op.method, "artifact.open");
+    h.answer(op, opened);
+    const parts = [];
+    for (;;) {
+      const c = await h.nextCall();
+      if (c.method === "artifact.close") {
+        assert.ok(Buffer.concat(parts).equals(pattern(SIZE)));
+        return { rid, close: c };
+      }
+      parts.push(Buffer.from(c.params.data, "base64"));
+      h.answer(c, { received: Buffer.concat(parts).length });
+    }
+  };
+  const digest = sha256(pattern(SIZE));
+  const stored = { artifact_id: "sha256:" + digest, size: SIZE, sha256: digest };
+
+  test("by default no digest is sent, and the host's is returned", async () => {
+    const { rid, close } = await stream({});
+    assert.deepEqual(close.params, { stream_id: "s-1", size: SIZE });
+    h.answer(close, stored);
+    assert.deepEqual((await h.waitFor(rid)).result, { ...stored, bulk: false, hashing: false });
+  });
+
+  test("verify sends the writer's own digest", async () => {
+    const { rid, close } = await stream({ verify: true });
+    assert.equal(close.params.sha256, digest);
+    h.answer(close, stored);
+    assert.equal((await h.waitFor(rid)).result.hashing, true);
+  });
+
+  test("a known digest is sent as given, and the host's refusal is the caller's", async () => {
+    const wrong = sha256(Buffer.from("other bytes"));
+    const { rid, close } = await stream({ sha256: wrong });
+    assert.equal(close.params.sha256, wrong);
+    h.answer(close, undefined, { code: -32009, message: "the artifact does not match its close" });
+    assert.equal((await h.waitFor(rid)).error.code, -32009);
+  });
+
+  test("a verifying writer refuses a known digest not its own before closing", async () => {
+    const wrong = sha256(Buffer.from("other bytes"));
+    const rid = h.request("artifact", { size: 3000, chunk: 1000, verify: true, sha256: wrong });
+    h.answer(await h.nextCall(), { ...OPENED, max_chunk_bytes: 1000 });
+    let c;
+    for (;;) {
+      c = await h.nextCall();
+      if (c.method !== "artifact.chunk") break;
+      h.answer(c, { received: 0 });
+    }
+    assert.equal(c.method, "artifact.abort");
+    h.answer(c, {});
+    assert.match((await h.waitFor(rid)).error.message, new RegExp(`not the ${wrong} given to finish`));
+  });
+
+  test("an older host gets the digest, and its answer is completed", async () => {
+    const { sha256_optional: _, ...old } = OPENED;
+    const { rid, close } = await stream({}, old);
+    assert.equal(close.params.sha256, digest);
+    h.answer(close, { artifact_id: "sha256:" + digest, size: SIZE });
+    assert.deepEqual((await h.waitFor(rid)).result, { ...stored, bulk: false, hashing: true });
   });
 });

@@ -31,7 +31,10 @@ What the SDK does, with the section of docs/protocol.md for each:
   name is ``invalid_params``); custom methods to theirs; ``check.sleep`` is always served;
 - ``$/cancel`` (§9): the request is answered ``cancelled`` at once, ``ctx.cancelled`` is set;
 - ``shutdown`` and stdin EOF (§5); a closed stdout exits too;
-- callbacks to the host (§7) through ``ctx.host``, and artifact streams with the window of §8;
+- callbacks to the host (§7) through ``ctx.host``, and artifact streams with the window of §8
+  (or on the host's bulk pipe, §8.1); the host computes the stored SHA-256 and the SDK hands it
+  back (``finish()``'s ``sha256``), hashing here only when asked to verify end to end
+  (``verify=True``) or when an older host needs the digest;
 - deadlines: a host request's ``params._meta.remaining_ms`` is removed from the params and read
   into ``ctx.deadline`` / ``ctx.remaining()``;
 - stdout is protected: the protocol writes to a duplicate of fd 1, and fd 1 itself (with
@@ -587,37 +590,53 @@ class Host:
                                           "kind": kind, "payload": payload}, **kw)
 
     def artifact(self, name: str, media_type: Optional[str] = None, size: Optional[int] = None,
-                 chunk_bytes: int = DEFAULT_ARTIFACT_CHUNK_BYTES, **kw) -> "ArtifactWriter":
+                 chunk_bytes: int = DEFAULT_ARTIFACT_CHUNK_BYTES, verify: bool = False,
+                 json_chunks: bool = False, **kw) -> "ArtifactWriter":
         """Open an artifact stream; write to it, then ``finish()`` it (or use ``with``: leaving
-        the block by an exception aborts the stream)."""
+        the block by an exception aborts the stream).
+
+        The host computes the SHA-256 of what it received and ``finish()`` returns it. With
+        ``verify=True`` the writer also hashes the bytes as they are written and sends that
+        digest at close, and the host refuses the stream (``artifact_invalid``, keeping
+        nothing) unless what it received matches: end-to-end verification, for one SHA-256
+        pass here. ``json_chunks=True`` sends base64 chunks even where the host offers the
+        bulk pipe (docs/protocol.md §8.1)."""
         p = {"name": name}
         if media_type is not None:
             p["media_type"] = media_type
         if size is not None:
             p["size"] = size
-        if self._server.bulk_fd is not None:
+        if self._server.bulk_fd is not None and not json_chunks:
             p["bulk"] = True
         opened = self.call("artifact.open", p, **kw)
-        return ArtifactWriter(self, name, opened, chunk_bytes, kw.get("timeout"))
+        return ArtifactWriter(self, name, opened, chunk_bytes, kw.get("timeout"), verify,
+                              bulk=not json_chunks)
 
-    def store_artifact(self, name: str, data: bytes, media_type: Optional[str] = None, **kw) -> Dict[str, Any]:
-        """Store ``data`` as one artifact: open (with its size), chunks, close."""
-        w = self.artifact(name, media_type=media_type, size=len(data), **kw)
+    def store_artifact(self, name: str, data: bytes, media_type: Optional[str] = None,
+                       verify: bool = False, sha256: Optional[str] = None,
+                       json_chunks: bool = False, **kw) -> Dict[str, Any]:
+        """Store ``data`` as one artifact: open (with its size), chunks, close; returns
+        ``{artifact_id, size, sha256}`` with the digest the host computed. ``verify`` as for
+        :meth:`artifact`; ``sha256``: the digest already known, sent for the host to check."""
+        w = self.artifact(name, media_type=media_type, size=len(data), verify=verify,
+                          json_chunks=json_chunks, **kw)
         with w:
             w.write(data)
-            return w.finish()
+            return w.finish(sha256=sha256)
 
 
 class ArtifactWriter:
     """An open artifact stream (docs/protocol.md §8). Chunks are at most the host's
     ``max_chunk_bytes`` (64 KiB by default), sent in ``seq`` order and pipelined: at most the
-    host's ``window`` are unanswered at once. Size and SHA-256 are computed on the way.
+    host's ``window`` are unanswered at once. The size is counted on the way; the SHA-256 is
+    the host's (it answers it at close), and is computed here too only when verifying end to
+    end or when the host needs it (an older host, whose open answer lacks ``sha256_optional``).
     ``finish()`` waits for every ack, then closes. One writer thread at a time.
 
     When the host offered the bulk pipe and granted it (``bulk_tag``, §8.1), the bytes go there
     instead, as frames of up to 256 KiB written whole under one lock, with no acks."""
 
-    def __init__(self, host, name, opened, chunk_bytes, timeout):
+    def __init__(self, host, name, opened, chunk_bytes, timeout, verify=False, bulk=True):
         self._host = host
         self._server = host._server
         self.name = name
@@ -634,13 +653,14 @@ class ArtifactWriter:
         self._buf = bytearray()
         self._seq = 0
         self.size = 0
-        self._sha = hashlib.sha256()
+        hashing = verify or opened.get("sha256_optional") is not True
+        self._sha = hashlib.sha256() if hashing else None
         self._cond = threading.Condition()
         self._in_flight = 0
         self._failure = None
         self._state = "open"
         tag = opened.get("bulk_tag")
-        self._tag = tag if self._server.bulk_fd is not None and is_int(tag) \
+        self._tag = tag if bulk and self._server.bulk_fd is not None and is_int(tag) \
             and 0 <= tag < 2 ** 32 else None
         if self._tag is not None:
             self.chunk_bytes = BULK_FRAME_BYTES
@@ -688,6 +708,12 @@ class ArtifactWriter:
         """Whether the bytes go on the host's bulk pipe rather than as chunks."""
         return self._tag is not None
 
+    @property
+    def is_hashing(self) -> bool:
+        """Whether the bytes are hashed here, to be sent at close (``verify=True``, or a host
+        that needs the digest)."""
+        return self._sha is not None
+
     def _send_frame(self, data):
         frame = memoryview(struct.pack("<II", self._tag, len(data)) + bytes(data))
         try:
@@ -707,7 +733,8 @@ class ArtifactWriter:
         if self._state != "open":
             raise RpcError.internal("artifact `%s`: the stream is %s" % (self.name, self._state))
         data = memoryview(bytes(data))
-        self._sha.update(data)
+        if self._sha is not None:
+            self._sha.update(data)
         self.size += len(data)
         self._buf += data
         try:
@@ -719,8 +746,14 @@ class ArtifactWriter:
             self.abort()
             raise
 
-    def finish(self) -> Dict[str, Any]:
-        """Send what is buffered, wait for every ack, close: ``{artifact_id, size}``."""
+    def finish(self, sha256: Optional[str] = None) -> Dict[str, Any]:
+        """Send what is buffered, wait for every ack, close; returns ``{artifact_id, size,
+        sha256}``, ``sha256`` being the digest the host computed of what it stored.
+
+        ``sha256``: the content's digest if already known (a file hashed earlier); it is sent
+        and the host refuses the stream (``artifact_invalid``, keeping nothing) unless the bytes
+        it received have it. A writer that hashed the bytes itself refuses a ``sha256`` that is
+        not its own before closing."""
         if self._state != "open":
             raise RpcError.internal("artifact `%s`: the stream is %s" % (self.name, self._state))
         try:
@@ -728,14 +761,29 @@ class ArtifactWriter:
                 self._send(self._buf)
                 self._buf = bytearray()
             self._wait(0)
+            own = self._sha.hexdigest() if self._sha is not None else None
+            if own is not None and sha256 is not None and own != sha256.lower():
+                raise RpcError.internal(
+                    "artifact `%s`: the %d bytes written have sha256 %s, not the %s given to finish; "
+                    "the stream was aborted" % (self.name, self.size, own, sha256))
+            sent = sha256 if sha256 is not None else own
+            close = {"stream_id": self.stream_id, "size": self.size}
+            if sent is not None:
+                close["sha256"] = sent
             self._state = "closing"
-            stored = self._host.call("artifact.close", {
-                "stream_id": self.stream_id, "size": self.size,
-                "sha256": self._sha.hexdigest()}, timeout=self._timeout)
+            stored = self._host.call("artifact.close", close, timeout=self._timeout)
         except BaseException:
             self.abort()
             raise
         self._state = "done"
+        if isinstance(stored, dict) and not isinstance(stored.get("sha256"), str):
+            aid = stored.get("artifact_id")
+            if isinstance(aid, str) and aid.startswith("sha256:"):  # an older host's answer
+                stored["sha256"] = aid[len("sha256:"):]
+        if sent is not None and isinstance(stored, dict) \
+                and str(stored.get("sha256", "")).lower() != sent.lower():
+            raise RpcError.internal("artifact `%s`: the host accepted sha256 %s but answered %r"
+                                    % (self.name, sent, stored))
         return stored
 
     def abort(self) -> None:

@@ -71,11 +71,11 @@ def slow_callback(ctx, params):
 def artifact(ctx, params):
     data = bytes(range(256)) * (params["size"] // 256) + b"x" * (params["size"] % 256)
     w = ctx.host.artifact("out.bin", media_type="application/octet-stream",
-                          chunk_bytes=params.get("chunk", 65536))
+                          chunk_bytes=params.get("chunk", 65536), verify=params.get("verify", False))
     with w:
         for i in range(0, len(data), 1000):
             w.write(data[i:i + 1000])
-        return w.finish()
+        return dict(w.finish(sha256=params.get("sha256")), hashing=w.is_hashing)
 
 
 @ext.method("wait-cancel")

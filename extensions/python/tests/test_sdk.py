@@ -82,6 +82,25 @@ class BulkPipe(unittest.TestCase):
         os.close(self.r)
         self.assertEqual(self.h.violations, [], "non-protocol output on stdout")
 
+    def read_frames(self, size, tag):
+        """Read `size` bytes of whole frames of `tag` from the pipe: (the bytes, frame lengths)."""
+        got, frames, buf = b"", [], b""
+        while len(got) < size:
+            chunk = os.read(self.r, 65536)
+            self.assertTrue(chunk, "the pipe ended early")
+            buf += chunk
+            while len(buf) >= 8:
+                t, n = struct.unpack("<II", buf[:8])
+                if len(buf) < 8 + n:
+                    break
+                self.assertEqual(t, tag)
+                self.assertTrue(1 <= n <= 1024 * 1024, n)
+                frames.append(n)
+                got += buf[8:8 + n]
+                buf = buf[8 + n:]
+        self.assertEqual(buf, b"", "a frame not read whole")
+        return got, frames
+
     def test_an_offered_pipe_carries_the_bytes_as_whole_frames(self):
         params = dict(INITIALIZE_PARAMS, bulk={"fd": self.w})
         self.assertIn("result", self.h.call("initialize", params))
@@ -93,21 +112,7 @@ class BulkPipe(unittest.TestCase):
         self.assertIs(op["params"].get("bulk"), True)
         self.h.answer(op, {"stream_id": "s-9", "max_chunk_bytes": 262144, "window": 8,
                            "bulk_tag": 7})
-        got, frames, buf = b"", [], b""
-        while len(got) < size:
-            chunk = os.read(self.r, 65536)
-            self.assertTrue(chunk, "the pipe ended early")
-            buf += chunk
-            while len(buf) >= 8:
-                tag, n = struct.unpack("<II", buf[:8])
-                if len(buf) < 8 + n:
-                    break
-                self.assertEqual(tag, 7)
-                self.assertTrue(1 <= n <= 1024 * 1024, n)
-                frames.append(n)
-                got += buf[8:8 + n]
-                buf = buf[8 + n:]
-        self.assertEqual(buf, b"")
+        got, frames = self.read_frames(size, 7)
         self.assertTrue(all(n <= ce.BULK_FRAME_BYTES for n in frames), frames)
         close = self.h.next_call()
         self.assertEqual(close["method"], "artifact.close")
@@ -117,6 +122,24 @@ class BulkPipe(unittest.TestCase):
         self.assertEqual(self.h.wait_for(rid)["result"]["size"], size)
         want = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
         self.assertEqual(got, want)
+
+    def test_a_current_host_gets_no_digest_and_its_own_is_returned(self):
+        params = dict(INITIALIZE_PARAMS, bulk={"fd": self.w})
+        self.assertIn("result", self.h.call("initialize", params))
+        os.close(self.w)
+        size = 300 * 1024
+        rid = self.h.request("artifact", {"size": size})
+        op = self.h.next_call()
+        self.h.answer(op, {"stream_id": "s-4", "max_chunk_bytes": 262144, "window": 8,
+                           "bulk_tag": 2, "sha256_optional": True})
+        got, _ = self.read_frames(size, 2)
+        close = self.h.next_call()
+        self.assertEqual(close["params"], {"stream_id": "s-4", "size": size})
+        digest = hashlib.sha256(got).hexdigest()
+        self.h.answer(close, {"artifact_id": "sha256:" + digest, "size": size, "sha256": digest})
+        result = self.h.wait_for(rid)["result"]
+        self.assertEqual(result["sha256"], digest)
+        self.assertIs(result["hashing"], False)
 
     def test_without_a_tag_the_stream_takes_chunks(self):
         params = dict(INITIALIZE_PARAMS, bulk={"fd": self.w})
@@ -136,6 +159,84 @@ class BulkPipe(unittest.TestCase):
         self.assertEqual(c["params"]["size"], 3000)
         self.h.answer(c, {"artifact_id": "sha256:" + hashlib.sha256(got).hexdigest(), "size": 3000})
         self.assertEqual(self.h.wait_for(rid)["result"]["size"], 3000)
+
+
+class HostDigest(unittest.TestCase):
+    """docs/protocol.md §8: the host computes the digest; the writer sends one only when asked
+    to verify, when given one, or when the host needs it (no ``sha256_optional``)."""
+
+    OPENED = {"stream_id": "s-1", "max_chunk_bytes": 4096, "window": 8, "sha256_optional": True}
+    SIZE = 10_000
+
+    def setUp(self):
+        self.h = FakeHost([SAMPLE], cwd=HERE)
+        self.h.initialize()
+        self.want = bytes(range(256)) * (self.SIZE // 256) + b"x" * (self.SIZE % 256)
+        self.digest = hashlib.sha256(self.want).hexdigest()
+
+    def tearDown(self):
+        self.h.stop()
+        self.assertEqual(self.h.violations, [], "non-protocol output on stdout")
+
+    def stream(self, params, opened=None):
+        """Serve one artifact's open and chunks; returns (request id, the close call)."""
+        rid = self.h.request("artifact", dict({"size": self.SIZE}, **params))
+        op = self.h.next_call()
+        self.assertEqual(op["method"], "artifact.open")
+        self.h.answer(op, opened or self.OPENED)
+        got = b""
+        while True:
+            c = self.h.next_call()
+            if c["method"] == "artifact.close":
+                self.assertEqual(got, self.want)
+                return rid, c
+            got += base64.b64decode(c["params"]["data"])
+            self.h.answer(c, {"received": len(got)})
+
+    def test_by_default_no_digest_is_sent_and_the_hosts_is_returned(self):
+        rid, close = self.stream({})
+        self.assertEqual(close["params"], {"stream_id": "s-1", "size": self.SIZE})
+        self.h.answer(close, {"artifact_id": "sha256:" + self.digest, "size": self.SIZE, "sha256": self.digest})
+        result = self.h.wait_for(rid)["result"]
+        self.assertEqual(result["sha256"], self.digest)
+        self.assertIs(result["hashing"], False)
+
+    def test_verify_sends_the_writers_own_digest(self):
+        rid, close = self.stream({"verify": True})
+        self.assertEqual(close["params"]["sha256"], self.digest)
+        self.h.answer(close, {"artifact_id": "sha256:" + self.digest, "size": self.SIZE, "sha256": self.digest})
+        self.assertIs(self.h.wait_for(rid)["result"]["hashing"], True)
+
+    def test_a_known_digest_is_sent_and_the_hosts_refusal_is_the_callers(self):
+        wrong = hashlib.sha256(b"other bytes").hexdigest()
+        rid, close = self.stream({"sha256": wrong})
+        self.assertEqual(close["params"]["sha256"], wrong)
+        self.h.answer(close, error={"code": -32009, "message": "the artifact does not match its close"})
+        msg = self.h.wait_for(rid)
+        self.assertEqual(msg["error"]["code"], -32009, msg)
+
+    def test_a_verifying_writer_refuses_a_known_digest_not_its_own_before_closing(self):
+        wrong = hashlib.sha256(b"other bytes").hexdigest()
+        rid = self.h.request("artifact", {"size": 3000, "chunk": 1000, "verify": True, "sha256": wrong})
+        self.h.answer(self.h.next_call(), dict(self.OPENED, max_chunk_bytes=1000))
+        while True:
+            c = self.h.next_call()
+            if c["method"] != "artifact.chunk":
+                break
+            self.h.answer(c, {"received": 0})
+        self.assertEqual(c["method"], "artifact.abort")
+        self.h.answer(c, {})
+        msg = self.h.wait_for(rid)
+        self.assertIn("not the %s given to finish" % wrong, msg["error"]["message"])
+
+    def test_an_older_host_gets_the_digest_and_its_answer_is_completed(self):
+        opened = {k: v for k, v in self.OPENED.items() if k != "sha256_optional"}
+        rid, close = self.stream({}, opened)
+        self.assertEqual(close["params"]["sha256"], self.digest)
+        self.h.answer(close, {"artifact_id": "sha256:" + self.digest, "size": self.SIZE})
+        result = self.h.wait_for(rid)["result"]
+        self.assertEqual(result["sha256"], self.digest)
+        self.assertIs(result["hashing"], True)
 
 
 class Session(unittest.TestCase):

@@ -5,12 +5,23 @@
 //!            chunk 1 ─┤  at most `window`      goes out as soon as the count of
 //!            …        │  unanswered at once    unanswered chunks drops below `window`
 //!            chunk k ─┘
-//!   (all acked) ──► close {size, sha256}  ──► {artifact_id: "sha256:…"}
+//!   (all acked) ──► close {size, sha256?}  ──► {artifact_id: "sha256:…", sha256: "…"}
 //! ```
 //!
 //! Chunks are `chunk_bytes` long (64 KiB by default, never more than the host's
-//! `max_chunk_bytes`), except the last. Size and SHA-256 are computed as bytes are written, so
-//! the content is never held whole.
+//! `max_chunk_bytes`), except the last. The size is counted as bytes are written, so the
+//! content is never held whole.
+//!
+//! The host computes the SHA-256 of what it received and answers it at close (the open's
+//! answer says so with `sha256_optional`), so by default nothing is hashed here: the stored
+//! digest is in the answer. Asked to verify end to end ([`Host::with_verified_artifacts`]),
+//! the writer hashes the bytes as they are written and sends that digest at close, which the
+//! host refuses (`artifact_invalid`, keeping nothing) unless what it received matches; a digest
+//! known beforehand goes the same way ([`ArtifactWriter::finish_with_sha256`]). With a host
+//! that does not say `sha256_optional` (an older one, which requires the digest) the writer
+//! hashes as it always did.
+//!
+//! [`Host::with_verified_artifacts`]: crate::Host::with_verified_artifacts
 //!
 //! With the bulk pipe (`docs/protocol.md` §8.1: the host offered it in `initialize` and granted
 //! it in the open's answer) the bytes go there instead, as frames written straight from the
@@ -79,7 +90,9 @@ pub struct ArtifactWriter {
     buf: Vec<u8>,
     seq: u64,
     size: u64,
-    hasher: Sha256,
+    /// The bytes' digest so far, when it is computed here: end-to-end verification was asked
+    /// for, or the host needs the digest at close (it did not say `sha256_optional`).
+    hasher: Option<Sha256>,
     in_flight: FuturesUnordered<BoxFuture<Result<ChunkAck, CallError>>>,
     status: StreamStatus,
     /// The bulk pipe and this stream's tag on it, when the host granted it.
@@ -95,6 +108,7 @@ impl fmt::Debug for ArtifactWriter {
             .field("window", &self.window)
             .field("seq", &self.seq)
             .field("size", &self.size)
+            .field("hashing", &self.hasher.is_some())
             .field("in_flight", &self.in_flight.len())
             .field("status", &self.status)
             .field("bulk_tag", &self.bulk.as_ref().map(|(_, t)| *t))
@@ -104,11 +118,13 @@ impl fmt::Debug for ArtifactWriter {
 
 impl ArtifactWriter {
     /// Open a stream with `artifact.open`; every call of the stream is made with `deadline`
-    /// (the [`Host`](crate::Host)'s).
+    /// (the [`Host`](crate::Host)'s). `verify`: hash the bytes here and send the digest at
+    /// close, whatever the host offers.
     pub(crate) async fn open(
         peer: &Peer,
         pipe: Option<Arc<BulkPipe>>,
         deadline: Option<Duration>,
+        verify: bool,
         mut open: ArtifactOpen,
     ) -> Result<Self, HostError> {
         let name = open.name.clone();
@@ -140,7 +156,7 @@ impl ArtifactWriter {
             buf: Vec::new(),
             seq: 0,
             size: 0,
-            hasher: Sha256::new(),
+            hasher: (verify || !opened.sha256_optional).then(Sha256::new),
             in_flight: FuturesUnordered::new(),
             status: StreamStatus::Open,
             bulk,
@@ -190,6 +206,13 @@ impl ArtifactWriter {
         self.size
     }
 
+    /// Whether the bytes are hashed here, to be sent at close: end-to-end verification was
+    /// asked for ([`Host::with_verified_artifacts`](crate::Host::with_verified_artifacts)), or
+    /// the host needs the digest (an older host, whose open answer lacks `sha256_optional`).
+    pub fn is_hashing(&self) -> bool {
+        self.hasher.is_some()
+    }
+
     /// Append `data`. Whole chunks are sent at once, waiting only when `window` chunks are
     /// already unanswered; the rest is kept until more is written or the stream is finished.
     ///
@@ -198,7 +221,9 @@ impl ArtifactWriter {
     /// stream — call [`ArtifactWriter::abort`] or drop the writer — rather than write on.
     pub async fn write(&mut self, mut data: &[u8]) -> Result<(), HostError> {
         self.check_open()?;
-        self.hasher.update(data);
+        if let Some(h) = &mut self.hasher {
+            h.update(data);
+        }
         self.size += data.len() as u64;
         if self.bulk.is_some() {
             return self.write_bulk(data).await;
@@ -222,8 +247,24 @@ impl ArtifactWriter {
     }
 
     /// Send what is buffered, wait for every chunk's ack, and close the stream with its size
-    /// and SHA-256. The host verifies both and answers the stored artifact's id.
-    pub async fn finish(mut self) -> Result<ArtifactStored, HostError> {
+    /// (and its SHA-256 when it was hashed here, see [`is_hashing`](Self::is_hashing)). The
+    /// host checks them against what it received and answers the stored artifact: its id, its
+    /// size and the SHA-256 the host computed (`sha256`, filled in from `artifact_id` when an
+    /// older host leaves it out).
+    pub async fn finish(self) -> Result<ArtifactStored, HostError> {
+        self.finish_inner(None).await
+    }
+
+    /// [`finish`](Self::finish) with the content's SHA-256 (hex) already known, e.g. of a file
+    /// hashed earlier: it is sent at close and the host refuses the stream
+    /// (`artifact_invalid`, keeping nothing) unless the bytes it received have that digest.
+    /// Where the writer hashed the bytes itself too, a digest that differs from its own aborts
+    /// the stream here instead, naming both.
+    pub async fn finish_with_sha256(self, sha256: &str) -> Result<ArtifactStored, HostError> {
+        self.finish_inner(Some(sha256.to_owned())).await
+    }
+
+    async fn finish_inner(mut self, known: Option<String>) -> Result<ArtifactStored, HostError> {
         self.check_open()?;
         if !self.buf.is_empty() {
             let chunk = std::mem::take(&mut self.buf);
@@ -239,22 +280,50 @@ impl ArtifactWriter {
         while let Some(ack) = self.in_flight.next().await {
             self.on_ack(ack).await?;
         }
+        let own = self.hasher.take().map(|h| hex::encode(h.finalize()));
+        if let (Some(own), Some(known)) = (&own, &known)
+            && !own.eq_ignore_ascii_case(known)
+        {
+            self.abort_now().await;
+            return Err(HostError::Artifact {
+                name: self.name.clone(),
+                detail: format!(
+                    "the {} bytes written have sha256 {own}, not the {known} given to finish; the stream was aborted",
+                    self.size
+                ),
+            });
+        }
+        let sent = known.or(own);
         let close = ArtifactClose {
             stream_id: self.stream_id.clone(),
             size: self.size,
-            sha256: hex::encode(std::mem::take(&mut self.hasher).finalize()),
+            sha256: sent.clone(),
         };
-        match self
+        let mut stored: ArtifactStored = match self
             .peer
             .call(methods::ext::ARTIFACT_CLOSE, &close, self.deadline)
             .await
         {
-            Ok(stored) => {
-                self.status = StreamStatus::Done;
-                Ok(stored)
-            }
-            Err(e) => Err(self.fail(e).await),
+            Ok(stored) => stored,
+            Err(e) => return Err(self.fail(e).await),
+        };
+        self.status = StreamStatus::Done;
+        if stored.sha256.is_empty() {
+            stored.sha256 = stored.digest().unwrap_or_default().to_owned();
         }
+        // The host checked the digest sent; an answer naming another is not what was stored.
+        if let Some(sent) = sent
+            && !stored.sha256.eq_ignore_ascii_case(&sent)
+        {
+            return Err(HostError::Artifact {
+                name: self.name.clone(),
+                detail: format!(
+                    "the host accepted sha256 {sent} but answered {}",
+                    stored.sha256
+                ),
+            });
+        }
+        Ok(stored)
     }
 
     /// Give up on the stream: the host discards what it received.

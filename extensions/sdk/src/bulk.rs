@@ -96,8 +96,7 @@ impl BulkPipe {
             written: 0,
             total,
         });
-        w.put(&h).await?;
-        w.put(data).await?;
+        w.put_frame(&h, data).await?;
         w.torn = None;
         Ok(())
     }
@@ -115,6 +114,30 @@ impl Writer {
                 t.written += n;
             }
             bytes = &bytes[n..];
+        }
+        Ok(())
+    }
+
+    /// Write a frame's `header` and `data` whole, counting them into the frame being written:
+    /// one `writev` while the header is not all out (one system call, and one wake-up of the
+    /// reader, where two writes made two), plain writes for the rest.
+    async fn put_frame(&mut self, header: &[u8], data: &[u8]) -> io::Result<()> {
+        let total = header.len() + data.len();
+        let mut done = 0;
+        while done < total {
+            let n = if done < header.len() {
+                let bufs = [io::IoSlice::new(&header[done..]), io::IoSlice::new(data)];
+                self.tx.write_vectored(&bufs).await?
+            } else {
+                self.tx.write(&data[done - header.len()..]).await?
+            };
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            if let Some(t) = self.torn.as_mut() {
+                t.written += n;
+            }
+            done += n;
         }
         Ok(())
     }

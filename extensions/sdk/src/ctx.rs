@@ -93,6 +93,8 @@ pub struct Host {
     /// The bulk pipe for artifact bytes, when the host offered one.
     pub(crate) bulk: Option<Arc<crate::bulk::BulkPipe>>,
     pub(crate) deadline: Option<Duration>,
+    /// Hash every artifact's bytes here and send the digest at close (end to end).
+    pub(crate) verify_artifacts: bool,
 }
 
 impl Host {
@@ -112,6 +114,19 @@ impl Host {
     pub fn with_json_chunks(&self) -> Host {
         Host {
             bulk: None,
+            ..self.clone()
+        }
+    }
+
+    /// The same host, verifying every artifact end to end: each stream's writer hashes the
+    /// bytes as they are written and sends that SHA-256 at close, and the host refuses the
+    /// stream (`artifact_invalid`, keeping nothing) unless the bytes it received have it. Without
+    /// this the host alone hashes what it received and answers the digest (docs/protocol.md
+    /// §8), which saves this process one SHA-256 pass over every byte (about 0.6 ms of CPU per
+    /// MiB even with the CPU's SHA instructions).
+    pub fn with_verified_artifacts(&self) -> Host {
+        Host {
+            verify_artifacts: true,
             ..self.clone()
         }
     }
@@ -147,12 +162,21 @@ impl Host {
     }
 
     /// `artifact.open`: start an artifact stream. Write to the returned writer, then
-    /// [`finish`](ArtifactWriter::finish) it; dropped unfinished, it aborts the stream.
+    /// [`finish`](ArtifactWriter::finish) it; dropped unfinished, it aborts the stream. The
+    /// answer to `finish` holds the SHA-256 the host computed of what it stored.
     pub async fn artifact(&self, open: ArtifactOpen) -> Result<ArtifactWriter, HostError> {
-        ArtifactWriter::open(&self.peer, self.bulk.clone(), self.deadline, open).await
+        ArtifactWriter::open(
+            &self.peer,
+            self.bulk.clone(),
+            self.deadline,
+            self.verify_artifacts,
+            open,
+        )
+        .await
     }
 
-    /// Store `bytes` as one artifact: open (with `size` filled in), chunks, close.
+    /// Store `bytes` as one artifact: open (with `size` filled in), chunks, close; the answer
+    /// holds the SHA-256 the host computed.
     pub async fn store_artifact(
         &self,
         mut open: ArtifactOpen,

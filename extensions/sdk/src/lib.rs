@@ -23,8 +23,9 @@
 //! Handlers get a [`Ctx`]: the request's cancellation token and a [`Host`] handle for callbacks
 //! (`state.event`, `state.events`, `state.work`, `operation.emit`, `ingress.push`) and for
 //! streaming artifacts ([`ArtifactWriter`]: on the host's bulk pipe when it offers one,
-//! docs/protocol.md §8.1, else as pipelined base64 chunks), which it may use while its own
-//! request is pending,
+//! docs/protocol.md §8.1, else as pipelined base64 chunks; the host computes the stored digest,
+//! and [`Host::with_verified_artifacts`] asks for end-to-end verification), which it may use
+//! while its own request is pending,
 //! and the request's deadline as the host sent it ([`Ctx::deadline`], [`Ctx::remaining`], from
 //! `params._meta.remaining_ms`, docs/protocol.md §11; `_meta` is stripped before the handler
 //! reads its params).
@@ -78,7 +79,7 @@
 //!             tracing::info!(n = recent.events.len(), "echo");
 //!             Ok(p)
 //!         })
-//!         // Streams an artifact: chunks are pipelined, size and sha256 computed on the way.
+//!         // Streams an artifact: chunks are pipelined; the host answers the sha256 it computed.
 //!         .method("report", |cx: Ctx, _p: serde_json::Value| async move {
 //!             let open = ArtifactOpen { name: "report.txt".into(), media_type: Some("text/plain".into()), size: None, ..Default::default() };
 //!             let mut w = cx.host().artifact(open).await?;

@@ -281,6 +281,7 @@ impl Dispatch {
                 init,
                 bulk,
                 deadline: None,
+                verify_artifacts: false,
             },
             cancel: req.cancel.clone(),
             shutdown: self.stopping.clone(),

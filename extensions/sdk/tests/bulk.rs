@@ -17,6 +17,7 @@ use protocol::bulk::Decoder;
 use protocol::handshake::{BulkOffer, InitializeResult};
 use protocol::methods;
 use serde_json::{Value, json};
+use sha2::Digest as _;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -42,14 +43,16 @@ impl Handler for Host {
                     max_chunk_bytes: protocol::MAX_ARTIFACT_CHUNK_BYTES,
                     window: protocol::ARTIFACT_WINDOW,
                     bulk_tag: Some(tag),
+                    sha256_optional: true,
                 })
             }
             methods::ext::ARTIFACT_CLOSE => {
+                // Only the second, whole upload closes: its content is known, so its digest
+                // is answered as the host computes it. The SDK sends none (§8).
                 let c: ArtifactClose = req.params().unwrap();
-                to_raw(&ArtifactStored {
-                    artifact_id: format!("sha256:{}", c.sha256),
-                    size: c.size,
-                })
+                assert_eq!(c.sha256, None, "the SDK sent a digest");
+                let digest = hex::encode(sha2::Sha256::digest(content(c.size as usize, 0)));
+                to_raw(&ArtifactStored::new(digest, c.size))
             }
             methods::ext::ARTIFACT_ABORT => to_raw(&Empty {}),
             other => Err(RpcError::method_not_found(other)),
@@ -146,6 +149,11 @@ async fn frames_survive_a_write_cancelled_inside_a_frame() {
             .expect("the second upload finished")
             .unwrap();
     assert_eq!(stored.size, 300_000);
+    assert_eq!(
+        stored.sha256,
+        hex::encode(sha2::Sha256::digest(&want)),
+        "the host's digest, handed to the caller"
+    );
     let by_tag = tokio::task::spawn_blocking(move || reader.join().unwrap())
         .await
         .unwrap();

@@ -46,14 +46,20 @@ struct HostState {
     problems: Vec<String>,
     emits: Vec<EmitParams>,
     pushes: Vec<PushParams>,
+    /// The `sha256` of each `artifact.close`, as sent.
+    closes: Vec<Option<String>>,
 }
 
 /// Serves every callback of `docs/protocol.md` §7 and checks artifact streams the way the real
-/// host does: seq order, chunk size, window, size and digest at close.
+/// host does: seq order, chunk size, window, size and any digest at close, answering the digest
+/// it computed.
 struct FakeHost {
     events: Vec<Event>,
     max_chunk_bytes: usize,
     window: usize,
+    /// Says `sha256_optional` in the open's answer and `sha256` in the close's, as a current
+    /// host does; `false` plays an older host, which requires the digest and answers without it.
+    current: bool,
     /// How long each chunk ack is held, so that a pipelining sender fills its window.
     ack_delay: Duration,
     state: Mutex<HostState>,
@@ -82,6 +88,7 @@ impl FakeHost {
             events,
             max_chunk_bytes,
             window,
+            current: true,
             ack_delay: Duration::from_millis(2),
             state: Mutex::new(HostState::default()),
         }
@@ -157,6 +164,7 @@ impl FakeHost {
                     max_chunk_bytes: self.max_chunk_bytes,
                     window: self.window,
                     bulk_tag: None,
+                    sha256_optional: self.current,
                 })
             }
             methods::ext::ARTIFACT_CHUNK => {
@@ -198,20 +206,29 @@ impl FakeHost {
                 let Some(s) = st.streams.remove(&p.stream_id) else {
                     return Err(Self::invalid(format!("unknown stream {}", p.stream_id)));
                 };
+                st.closes.push(p.sha256.clone());
                 let digest = hex::encode(Sha256::digest(&s.data));
-                if p.size != s.data.len() as u64 || p.sha256 != digest {
+                if p.sha256.is_none() && !self.current {
+                    return Err(RpcError::new(
+                        ErrorCode::InvalidParams,
+                        "missing field `sha256`",
+                    ));
+                }
+                if p.size != s.data.len() as u64 || p.sha256.as_ref().is_some_and(|c| *c != digest)
+                {
                     return Err(Self::invalid(format!(
-                        "received {} bytes ({digest}), close claimed {} ({})",
+                        "received {} bytes ({digest}), close claimed {} ({:?})",
                         s.data.len(),
                         p.size,
                         p.sha256
                     )));
                 }
                 st.stored.push((digest.clone(), s.data));
-                to_raw(&ArtifactStored {
-                    artifact_id: format!("sha256:{digest}"),
-                    size: p.size,
-                })
+                let mut stored = ArtifactStored::new(digest, p.size);
+                if !self.current {
+                    stored.sha256.clear(); // an older host's answer has no `sha256`
+                }
+                to_raw(&stored)
             }
             methods::ext::ARTIFACT_ABORT => {
                 let p: ArtifactAbort = req.params()?;
@@ -271,6 +288,12 @@ struct Upload {
     /// Return an error after writing this many bytes, dropping the writer unfinished.
     #[serde(default)]
     fail_after: Option<usize>,
+    /// Verify end to end (`Host::with_verified_artifacts`).
+    #[serde(default)]
+    verify: bool,
+    /// Finish with this digest as known (`finish_with_sha256`).
+    #[serde(default)]
+    sha256: Option<String>,
 }
 
 fn content(n: usize) -> Vec<u8> {
@@ -383,7 +406,12 @@ fn extension() -> Extension {
                 size: Some(p.bytes as u64),
                 ..Default::default()
             };
-            let mut w = cx.host().artifact(open).await?;
+            let host = if p.verify {
+                cx.host().with_verified_artifacts()
+            } else {
+                cx.host().clone()
+            };
+            let mut w = host.artifact(open).await?;
             if let Some(n) = p.chunk {
                 w.set_chunk_bytes(n);
             }
@@ -396,7 +424,12 @@ fn extension() -> Extension {
                 w.write(piece).await?;
                 written += piece.len();
             }
-            Ok(w.finish().await?)
+            let hashing = w.is_hashing();
+            let stored = match &p.sha256 {
+                Some(known) => w.finish_with_sha256(known).await?,
+                None => w.finish().await?,
+            };
+            Ok(json!({ "stored": stored, "hashing": hashing }))
         })
         .method("hang", |_cx, _p: Value| async move {
             // Ignores the shutdown token on purpose: shutdown must cancel it after its grace.
@@ -895,13 +928,14 @@ async fn the_65th_concurrent_request_is_refused_overloaded() {
 
 // ---- artifacts ------------------------------------------------------------------------------
 
+/// Upload `len` bytes with `params`; the writer's answer must hold the host's digest of them.
 async fn upload(fake: FakeHost, params: Value, len: usize) -> (Harness, Value) {
     let (h, _) = Harness::ready(extension(), fake).await;
     let v = h.call("upload", params).await.unwrap();
     let digest = hex::encode(Sha256::digest(content(len)));
     assert_eq!(
-        v,
-        json!({ "artifact_id": format!("sha256:{digest}"), "size": len })
+        v["stored"],
+        json!({ "artifact_id": format!("sha256:{digest}"), "size": len, "sha256": digest })
     );
     (h, v)
 }
@@ -963,10 +997,102 @@ async fn an_artifact_chunk_size_is_clamped_to_the_hosts_maximum() {
 async fn an_empty_artifact_is_an_open_and_a_close() {
     let (h, v) = upload(FakeHost::new(), json!({ "bytes": 0, "piece": 1 }), 0).await;
     assert_eq!(
-        v["artifact_id"],
+        v["stored"]["artifact_id"],
         "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
     );
     assert!(h.fake.state().chunk_sizes.is_empty());
+}
+
+#[tokio::test]
+async fn by_default_no_digest_is_hashed_or_sent_and_the_answer_holds_the_hosts() {
+    // docs/protocol.md §8: the receiver computes the digest; the SDK does not hash by default.
+    let len = 300_001;
+    let (h, v) = upload(
+        FakeHost::new(),
+        json!({ "bytes": len, "piece": 65_536 }),
+        len,
+    )
+    .await;
+    assert_eq!(v["hashing"], false);
+    let st = h.fake.state();
+    assert_eq!(st.closes, [None], "the close carried a digest");
+    assert_eq!(st.stored.len(), 1);
+}
+
+#[tokio::test]
+async fn verified_artifacts_send_their_own_digest_for_the_host_to_check() {
+    let len = 200_000;
+    let (h, v) = upload(
+        FakeHost::new(),
+        json!({ "bytes": len, "piece": 30_000, "verify": true }),
+        len,
+    )
+    .await;
+    assert_eq!(v["hashing"], true);
+    let digest = hex::encode(Sha256::digest(content(len)));
+    assert_eq!(h.fake.state().closes, [Some(digest)]);
+}
+
+#[tokio::test]
+async fn a_known_digest_is_sent_as_given_and_a_wrong_one_is_refused_keeping_nothing() {
+    let len = 100_000;
+    let digest = hex::encode(Sha256::digest(content(len)));
+    let (h, v) = upload(
+        FakeHost::new(),
+        json!({ "bytes": len, "piece": 4_096, "sha256": digest }),
+        len,
+    )
+    .await;
+    assert_eq!(v["hashing"], false, "a known digest needs no hashing here");
+    assert_eq!(h.fake.state().closes, [Some(digest)]);
+
+    let wrong = hex::encode(Sha256::digest(b"other bytes"));
+    let (h, _) = Harness::ready(extension(), FakeHost::new()).await;
+    let err = h
+        .call(
+            "upload",
+            json!({ "bytes": len, "piece": 4_096, "sha256": wrong }),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is(ErrorCode::ArtifactInvalid), "{err}");
+    let st = h.fake.state();
+    assert_eq!(st.closes, [Some(wrong)]);
+    assert!(st.stored.is_empty() && st.streams.is_empty());
+}
+
+#[tokio::test]
+async fn a_verifying_writer_refuses_a_known_digest_that_is_not_its_own_before_closing() {
+    let wrong = hex::encode(Sha256::digest(b"other bytes"));
+    let (h, _) = Harness::ready(extension(), FakeHost::new()).await;
+    let err = h
+        .call(
+            "upload",
+            json!({ "bytes": 5_000, "piece": 1_000, "verify": true, "sha256": wrong }),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        err.message
+            .contains(&format!("not the {wrong} given to finish")),
+        "{err}"
+    );
+    let st = h.fake.state();
+    assert!(st.closes.is_empty(), "closed anyway: {:?}", st.closes);
+    assert_eq!(st.aborted.len(), 1);
+    assert!(st.stored.is_empty());
+}
+
+#[tokio::test]
+async fn an_older_host_that_requires_the_digest_gets_it_and_its_answer_is_completed() {
+    // An older host says no `sha256_optional` and answers without `sha256`.
+    let len = 70_000;
+    let mut fake = FakeHost::new();
+    fake.current = false;
+    let (h, v) = upload(fake, json!({ "bytes": len, "piece": 10_000 }), len).await;
+    assert_eq!(v["hashing"], true);
+    let digest = hex::encode(Sha256::digest(content(len)));
+    assert_eq!(h.fake.state().closes, [Some(digest)]);
 }
 
 #[tokio::test]

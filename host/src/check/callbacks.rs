@@ -71,6 +71,9 @@ struct Recorded {
     artifacts: Vec<String>,
     /// Artifacts past those lines.
     more_artifacts: usize,
+    /// Why each refused artifact was refused (`artifact_invalid`), the first
+    /// [`MAX_ARTIFACT_NOTES`] of them: the package broke docs/protocol.md §8.
+    refusals: Vec<String>,
 }
 
 /// The callback handler; clones share state.
@@ -160,6 +163,7 @@ impl CheckHost {
             ext::ARTIFACT_CLOSE => {
                 let p: ArtifactClose = params(req)?;
                 let id = p.stream_id.clone();
+                let sent_digest = p.sha256.is_some();
                 let done = match self.artifacts.close(name, p).await {
                     Ok(done) => done,
                     Err(e) => {
@@ -174,14 +178,16 @@ impl CheckHost {
                 } else {
                     "as chunks"
                 };
+                let digest = if sent_digest {
+                    "size and the package's sha256 verified"
+                } else {
+                    "size verified, sha256 computed by the host (the package sent none)"
+                };
                 self.note_artifact(format!(
-                    "artifact `{}`: {} bytes {way}, size and sha256 verified",
+                    "artifact `{}`: {} bytes {way}, {digest}",
                     done.name, done.size
                 ));
-                to_raw(&ArtifactStored {
-                    artifact_id: format!("sha256:{}", done.sha256),
-                    size: done.size,
-                })
+                to_raw(&ArtifactStored::new(done.sha256, done.size))
             }
             ext::ARTIFACT_ABORT => {
                 let p: ArtifactAbort = params(req)?;
@@ -205,7 +211,20 @@ impl CheckHost {
         let Some((label, _)) = self.forget(stream_id) else {
             return;
         };
-        self.note_artifact(format!("artifact `{label}` refused: {}", e.message));
+        let line = format!("artifact `{label}` refused: {}", e.message);
+        {
+            let mut st = self.state.lock().unwrap();
+            if st.refusals.len() < MAX_ARTIFACT_NOTES {
+                st.refusals.push(line.clone());
+            }
+        }
+        self.note_artifact(line);
+    }
+
+    /// Why each artifact the package made was refused, if any was (at most
+    /// [`MAX_ARTIFACT_NOTES`] lines).
+    pub(crate) fn artifact_refusals(&self) -> Vec<String> {
+        self.state.lock().unwrap().refusals.clone()
     }
 
     /// Tell the handler what the package declared (after the handshake).
@@ -508,9 +527,36 @@ mod tests {
         );
         assert_eq!(
             notes[1],
-            "artifact `a`: 9 bytes as chunks, size and sha256 verified"
+            "artifact `a`: 9 bytes as chunks, size and the package's sha256 verified"
         );
         assert_eq!(rig.host.calls()[ext::ARTIFACT_CHUNK], 3);
+        assert_eq!(rig.host.artifact_refusals().len(), 1, "run.log's");
+
+        // Without a digest at close: stored under the one the receiver computed, which the
+        // answer carries (docs/protocol.md §8).
+        let sid = rig
+            .call(ext::ARTIFACT_OPEN, json!({"name": "b"}))
+            .await
+            .unwrap()["stream_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        rig.call(
+            ext::ARTIFACT_CHUNK,
+            json!({"stream_id": sid, "seq": 0, "data": "bGluZSBvbmUK"}),
+        )
+        .await
+        .unwrap();
+        let stored = rig
+            .call(ext::ARTIFACT_CLOSE, json!({"stream_id": sid, "size": 9}))
+            .await
+            .unwrap();
+        assert_eq!(stored["sha256"], digest.as_str());
+        assert_eq!(stored["artifact_id"], format!("sha256:{digest}"));
+        assert_eq!(
+            rig.host.artifact_notes()[2],
+            "artifact `b`: 9 bytes as chunks, size verified, sha256 computed by the host (the package sent none)"
+        );
     }
 
     #[tokio::test]

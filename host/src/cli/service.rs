@@ -56,9 +56,9 @@ impl Target {
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 The file runs this very binary (its absolute path) with --state-dir, so moving or replacing
-the binary elsewhere means installing again; a binary inside a build folder (`target/` beside a
-Cargo.toml) is warned about. PATH in the file is the installing shell's, each folder once and
-relative folders left out. Nothing is started: the command to run next is
+the binary elsewhere means installing again; a binary inside a cargo build folder (one holding
+CACHEDIR.TAG, or `target/` beside a Cargo.toml) is warned about. PATH in the file is the
+installing shell's, each folder once and relative folders left out. Nothing is started: the command to run next is
 printed. An existing file that differs is kept unless --force is given.
 
   conduit service install --print            see the unit without installing it

@@ -204,10 +204,7 @@ async fn serve(core: Arc<Core>, ext: &str, req: Request) -> HandlerResult {
                 }
                 e => store_fault(e),
             })?;
-            to_raw(&ArtifactStored {
-                artifact_id: format!("sha256:{sha}"),
-                size,
-            })
+            to_raw(&ArtifactStored::new(sha, size))
         }
         ext::ARTIFACT_ABORT => {
             let p: ArtifactAbort = params(&req)?;

@@ -155,16 +155,19 @@ impl ServiceConfig {
     }
 }
 
-/// The build folder `program` lies in, if it is one: a `target` folder beside a `Cargo.toml`
-/// (`is_file` says whether a path is a file; `std::path::Path::is_file` in production). A
-/// service that runs a binary from there runs whatever the next build or `cargo clean` leaves.
+/// The build folder `program` lies in, if it is one: a `target` folder beside a `Cargo.toml`,
+/// or any folder holding the `CACHEDIR.TAG` cargo writes at the top of every build folder
+/// (which finds one moved elsewhere with `CARGO_TARGET_DIR`). `is_file` says whether a path is
+/// a file; `std::path::Path::is_file` in production. A service that runs a binary from there
+/// runs whatever the next build or `cargo clean` leaves.
 pub fn build_folder(program: &Path, is_file: impl Fn(&Path) -> bool) -> Option<PathBuf> {
     program
         .ancestors()
         .skip(1)
         .find(|dir| {
-            dir.file_name().is_some_and(|n| n == "target")
-                && dir.parent().is_some_and(|p| is_file(&p.join("Cargo.toml")))
+            is_file(&dir.join("CACHEDIR.TAG"))
+                || (dir.file_name().is_some_and(|n| n == "target")
+                    && dir.parent().is_some_and(|p| is_file(&p.join("Cargo.toml"))))
         })
         .map(Path::to_owned)
 }
@@ -254,6 +257,12 @@ mod tests {
         assert_eq!(
             build_folder(Path::new("/usr/local/bin/conduit"), cargo),
             None
+        );
+        // A build folder moved with CARGO_TARGET_DIR is known by the tag cargo leaves in it.
+        let tagged = |p: &Path| p == Path::new("/var/tmp/ci-target/CACHEDIR.TAG");
+        assert_eq!(
+            build_folder(Path::new("/var/tmp/ci-target/debug/conduit"), tagged),
+            Some(PathBuf::from("/var/tmp/ci-target"))
         );
     }
 

@@ -27,11 +27,18 @@ picks a behaviour with flags; without flags it follows docs/protocol.md and pass
                         refuses the 65th request with -32000 but no data.limit (breaks overload)
   --overload-first      looks at the limit before the ids in use (breaks overload: an id in use
                         must win over overloaded, docs/protocol.md §3.4)
+  --artifact-sha256 none|wrong
+                        also declares and serves `make-artifact`, which streams a 23,000-byte
+                        artifact to the host as chunks, then closes it without a sha256 (`none`:
+                        the host computes it, passes) or with the sha256 of other bytes (`wrong`:
+                        refused, breaks declared-methods-answer), and answers {"closed": ...}
 
 Invariant: stdout carries only protocol messages (but for --banner); logs go to stderr.
 """
 
 import argparse
+import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -42,7 +49,7 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 HEAD_BYTES = 4096
 LIMIT = 64
 TOP_LEVEL = ("jsonrpc", "id", "method", "params", "result", "error")
-SERVED = ("echo", "check.sleep", "work_kind.trigger", "recurrence.next", "dependency.filter",
+SERVED = ("echo", "check.sleep", "make-artifact", "work_kind.trigger", "recurrence.next", "dependency.filter",
           "emit.commit", "ingress.poll", "shutdown", "initialize")
 
 # What it serves; each fixture's conduit-extension.toml declares the same.
@@ -154,6 +161,11 @@ class Server:
         self.running = {}  # json.dumps(id) -> threading.Event set on cancel
         self.initialized = False
         self.shutting_down = False
+        self.calls = {}  # json.dumps(id) of a callback -> [threading.Event set on its answer, answer]
+        self.next_call = 0
+        self.capabilities = dict(CAPABILITIES)
+        if args.artifact_sha256:
+            self.capabilities["methods"] = CAPABILITIES["methods"] + ["make-artifact"]
 
     # ---- writing ------------------------------------------------------------------------
 
@@ -242,8 +254,13 @@ class Server:
             raw_id = 0
         id_ok = valid_id(raw_id)
         method = msg.get("method")
-        if method is None:
-            return  # a response or an error: this extension makes no calls, so only log it
+        if method is None:  # an answer to one of our callbacks, or else nothing to act on
+            with self.lock:
+                slot = self.calls.pop(json.dumps(raw_id), None)
+            if slot is not None:
+                slot[1] = msg
+                slot[0].set()
+            return
         repeated = [k for k in getattr(msg, "repeated", ()) if k in TOP_LEVEL]
         unknown = [k for k in msg if k not in TOP_LEVEL]
         if (msg.get("jsonrpc") != "2.0" or not isinstance(method, str)
@@ -343,7 +360,7 @@ class Server:
         self.answer(id, {
             "protocol_version": max(common),
             "extension": {"name": self.args.name, "version": "0.1.0"},
-            "capabilities": CAPABILITIES,
+            "capabilities": self.capabilities,
         })
 
     def shutdown(self, id):
@@ -364,6 +381,35 @@ class Server:
         self.answer(id, {})
         self.exit()
 
+    def call(self, method, params, timeout=10):
+        """A callback to the host (its own id space, string ids); its result, or RpcError."""
+        with self.lock:
+            self.next_call += 1
+            cid = f"cb-{self.next_call}"
+            slot = self.calls[json.dumps(cid)] = [threading.Event(), None]
+        self.send({"jsonrpc": "2.0", "id": cid, "method": method, "params": params})
+        if not slot[0].wait(timeout):
+            raise RpcError(-32603, f"the host did not answer {method} in {timeout} s")
+        answer = slot[1]
+        if "error" in answer:
+            raise RpcError(answer["error"].get("code"), answer["error"].get("message"))
+        return answer.get("result")
+
+    def make_artifact(self):
+        data = b"conduit check artifact\n" * 1000
+        opened = self.call("artifact.open", {"name": "check.txt", "size": len(data)})
+        sid, step = opened["stream_id"], min(opened["max_chunk_bytes"], 8192)
+        for seq, at in enumerate(range(0, len(data), step)):  # one at a time: within any window
+            self.call("artifact.chunk", {"stream_id": sid, "seq": seq,
+                                         "data": base64.b64encode(data[at:at + step]).decode()})
+        close = {"stream_id": sid, "size": len(data)}
+        if self.args.artifact_sha256 == "wrong":
+            close["sha256"] = hashlib.sha256(b"other " + data).hexdigest()
+        try:
+            return {"closed": self.call("artifact.close", close)}
+        except RpcError as e:  # the host says why; the checker reports it
+            return {"refused": e.message}
+
     def dispatch(self, method, params, cancel):
         params = {k: v for k, v in params.items() if k != "_meta"}  # the host's, not a param (§11)
         def declared(field, name):
@@ -371,6 +417,8 @@ class Server:
             if name not in names:
                 raise RpcError(INVALID_PARAMS, f"{name!r} is not a declared {field} name")
 
+        if method == "make-artifact" and self.args.artifact_sha256:
+            return self.make_artifact()
         if method == "echo":
             if not isinstance(params.get("text"), str):
                 raise RpcError(INVALID_PARAMS, "echo needs {\"text\": string}")
@@ -424,6 +472,7 @@ def main():
                  "serve-after-shutdown", "overload-without-limit", "overload-first"):
         parser.add_argument(f"--{flag}", action="store_true")
     parser.add_argument("--eof-exit-code", type=int, default=0)
+    parser.add_argument("--artifact-sha256", choices=("none", "wrong"))
     args = parser.parse_args()
     if args.grandchild:
         child = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)

@@ -250,6 +250,11 @@ pub struct ArtifactOpened {
     /// stream then takes no `artifact.chunk`. Absent: send chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bulk_tag: Option<u32>,
+    /// The host computes the content's SHA-256 itself and answers it at close, so the close
+    /// may leave `sha256` out (docs/protocol.md §8). Absent (`false`, an older host): the close
+    /// must carry it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sha256_optional: bool,
 }
 
 /// `artifact.chunk` params: chunk `seq` (0, 1, 2, … in order) of a stream.
@@ -273,16 +278,43 @@ pub struct ChunkAck {
 pub struct ArtifactClose {
     pub stream_id: String,
     pub size: u64,
-    /// Lower-case hex.
-    pub sha256: String,
+    /// The content's SHA-256 as the sender computed or knew it, in hex; the host verifies it.
+    /// Optional where the open's answer said `sha256_optional` (docs/protocol.md §8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
-/// `artifact.close` result.
+/// `artifact.close` result: what the host stored, under the digest it computed.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ArtifactStored {
     /// `sha256:<hex>`.
     pub artifact_id: String,
     pub size: u64,
+    /// The SHA-256 of the bytes the host received, lower-case hex. Absent from an older
+    /// host's answer (read as empty): [`ArtifactStored::digest`] then reads it from
+    /// `artifact_id`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sha256: String,
+}
+
+impl ArtifactStored {
+    /// The answer for content of `size` bytes whose SHA-256 is `sha256` (lower-case hex).
+    pub fn new(sha256: String, size: u64) -> Self {
+        ArtifactStored {
+            artifact_id: format!("sha256:{sha256}"),
+            size,
+            sha256,
+        }
+    }
+
+    /// The stored content's SHA-256 (lower-case hex), from `sha256` or, in an older host's
+    /// answer, from `artifact_id`; `None` when neither holds one.
+    pub fn digest(&self) -> Option<&str> {
+        if !self.sha256.is_empty() {
+            return Some(&self.sha256);
+        }
+        self.artifact_id.strip_prefix("sha256:")
+    }
 }
 
 /// `artifact.abort` params.

@@ -66,28 +66,28 @@ pub(crate) fn serve_host(dir: &Path) -> anyhow::Result<(String, Arc<Notify>)> {
     Ok((path, sleeping))
 }
 
-/// Hash the stream as it arrives and check the sender's claim in its last chunk.
+/// Hash the stream as it arrives and check the sender's claim in its last chunk: its size, and
+/// its digest when it sent one (the same rule as `artifact.close`, docs/protocol.md §8).
 async fn receive_artifact(mut s: Streaming<ArtifactChunk>) -> Result<ArtifactStored, Status> {
     let mut hasher = Sha256::new();
     let mut size = 0u64;
-    let mut claim = None;
+    let mut claim = (String::new(), 0u64);
     while let Some(c) = s.message().await? {
         hasher.update(&c.data);
         size += c.data.len() as u64;
-        if !c.sha256.is_empty() {
-            claim = Some((c.sha256, c.size));
-        }
+        claim = (c.sha256, c.size);
     }
     let digest = hex::encode(hasher.finalize());
-    match claim {
-        Some((sha, n)) if sha == digest && n == size => Ok(ArtifactStored {
-            artifact_id: format!("sha256:{digest}"),
-            size,
-        }),
-        _ => Err(Status::invalid_argument(
+    let (sha, n) = claim;
+    if n != size || !(sha.is_empty() || sha == digest) {
+        return Err(Status::invalid_argument(
             "size or digest do not match what was received",
-        )),
+        ));
     }
+    Ok(ArtifactStored {
+        artifact_id: format!("sha256:{digest}"),
+        size,
+    })
 }
 
 /// The gRPC transport: `proto-grpc-child` on a Unix socket.

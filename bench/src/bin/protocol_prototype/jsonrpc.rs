@@ -5,8 +5,10 @@
 //!
 //! The host serves the extension's callbacks: `bench.ping` (answered unchanged),
 //! `bench.sleeping` (the cue to cancel or kill) and the artifact stream (`artifact.open`/`chunk`/`close`/`abort`), decoding each chunk's base64 and
-//! hashing it as the daemon's artifact store does, without its disk write: the comparison is of
-//! transports, and the gRPC host hashes without writing too.
+//! hashing it as the daemon's artifact store does (the digest is the receiver's, answered at
+//! close; the SDK sends none), without its disk write: the comparison is of transports, and
+//! the gRPC host hashes without writing too. The daemon's own path, disk included, is
+//! `daemon.rs`.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -277,6 +279,7 @@ impl Conn for JsonConn {
             bytes,
             chunk_bytes,
             json_chunks,
+            salt: 0,
         };
         let stored: ArtifactStored = self.peer.call(ARTIFACT, &p, None).await?;
         ensure!(
@@ -429,6 +432,7 @@ impl HostHandler {
                     max_chunk_bytes: conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
                     window: conduit_protocol::ARTIFACT_WINDOW,
                     bulk_tag: tag,
+                    sha256_optional: true,
                 })
             }
             methods::ext::ARTIFACT_CHUNK => {
@@ -495,13 +499,10 @@ impl HostHandler {
             lock(&self.tags).remove(&tag);
         }
         let digest = hex::encode(s.hasher.finalize());
-        if digest != c.sha256 || s.received != c.size {
+        if c.sha256.is_some_and(|claim| claim != digest) || s.received != c.size {
             return Err(invalid("size or digest do not match what was received"));
         }
-        to_raw(&ArtifactStored {
-            artifact_id: format!("sha256:{digest}"),
-            size: s.received,
-        })
+        to_raw(&ArtifactStored::new(digest, s.received))
     }
 
     /// Read the bulk pipe until it ends, hashing each piece into its stream.

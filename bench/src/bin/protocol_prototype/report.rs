@@ -47,6 +47,9 @@ pub(crate) struct Target {
     pub(crate) value: f64,
     pub(crate) limit: f64,
     pub(crate) met: bool,
+    /// Whether the target applies in this regime and placement; one that does not is printed
+    /// and tracked (`met` still says where it stands) but is no miss.
+    pub(crate) gated: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -69,6 +72,10 @@ pub(crate) struct RegimeResult {
     pub(crate) jsonrpc_beats_grpc: Ordered<bool>,
     pub(crate) spread: SpreadSection,
     pub(crate) conditions: Conditions,
+    /// The artifact through a real daemon into its store, in this regime and placement
+    /// (absent without `conduit` beside the executable).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) through_daemon: Option<Figures>,
 }
 
 /// Median and spread of each key over `rounds` (keys in the first round's order).
@@ -199,11 +206,29 @@ const ROWS: &[Row] = &[
         higher_is_better: false,
     },
     Row {
+        label: "crash: the child's own SIGKILL → EOF",
+        unit: "µs",
+        key: "child_kill_to_eof_us",
+        floor: Floor::Key("kill_to_eof_us"),
+        cpu: None,
+        floor_cpu: None,
+        higher_is_better: false,
+    },
+    Row {
         label: "crash detected (SIGKILL → call fails)",
         unit: "µs",
         key: "crash_detected_us",
         floor: Floor::Key("kill_to_eof_us"),
         cpu: Some("crash_cpu_us"),
+        floor_cpu: None,
+        higher_is_better: false,
+    },
+    Row {
+        label: "crash: what the host adds to that EOF",
+        unit: "µs",
+        key: "crash_host_added_us",
+        floor: Floor::None,
+        cpu: None,
         floor_cpu: None,
         higher_is_better: false,
     },
@@ -226,13 +251,46 @@ fn floor_of(row: &Row, floors: &Ordered<f64>) -> Option<f64> {
     }
 }
 
-/// Median, spread, ratios and targets of one regime.
+/// The floor that holds SIGKILL → EOF of a transport's own child, measured in the same round.
+fn child_exit_floor(transport: &str) -> Option<&'static str> {
+    match transport {
+        "jsonrpc-stdio" => Some("kill_to_eof_jsonrpc_child_us"),
+        "grpc-uds" => Some("kill_to_eof_grpc_child_us"),
+        _ => None,
+    }
+}
+
+/// Each round's crash figures set beside its transport's own child's exit in the same round:
+/// that exit (`child_kill_to_eof_us`) and what the host adds to it before the pending call
+/// fails (`crash_host_added_us`: the round's median crash minus the round's median exit).
+fn with_crash_addition(key: &str, rounds: &[Figures], floors: &[Figures]) -> Vec<Figures> {
+    let Some(exit_key) = child_exit_floor(key) else {
+        return rounds.to_vec();
+    };
+    rounds
+        .iter()
+        .zip(floors)
+        .map(|(r, fl)| {
+            let mut r = r.clone();
+            if let (Some(&crash), Some(&exit)) = (r.get("crash_detected_us"), fl.get(exit_key)) {
+                r.push("child_kill_to_eof_us", exit);
+                r.push("crash_host_added_us", crash - exit);
+            }
+            r
+        })
+        .collect()
+}
+
+/// Median, spread, ratios and targets of one regime in one placement (`same-cpu`,
+/// `split-cpus`, `free`), with the artifact through the daemon measured beside it.
 pub(crate) fn summarise(
     regime: Regime,
+    placement: &str,
     floors: &[Figures],
     transports: &Ordered<Vec<Figures>>,
     binaries: &Ordered<u64>,
     conditions: Conditions,
+    through_daemon: Option<Figures>,
 ) -> RegimeResult {
     let floor_spread = spreads(floors);
     let floor_med = medians(&floor_spread);
@@ -240,7 +298,7 @@ pub(crate) fn summarise(
     let mut t_med = Ordered::default();
     let mut ratios = Ordered::default();
     for (key, rounds) in &transports.0 {
-        let s = spreads(rounds);
+        let s = spreads(&with_crash_addition(key, rounds, floors));
         let mut m = medians(&s);
         if let Some(&b) = binaries.get(key) {
             m.push("binary_bytes", b as f64);
@@ -255,7 +313,10 @@ pub(crate) fn summarise(
         t_spread.push(key.clone(), s);
         t_med.push(key.clone(), m);
     }
-    let targets = judge(regime, &floor_med, &t_med);
+    let mut targets = judge(regime, placement, &floor_med, &t_med);
+    if let (Some(d), Some(host)) = (&through_daemon, t_med.get("jsonrpc-stdio")) {
+        targets.extend(judge_daemon(d, host));
+    }
     let mut beats = Ordered::default();
     if let (Some(j), Some(g)) = (t_med.get("jsonrpc-stdio"), t_med.get("grpc-uds")) {
         for row in ROWS {
@@ -276,20 +337,33 @@ pub(crate) fn summarise(
             transports: t_spread,
         },
         conditions,
+        through_daemon,
     }
 }
 
-/// The performance targets, for every transport (they are JSON-RPC's; gRPC's are for comparison).
-fn judge(regime: Regime, floors: &Ordered<f64>, transports: &Ordered<Ordered<f64>>) -> Vec<Target> {
+/// The performance targets (docs/performance.md, SPEC §12), for every transport (they are
+/// JSON-RPC's; gRPC's are for comparison). Some apply only in some placements and are printed,
+/// not gated, elsewhere: pipelined calls on one CPU only; cold start on one CPU and unpinned
+/// (across two CPUs the VM's scheduler tick decides it); and every ratio of the `free`
+/// placement but the lifecycle's, whose floor and figure may have been placed differently.
+fn judge(
+    regime: Regime,
+    placement: &str,
+    floors: &Ordered<f64>,
+    transports: &Ordered<Ordered<f64>>,
+) -> Vec<Target> {
     let fl = |k: &str| floors.get(k).copied().unwrap_or(f64::NAN);
     let (p50_limit, p99_limit) = match regime {
         Regime::Awake => (2.0, 3.0),
         Regime::Idle => (1.5, 1.5),
     };
+    let pinned = placement != "free";
+    let one_cpu = placement == "same-cpu";
+    let grpc = transports.get("grpc-uds");
     let mut out = Vec::new();
     for (t, m) in &transports.0 {
         let v = |k: &str| m.get(k).copied().unwrap_or(f64::NAN);
-        let mut push = |target: String, value: f64, limit: f64, at_most: bool| {
+        let mut push = |target: String, value: f64, limit: f64, at_most: bool, gated: bool| {
             out.push(Target {
                 transport: t.clone(),
                 target,
@@ -300,6 +374,7 @@ fn judge(regime: Regime, floors: &Ordered<f64>, transports: &Ordered<Ordered<f64
                 } else {
                     value >= limit
                 },
+                gated,
             });
         };
         push(
@@ -307,51 +382,104 @@ fn judge(regime: Regime, floors: &Ordered<f64>, transports: &Ordered<Ordered<f64
             v("echo_p50_us") / fl("pipe_rtt_p50_us"),
             p50_limit,
             true,
+            pinned,
         );
         push(
             format!("echo p99 ≤ {p99_limit}× the pipe's p99"),
             v("echo_p99_us") / fl("pipe_rtt_p99_us"),
             p99_limit,
             true,
+            pinned,
         );
         push(
             "CPU per echo ≤ 3× the pipe's round trip".into(),
             v("echo_cpu_us") / fl("pipe_cpu_us"),
             3.0,
             true,
+            pinned,
         );
         push(
             "artifact ≥ 40% of the pipe's throughput".into(),
             v("artifact_mib_s") / fl("pipe_mib_s"),
             0.4,
             false,
+            pinned,
         );
+        if t != "grpc-uds"
+            && let Some(g) = grpc
+        {
+            push(
+                "artifact faster than gRPC's (ratio of MiB/s)".into(),
+                v("artifact_mib_s") / g.get("artifact_mib_s").copied().unwrap_or(f64::NAN),
+                1.0,
+                false,
+                true,
+            );
+        }
         push(
-            "cold start ≤ the spawn floor + 2 ms (µs over the floor)".into(),
+            "cold start ≤ the spawn floor + 1 ms (µs over the floor)".into(),
             v("cold_start_us") - fl("spawn_us"),
-            2000.0,
+            1000.0,
             true,
+            placement != "split-cpus",
         );
         push(
-            "crash detected ≤ 1.5× SIGKILL → EOF".into(),
+            "crash: the host adds ≤ 50 µs to the child's own EOF (µs)".into(),
+            v("crash_host_added_us"),
+            50.0,
+            true,
+            pinned,
+        );
+        push(
+            "crash detected ≤ 1.5× the minimal child's SIGKILL → EOF".into(),
             v("crash_detected_us") / fl("kill_to_eof_us"),
             1.5,
             true,
+            false,
         );
         push(
             "cancellation seen ≤ 2× its echo p50".into(),
             v("cancel_seen_us") / v("echo_p50_us"),
             2.0,
             true,
+            pinned,
         );
         push(
             "pipelined ≥ 50% of the pipe's message rate".into(),
             v("pipelined_calls_s") / fl("pipe_msgs_s"),
             0.5,
             false,
+            one_cpu,
         );
     }
     out
+}
+
+/// The artifact through the daemon against the bench's own JSON-RPC host (`host`: its medians)
+/// in the same regime and placement: its rate, and the daemon's CPU per MiB against the host's.
+fn judge_daemon(d: &Figures, host: &Ordered<f64>) -> Vec<Target> {
+    let g = |m: &Ordered<f64>, k: &str| m.get(k).copied().unwrap_or(f64::NAN);
+    let rate = g(d, "daemon_artifact_mib_s") / g(host, "artifact_mib_s");
+    let cpu =
+        g(d, "daemon_artifact_daemon_cpu_us_per_mib") / g(host, "artifact_host_cpu_us_per_mib");
+    vec![
+        Target {
+            transport: "daemon".into(),
+            target: "artifact through the daemon ≥ 60% of the bench host's rate".into(),
+            value: rate,
+            limit: 0.6,
+            met: rate >= 0.6,
+            gated: true,
+        },
+        Target {
+            transport: "daemon".into(),
+            target: "daemon CPU per MiB ≤ 1.5× the bench host's".into(),
+            value: cpu,
+            limit: 1.5,
+            met: cpu <= 1.5,
+            gated: true,
+        },
+    ]
 }
 
 /// A number as a table shows it: thousands separated, fewer decimals as it grows.
@@ -452,6 +580,9 @@ pub(crate) fn table(regime: Regime, placement: &str, r: &RegimeResult) -> String
         fl("kill_to_eof_jsonrpc_child_us"),
         fl("kill_to_eof_grpc_child_us"),
     );
+    if let Some(d) = &r.through_daemon {
+        t.push_str(&daemon_table(d));
+    }
     let _ = writeln!(t, "targets:");
     for g in &r.targets {
         let shown = if g.target.contains("(µs") {
@@ -459,13 +590,16 @@ pub(crate) fn table(regime: Regime, placement: &str, r: &RegimeResult) -> String
         } else {
             format!("{:.2}", g.value)
         };
+        let verdict = match (g.gated, g.met) {
+            (true, true) => "met",
+            (true, false) => "MISSED",
+            (false, true) => "(met; not gated here)",
+            (false, false) => "(missed; not gated here)",
+        };
         let _ = writeln!(
             t,
-            "  {:<14} {:<58} {:>12}  {}",
-            g.transport,
-            g.target,
-            shown,
-            if g.met { "met" } else { "MISSED" }
+            "  {:<14} {:<62} {:>12}  {verdict}",
+            g.transport, g.target, shown,
         );
     }
     if c.others_cpu_pct > 25.0 {
@@ -480,12 +614,9 @@ pub(crate) fn table(regime: Regime, placement: &str, r: &RegimeResult) -> String
 }
 
 /// The artifact through the daemon: MiB/s and CPU per MiB (daemon, extension) on both paths.
-pub(crate) fn daemon_table(regime: Regime, f: &Figures) -> String {
+fn daemon_table(f: &Figures) -> String {
     let g = |k: &str| f.get(k).copied().unwrap_or(f64::NAN);
-    let mut out = format!(
-        "\nthe artifact through the daemon into its store ({} regime, placed by the scheduler)\n",
-        regime.key()
-    );
+    let mut out = "the artifact through the daemon into its store (same placement):\n".to_owned();
     for (label, key) in [
         ("bulk pipe", "daemon_artifact"),
         ("base64 chunks", "daemon_artifact_json"),

@@ -44,7 +44,7 @@ pub const RULES: &[(&str, &str)] = &[
     ),
     (
         DECLARED_METHODS,
-        "every declared work kind, recurrence, filter, emission, ingress source and method answers a well-formed request",
+        "every declared work kind, recurrence, filter, emission, ingress source and method answers a well-formed request, and every artifact streamed meanwhile is stored (a sha256 at close, if sent, matches the bytes)",
     ),
     (
         UNKNOWN_METHOD,
@@ -130,7 +130,7 @@ pub(crate) fn section(id: &str) -> &'static str {
         HANDSHAKE => "§4, §4.2",
         VERSION => "§4.3, §16",
         CAPABILITIES_MATCH => "§4.2, §16",
-        DECLARED_METHODS => "§6",
+        DECLARED_METHODS => "§6, §8",
         UNKNOWN_METHOD => "§6.8",
         MALFORMED_LINE => "§2",
         NOT_JSON => "§3.3",

@@ -390,6 +390,12 @@ pub(crate) async fn declared_methods(
             .push(format!("the package called back: {}", list.join(", ")));
     }
     t.notes.extend(ctx.host.artifact_notes());
+    for why in ctx.host.artifact_refusals() {
+        t.problem(
+            why,
+            "stream artifacts as docs/protocol.md §8 says: chunks in `seq` order within the window (or whole frames on the bulk pipe), then `artifact.close` with the size sent and, if you send one, the sha256 of exactly those bytes (or leave it out: the host computes it)",
+        );
+    }
     if t.answered.is_empty() && t.problems.is_empty() {
         return RuleResult::skip(
             DECLARED_METHODS,

@@ -10,7 +10,8 @@
 //! Invariants: the reader ends with the session (or at the pipe's end) and marks every stream
 //! of the pipe `pipe_done`, so a close waiting for bytes never waits on a pipe that is gone;
 //! the pipe is drained to its end even when broken, so a writer never blocks on it forever;
-//! the read buffer exists only while bytes are coming (a thousand idle pipes hold none).
+//! the read buffer exists only while a stream is open on the pipe or bytes are coming (a
+//! thousand idle pipes hold none).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -110,8 +111,12 @@ pub(super) async fn read(ext: String, channel: Arc<Channel>, fd: OwnedFd) {
             Ok(0) => break decoder.finish().err().map(|e| e.to_string()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // Nothing more for now: give the buffer back while the pipe is quiet.
-                buf = Vec::new();
+                // Nothing more for now. With no stream open the pipe goes quiet: give the buffer
+                // back. With one open, more is coming soon: keep it rather than allocate and
+                // zero 256 KiB again at the next wake-up.
+                if channel.tags.is_empty() {
+                    buf = Vec::new();
+                }
                 continue;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

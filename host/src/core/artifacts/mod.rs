@@ -1,10 +1,13 @@
-//! Receiving artifact streams: chunks written to a temporary file as they arrive, size and
-//! sha256 checked at close, the content then stored by digest under `<state>/artifacts/`.
+//! Receiving artifact streams: chunks written to a temporary file as they arrive and hashed on
+//! the way, the size (and the sender's sha256, when it sends one) checked at close, the content
+//! then stored under the digest computed here, `<state>/artifacts/sha256/<hex>`, which the
+//! answer to `artifact.close` carries (docs/protocol.md §8).
 //!
 //! ```text
 //!   artifact.open ─► tmp/artifact-<id>.part      (one per stream)
 //!   artifact.chunk seq 0,1,2… (≤ 256 KiB, up to `window` in flight, written in seq order)
-//!   artifact.close {size, sha256} ─► checked ─► artifacts/sha256/<hex>   (rename, fsync)
+//!   artifact.close {size, sha256?} ─► checked ─► fsync, artifacts/sha256/<hex> (rename, dir fsync)
+//!                                                 (already stored: the copy is dropped, no fsync)
 //! ```
 //!
 //! A stream opened with `bulk: true` on a run that has a bulk pipe gets a tag instead of
@@ -21,7 +24,6 @@ mod bulk;
 mod stream;
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -190,6 +192,7 @@ impl Artifacts {
             file: Some(file),
             hasher: Sha256::new(),
             received: 0,
+            written_back: 0,
             next_seq: 0,
             turn: Arc::new(Notify::new()),
             watcher: watcher.clone(),
@@ -218,6 +221,7 @@ impl Artifacts {
             max_chunk_bytes: conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
             window: conduit_protocol::ARTIFACT_WINDOW,
             bulk_tag: tag,
+            sha256_optional: true,
         })
     }
 
@@ -294,37 +298,34 @@ impl Artifacts {
         self.lock().remove(&c.stream_id);
         let mut s = stream.lock().await;
         s.watcher.cancel();
-        let Some(mut file) = s.file.take() else {
+        let Some(file) = s.file.take() else {
             return Err(invalid("the stream was discarded"));
         };
         s.drop_content();
         let digest = hex::encode(std::mem::take(&mut s.hasher).finalize());
         let path = s.path.clone();
-        if s.received != c.size || digest != c.sha256.to_ascii_lowercase() {
+        if let Err(why) = matches_close(s.received, &digest, &c) {
             drop(file);
             let _ = std::fs::remove_file(&path);
-            return Err(invalid(format!(
-                "the artifact does not match its close: received {} bytes with sha256 {digest}, close says {} bytes with sha256 {}; nothing was kept",
-                s.received, c.size, c.sha256
-            )));
+            return Err(invalid(why));
         }
         let dest = self.content_path(&digest);
         // fsync and rename can take a while on a large file: off the runtime's workers.
         let (tmp_path, dest_path) = (path.clone(), dest.clone());
         let res = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            file.flush()?;
+            let dir = dest_path.parent().unwrap_or(Path::new("."));
+            std::fs::create_dir_all(dir)?;
+            if dest_path.exists() {
+                // Same digest, same content, already stored durably (a file gets its name only
+                // after its fsync): the copy just received is not needed, nor its fsync.
+                drop(file);
+                return std::fs::remove_file(&tmp_path);
+            }
+            // The file's one fsync; most of it was already written out as it arrived.
             file.sync_all()?;
             drop(file);
-            std::fs::create_dir_all(dest_path.parent().unwrap_or(Path::new(".")))?;
-            if dest_path.exists() {
-                std::fs::remove_file(&tmp_path)?; // same digest, same content: keep the one stored
-            } else {
-                std::fs::rename(&tmp_path, &dest_path)?;
-                if let Some(dir) = dest_path.parent() {
-                    std::fs::File::open(dir)?.sync_all()?;
-                }
-            }
-            Ok(())
+            std::fs::rename(&tmp_path, &dest_path)?;
+            std::fs::File::open(dir)?.sync_all()
         })
         .await
         .unwrap_or_else(|e| {
@@ -401,6 +402,22 @@ impl Artifacts {
     pub fn open_streams(&self) -> usize {
         self.lock().len()
     }
+}
+
+/// Whether what arrived (`received` bytes whose SHA-256 is `digest`) is what `close` says: its
+/// size always, its `sha256` when the sender gave one (any case). `Err` says how they differ.
+fn matches_close(received: u64, digest: &str, close: &ArtifactClose) -> Result<(), String> {
+    let claim = close.sha256.as_deref();
+    if received == close.size && claim.is_none_or(|c| c.eq_ignore_ascii_case(digest)) {
+        return Ok(());
+    }
+    let claimed = match claim {
+        Some(c) => format!("{} bytes with sha256 {c}", close.size),
+        None => format!("{} bytes", close.size),
+    };
+    Err(format!(
+        "the artifact does not match its close: received {received} bytes with sha256 {digest}, close says {claimed}; nothing was kept"
+    ))
 }
 
 fn random_id() -> String {
