@@ -14,6 +14,11 @@
 #   make man                 man pages for every command into target/man (`man -l target/man/conduit.1`)
 #   make bench-extension     the budget gate in release, both regimes, with its numbers
 #   make bench-roundtrip     the session's echo round trip beside this machine's pipe floor
+#   make soak                one release daemon with 100 extensions (Rust, Python, Node) for
+#                            SOAK_MINUTES (default 10) under ingress, calls, artifacts, crashes,
+#                            a hung extension and a restart; RSS, threads, descriptors, CPU and
+#                            the state directory's sizes every 10 s; fails when one grows past
+#                            its bound (target/soak/report.json, target/soak/soak.svg)
 #   make protocol-prototype  the transport comparison: JSON-RPC on stdio against gRPC on a
 #                            Unix socket, beside this machine's floors (about a minute)
 #   make bench-scale         one daemon with 10 and with 1,000 release echo extensions: install
@@ -43,7 +48,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history bench-retention protocol-prototype bench-telemetry bench-scale bench-views
+.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history bench-retention protocol-prototype bench-telemetry bench-scale bench-views soak
 
 build:
 	$(CARGO) build --workspace --bins
@@ -163,3 +168,10 @@ drill: build
 	rm -rf $(TARGET_DIR)/tmp/drills
 	CONDUIT_DRILL_ROUNDS=20 $(CARGO) test -p conduit-host --test 'drill_*' -- --test-threads 2
 	scripts/drill-report.sh $(TARGET_DIR)
+
+# Not part of `make test`: it takes SOAK_MINUTES. bench/src/bin/soak.rs says what runs and what
+# fails it; SOAK_ARGS passes options (e.g. --rate 100 --extensions 30).
+SOAK_MINUTES ?= 10
+soak:
+	$(CARGO) build --release -p conduit-host -p conduit-example-echo -p conduit-example-notes -p conduit-bench --bin conduit --bin conduit-echo --bin conduit-notes --bin soak
+	$(TARGET_DIR)/release/soak --minutes $(SOAK_MINUTES) --out $(TARGET_DIR)/soak $(SOAK_ARGS)
