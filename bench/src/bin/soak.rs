@@ -20,7 +20,8 @@
 //!   every minute, no grace), so the sweep removes content all along;
 //! - halfway, the daemon stopped with SIGTERM and started again on the same state directory.
 //!
-//! Every 10 s: the daemon's RSS, threads, open descriptors, CPU (since the last sample), and the
+//! Every 10 s: the daemon's RSS, threads, open descriptors (less the API connections open at
+//! that moment, which come and go with the load), CPU (since the last sample), and the
 //! sizes of `conduit.db`, its WAL, `artifacts/` and `logs/`. At the end: every acknowledged event
 //! looked up in the Work that hold it. Printed: the table, each series' figures after a 2-minute
 //! warm-up (`report.rs`), the verdict. Written: `report.json` (the keys issue 30 names),
@@ -88,7 +89,7 @@ const BUDGET_BYTES: u64 = 4 * 1024 * 1024;
 const SWEEP_INTERVAL_S: u64 = 60;
 /// Pushes waiting for their acknowledgement at once; past this an offered event is counted as
 /// shed (the daemon is not keeping up), not queued without end.
-const MAX_IN_FLIGHT: u64 = 512;
+const MAX_IN_FLIGHT: u64 = 2048;
 const READY_WITHIN: Duration = Duration::from_secs(180);
 
 fn main() -> ExitCode {
@@ -129,6 +130,10 @@ struct Shared {
     acked: Mutex<HashMap<String, HashSet<i64>>>,
     ack_hist: Mutex<Histogram<u64>>,
     echo_names: Vec<String>,
+    /// Whether the hung extension's process is stopped (its calls are made only then).
+    hung_stopped: AtomicBool,
+    /// Failed echo calls by extension and reason.
+    failures: Mutex<HashMap<String, u64>>,
 }
 
 impl Shared {
@@ -358,6 +363,8 @@ async fn soak(
         acked: Mutex::default(),
         ack_hist: Mutex::new(new_histogram()),
         echo_names,
+        hung_stopped: AtomicBool::new(false),
+        failures: Mutex::default(),
     });
     keep_hung(&shared).await;
     let t0 = Instant::now();
@@ -371,10 +378,11 @@ async fn soak(
     let mut samples = Vec::new();
     let mut cpu = CpuClock::new(daemon.pid());
     let mut restart_s = None;
-    let mut next = t0;
+    // Every 10 s; the samples the restart's wait misses are skipped, not taken in a row.
+    let mut tick = tokio::time::interval_at((t0 + SAMPLE_EVERY).into(), SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
-        next += SAMPLE_EVERY;
-        tokio::time::sleep_until(next.into()).await;
+        tick.tick().await;
         // Keep the hung extension hung (it is started again after the restart).
         keep_hung(&shared).await;
         let s = sample(t0, daemon.pid(), &mut cpu, state)?;
@@ -397,10 +405,13 @@ async fn soak(
             // SIGTERM and a start on the same state directory, the load going on meanwhile.
             *shared.client.lock().unwrap() = None;
             continue_hung(&shared, &daemon).await;
+            shared.hung_stopped.store(false, Ordering::Relaxed);
             let t = Instant::now();
             let stopped = tokio::task::spawn_blocking(move || daemon.stop()).await??;
-            daemon = start(conduit, state, args.extensions).await?;
+            // The load goes on as soon as the socket answers, while the extensions start.
+            daemon = Daemon::start(conduit, state, READY_WITHIN).await?;
             *shared.client.lock().unwrap() = Some(daemon.client.clone());
+            wait_ready(&daemon.client, args.extensions).await?;
             keep_hung(&shared).await;
             cpu = CpuClock::new(daemon.pid());
             restart_s = Some(elapsed.as_secs_f64());
@@ -463,6 +474,17 @@ async fn soak(
         get(&c.crashes),
         get(&c.hung_stops),
     );
+    let mut failures: Vec<(String, u64)> = shared
+        .failures
+        .lock()
+        .unwrap()
+        .clone()
+        .into_iter()
+        .collect();
+    failures.sort_by(|a, b| b.1.cmp(&a.1));
+    for (why, n) in failures.iter().take(8) {
+        println!("  failed echo calls: {n} × {why}");
+    }
     let retention = daemon
         .client
         .get_text("/v1/metrics")
@@ -507,7 +529,7 @@ async fn soak(
         "bounds": {"wal_mib": bounds.wal_mib, "artifacts_mib": bounds.artifacts_mib},
         "events": {"offered": get(&c.offered), "shed": get(&c.shed), "acked": acked, "stored": stored,
                    "ack_p50_ms": quantile_us(&hist, 0.5) / 1e3, "ack_p99_ms": quantile_us(&hist, 0.99) / 1e3},
-        "calls": {"ok": get(&c.calls_ok), "failed": get(&c.calls_failed),
+        "calls": {"ok": get(&c.calls_ok), "failed": get(&c.calls_failed), "failures": failures,
                   "hung_timed_out": get(&c.hung_calls_timed_out), "hung_answered": get(&c.hung_calls_answered)},
         "artifacts": {"stored": get(&c.blobs_ok), "failed": get(&c.blobs_failed)},
         "crashes": get(&c.crashes),
@@ -541,13 +563,18 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// stopped only once ready).
 async fn start(conduit: &Path, state: &Path, n: usize) -> anyhow::Result<Daemon> {
     let daemon = Daemon::start(conduit, state, READY_WITHIN).await?;
+    wait_ready(&daemon.client, n).await?;
+    Ok(daemon)
+}
+
+async fn wait_ready(client: &Client, n: usize) -> anyhow::Result<()> {
     let t = Instant::now();
     loop {
-        let list = daemon.client.get("/v1/extensions").await?;
+        let list = client.get("/v1/extensions").await?;
         let exts = list["extensions"].as_array().cloned().unwrap_or_default();
         let ready = exts.iter().filter(|e| e["state"] == "ready").count();
         if ready == n {
-            return Ok(daemon);
+            return Ok(());
         }
         if t.elapsed() > READY_WITHIN {
             let not: Vec<String> = exts
@@ -590,23 +617,22 @@ async fn ingress(shared: Arc<Shared>, rate: u32) {
         tokio::spawn(async move {
             let t = Instant::now();
             loop {
-                if let Some(client) = shared.client() {
-                    if let Ok((status, v)) = client
+                if let Some(client) = shared.client()
+                    && let Ok((status, v)) = client
                         .request(Method::POST, "/v1/events", Some(&body))
                         .await
-                        && status.is_success()
-                        && let Some(id) = v["event_id"].as_i64()
-                    {
-                        record(&mut shared.ack_hist.lock().unwrap(), t.elapsed());
-                        shared
-                            .acked
-                            .lock()
-                            .unwrap()
-                            .entry(delivery)
-                            .or_default()
-                            .insert(id);
-                        break;
-                    }
+                    && status.is_success()
+                    && let Some(id) = v["event_id"].as_i64()
+                {
+                    record(&mut shared.ack_hist.lock().unwrap(), t.elapsed());
+                    shared
+                        .acked
+                        .lock()
+                        .unwrap()
+                        .entry(delivery)
+                        .or_default()
+                        .insert(id);
+                    break;
                 }
                 // Refused or the daemon is restarting: the same delivery again (deduplicated).
                 if shared.stopped() && t.elapsed() > Duration::from_secs(60) {
@@ -653,11 +679,22 @@ async fn calls(shared: Arc<Shared>) {
         };
         let name = &shared.echo_names[i % shared.echo_names.len()];
         i += 1;
-        let ok = call(&client, name, "echo", json!({"text": "soak"}), 10_000)
-            .await
-            .is_ok_and(|v| v["result"]["text"] == "soak");
+        let answer = call(&client, name, "echo", json!({"text": "soak"}), 10_000).await;
         let c = &shared.counts;
-        if ok { &c.calls_ok } else { &c.calls_failed }.fetch_add(1, Ordering::Relaxed);
+        let why = match answer {
+            Ok(v) if v["result"]["text"] == "soak" => {
+                c.calls_ok.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            Ok(v) => v["error"]["message"]
+                .as_str()
+                .unwrap_or("no result")
+                .to_owned(),
+            Err(e) => e.to_string(),
+        };
+        c.calls_failed.fetch_add(1, Ordering::Relaxed);
+        let key = format!("{name}: {}", why.chars().take(100).collect::<String>());
+        *shared.failures.lock().unwrap().entry(key).or_default() += 1;
     }
 }
 
@@ -669,6 +706,9 @@ async fn hung_calls(shared: Arc<Shared>) {
         let Some(client) = shared.client() else {
             continue;
         };
+        if !shared.hung_stopped.load(Ordering::Relaxed) {
+            continue;
+        }
         let answered = call(&client, "soak-hung", "echo", json!({"text": "soak"}), 2_000)
             .await
             .is_ok_and(|v| v["result"]["text"] == "soak");
@@ -737,12 +777,15 @@ async fn keep_hung(shared: &Shared) {
     let Some(client) = shared.client() else {
         return;
     };
-    if let Some(pid) = ext_pid(&client, "soak-hung").await
-        && !process_stopped(pid)
-        && kill(Pid::from_raw(pid), Signal::SIGSTOP).is_ok()
-    {
+    let Some(pid) = ext_pid(&client, "soak-hung").await else {
+        return;
+    };
+    if !process_stopped(pid) && kill(Pid::from_raw(pid), Signal::SIGSTOP).is_ok() {
         shared.counts.hung_stops.fetch_add(1, Ordering::Relaxed);
     }
+    shared
+        .hung_stopped
+        .store(process_stopped(pid), Ordering::Relaxed);
 }
 
 /// SIGCONT the hung extension before a stop, so the daemon's shutdown is not the one waiting.
@@ -809,9 +852,7 @@ fn sample(t0: Instant, pid: u32, cpu: &mut CpuClock, state: &Path) -> anyhow::Re
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(f64::NAN)
     };
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count() as f64)
-        .unwrap_or(f64::NAN);
+    let fds = descriptors(pid, &state.join("run/conduit.sock"));
     let file = |p: &str| std::fs::metadata(state.join(p)).map_or(0.0, |m| m.len() as f64) / MIB;
     Ok(Sample {
         t_s: t0.elapsed().as_secs_f64(),
@@ -824,6 +865,35 @@ fn sample(t0: Instant, pid: u32, cpu: &mut CpuClock, state: &Path) -> anyhow::Re
         artifacts_mib: tree_bytes(&state.join("artifacts")) as f64 / MIB,
         logs_mib: tree_bytes(&state.join("logs")) as f64 / MIB,
     })
+}
+
+/// The daemon's open descriptors less the management API's connections open at that moment:
+/// those come and go with the load (tens at a time while pushes wait for the writer), and a
+/// leak would show in the rest. A connection is a socket of the daemon that `/proc/net/unix`
+/// lists connected (`St` 03) under the API's socket path.
+fn descriptors(pid: u32, api_socket: &Path) -> f64 {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return f64::NAN;
+    };
+    let api = api_socket.to_string_lossy();
+    let connections: HashSet<String> = std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 8 && f[5] == "03" && f[7] == api).then(|| f[6].to_owned())
+        })
+        .collect();
+    fds.flatten()
+        .filter(|e| {
+            let link = std::fs::read_link(e.path()).unwrap_or_default();
+            let link = link.to_string_lossy();
+            !link
+                .strip_prefix("socket:[")
+                .and_then(|r| r.strip_suffix(']'))
+                .is_some_and(|inode| connections.contains(inode))
+        })
+        .count() as f64
 }
 
 fn tree_bytes(dir: &Path) -> u64 {
