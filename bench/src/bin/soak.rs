@@ -13,7 +13,8 @@
 //!   is started again: a process that never answers), and echo extensions in Rust, Python and
 //!   Node, one of which (`echo-rs-01`) is killed with SIGKILL every 30 s;
 //! - ingress at a fixed rate (`--rate` events/s, `POST /v1/events` of `note.posted` events on
-//!   `notes-inbox`, each delivery retried until acknowledged, so the restart loses none);
+//!   `notes-inbox`, over at most 32 connections at once as a client's pool would, each
+//!   delivery retried with backoff until acknowledged, so the restart loses none);
 //! - an `echo` call through the API every 200 ms, round robin over the echo extensions, and one
 //!   to the hung extension every 10 s (each must end in its timeout);
 //! - a 64 KiB artifact every 2 s (`soak-blob`), under a small retention budget (4 MiB, a sweep
@@ -90,6 +91,8 @@ const SWEEP_INTERVAL_S: u64 = 60;
 /// Pushes waiting for their acknowledgement at once; past this an offered event is counted as
 /// shed (the daemon is not keeping up), not queued without end.
 const MAX_IN_FLIGHT: u64 = 2048;
+/// Connections the pushes use at once (a client's pool).
+const PUSH_CONNECTIONS: usize = 32;
 const READY_WITHIN: Duration = Duration::from_secs(180);
 
 fn main() -> ExitCode {
@@ -134,6 +137,8 @@ struct Shared {
     hung_stopped: AtomicBool,
     /// Failed echo calls by extension and reason.
     failures: Mutex<HashMap<String, u64>>,
+    /// The pushes' connections, as a client's pool bounds them: the rest wait here.
+    push_slots: tokio::sync::Semaphore,
 }
 
 impl Shared {
@@ -154,12 +159,13 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         "cargo build --release -p conduit-host -p conduit-example-echo -p conduit-example-notes --bins`, or `make soak",
     )?;
     let machine = Machine::this();
+    let commit = machine::commit();
     println!(
         "soak: {} min, {} extensions, {} events/s, commit {}, {} build; {} CPUs, {}; load {}",
         args.minutes,
         args.extensions,
         args.rate,
-        machine::commit(),
+        commit,
         machine::profile(),
         machine.cpus,
         machine.cpu_model,
@@ -180,7 +186,14 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    rt.block_on(soak(args, &conduit, &state_path, echo_names, machine))
+    rt.block_on(soak(
+        args,
+        &conduit,
+        &state_path,
+        echo_names,
+        machine,
+        commit,
+    ))
 }
 
 /// The packages, installed through the store's own `install`: the echo extensions' names.
@@ -347,6 +360,7 @@ async fn soak(
     state: &Path,
     echo_names: Vec<String>,
     machine: Machine,
+    commit: String,
 ) -> anyhow::Result<bool> {
     let total = Duration::from_secs_f64(args.minutes * 60.0);
     let t0 = Instant::now();
@@ -365,6 +379,7 @@ async fn soak(
         echo_names,
         hung_stopped: AtomicBool::new(false),
         failures: Mutex::default(),
+        push_slots: tokio::sync::Semaphore::new(PUSH_CONNECTIONS),
     });
     keep_hung(&shared).await;
     let t0 = Instant::now();
@@ -505,10 +520,7 @@ async fn soak(
     );
     let title = format!(
         "conduit soak: {} min, {} extensions, {} events/s, commit {}",
-        args.minutes,
-        args.extensions,
-        args.rate,
-        machine::commit()
+        args.minutes, args.extensions, args.rate, commit
     );
     let svg_path = args.out.join("soak.svg");
     std::fs::write(
@@ -518,7 +530,7 @@ async fn soak(
     let json_path = args.out.join("report.json");
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")?;
     let details = json!({
-        "commit": machine::commit(),
+        "commit": commit,
         "profile": machine::profile(),
         "machine": machine,
         "load_at_end": Machine::this().loadavg,
@@ -570,7 +582,8 @@ async fn start(conduit: &Path, state: &Path, n: usize) -> anyhow::Result<Daemon>
 async fn wait_ready(client: &Client, n: usize) -> anyhow::Result<()> {
     let t = Instant::now();
     loop {
-        let list = client.get("/v1/extensions").await?;
+        // A request the daemon refuses or drops while it starts is asked again.
+        let list = client.get("/v1/extensions").await.unwrap_or_default();
         let exts = list["extensions"].as_array().cloned().unwrap_or_default();
         let ready = exts.iter().filter(|e| e["state"] == "ready").count();
         if ready == n {
@@ -616,11 +629,20 @@ async fn ingress(shared: Arc<Shared>, rate: u32) {
         let shared = shared.clone();
         tokio::spawn(async move {
             let t = Instant::now();
+            let mut backoff = Duration::from_millis(100);
             loop {
-                if let Some(client) = shared.client()
-                    && let Ok((status, v)) = client
-                        .request(Method::POST, "/v1/events", Some(&body))
-                        .await
+                let answer = match shared.client() {
+                    Some(client) => {
+                        let _slot = shared.push_slots.acquire().await;
+                        Some(
+                            client
+                                .request(Method::POST, "/v1/events", Some(&body))
+                                .await,
+                        )
+                    }
+                    None => None,
+                };
+                if let Some(Ok((status, v))) = answer
                     && status.is_success()
                     && let Some(id) = v["event_id"].as_i64()
                 {
@@ -639,7 +661,8 @@ async fn ingress(shared: Arc<Shared>, rate: u32) {
                     break;
                 }
                 shared.counts.push_retries.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
             shared.counts.in_flight.fetch_sub(1, Ordering::Relaxed);
         });
@@ -791,8 +814,13 @@ async fn keep_hung(shared: &Shared) {
 /// SIGCONT the hung extension before a stop, so the daemon's shutdown is not the one waiting.
 async fn continue_hung(shared: &Shared, daemon: &Daemon) {
     let client = shared.client().unwrap_or_else(|| daemon.client.clone());
-    if let Some(pid) = ext_pid(&client, "soak-hung").await {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+    let pid = client
+        .get("/v1/extensions/soak-hung")
+        .await
+        .ok()
+        .and_then(|v| v["pid"].as_i64());
+    if let Some(pid) = pid {
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
     }
 }
 

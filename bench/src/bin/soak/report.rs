@@ -237,7 +237,7 @@ pub(crate) fn svg(
     const PAD_T: f64 = 26.0;
     const PAD_B: f64 = 28.0;
     let rows = SERIES.len().div_ceil(COLS);
-    let (width, height) = (W * COLS as f64, 40.0 + H * rows as f64);
+    let (width, height) = (W * COLS as f64, 40.0 + H * rows as f64 + 16.0);
     let t_max = samples.iter().map(|s| s.t_s).fold(1.0, f64::max);
     let mut out = String::new();
     let _ = writeln!(
