@@ -42,13 +42,15 @@
 #                            (installs cargo-fuzz when missing; FUZZ_TARGETS picks targets)
 #   make fuzz-short          the same for 10 seconds each (part of `make check`)
 #   make doc                 API docs for the SDK and the protocol crates, warnings denied
+#   make semver              the public API of conduit-protocol, conduit-rpc and conduit-extension
+#                            against their last release (cargo-semver-checks; part of `make check`)
 
 CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: man fuzz fuzz-short drill build test test-bench test-python test-sdks vendor-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history bench-retention protocol-prototype bench-telemetry bench-scale bench-views soak
+.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-views bench-retention soak
 
 build:
 	$(CARGO) build --workspace --bins
@@ -71,20 +73,17 @@ endif
 bench-telemetry: build
 	$(CARGO) test -p conduit-host --test telemetry -- --ignored --nocapture bench_export_cost
 
+# The SDK examples run as staged (scripts/stage-examples.sh puts their SDK beside them), so
+# their tests run in the staged folders.
 test-python:
-	python3 -m unittest discover -s examples/python-echo -p 'test_*.py'
+	scripts/stage-examples.sh dev $(PACKAGES) python-echo
+	python3 -B -m unittest discover -s $(PACKAGES)/python-echo -p 'test_*.py'
 
 # The SDKs' own tests (extensions/python, extensions/node) and the Node examples' tests.
 test-sdks:
+	scripts/stage-examples.sh dev $(PACKAGES) node-notes
 	python3 -m unittest discover -s extensions/python/tests -p 'test_*.py'
-	node --test extensions/node/test/sdk.test.mjs examples/node-notes/test.mjs
-
-# The SDK examples carry a copy of their SDK (a package folder must run as installed, with
-# nothing outside it): run this after changing extensions/python or extensions/node. A test
-# (host/tests/sdks.rs) fails while a copy differs from its source.
-vendor-sdks:
-	for d in examples/python-echo; do rm -rf $$d/conduit_extension && mkdir -p $$d/conduit_extension && cp extensions/python/conduit_extension/__init__.py extensions/python/conduit_extension/py.typed $$d/conduit_extension/; done
-	for d in examples/node-echo examples/node-notes; do rm -rf $$d/node_modules/conduit-extension && mkdir -p $$d/node_modules/conduit-extension && cp extensions/node/index.js extensions/node/index.d.ts extensions/node/package.json $$d/node_modules/conduit-extension/; done
+	node --test extensions/node/test/sdk.test.mjs $(PACKAGES)/node-notes/test.mjs
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -98,10 +97,21 @@ doc:
 
 # The fuzz run and the gate run in the recipe, after every prerequisite, so even `make -j check`
 # runs them alone.
-check: fmt-check clippy test doc
+check: fmt-check clippy test doc semver
 	$(MAKE) test-bench
 	$(MAKE) fuzz-short
 	$(MAKE) gate
+
+# The crates extension authors build on, against their last release: the newest tag `sdk-v*`
+# (tag each release so), or, until the first is made, SEMVER_BASELINE_COMMIT, the commit that
+# made their params and results `#[non_exhaustive]` with builders (extensions/sdk/CHANGELOG.md).
+# cargo-semver-checks fails on a breaking change the workspace version does not announce.
+# SEMVER_BASELINE=<rev> compares against another revision.
+SEMVER_BASELINE_COMMIT := 3a7d4162c94e70c3950bfdc51784c841e530f51b
+SEMVER_BASELINE ?= $(or $(shell git describe --tags --abbrev=0 --match 'sdk-v*' 2>/dev/null),$(SEMVER_BASELINE_COMMIT))
+semver:
+	@$(CARGO) semver-checks --version >/dev/null 2>&1 || { echo "make semver: cargo-semver-checks is missing; install it with: cargo install cargo-semver-checks --locked"; exit 2; }
+	$(CARGO) semver-checks check-release -p conduit-protocol -p conduit-rpc -p conduit-extension --baseline-rev $(SEMVER_BASELINE)
 
 gate:
 	$(CARGO) build -p conduit-example-notes -p conduit-bench

@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # Stage the example packages as installable package folders, building nothing.
 #
-# Usage: scripts/stage-examples.sh PROFILE OUT_DIR
+# Usage: scripts/stage-examples.sh PROFILE OUT_DIR [EXAMPLE...]
 #   PROFILE  the cargo profile the examples were built with: dev (or debug), release, dist, …
 #   OUT_DIR  where to put one package folder per example: OUT_DIR/echo, OUT_DIR/notes, …
+#   EXAMPLE  the examples to stage (folder names under examples/); default: every one
 #
 # A Rust example (a folder with Cargo.toml) becomes its conduit-extension.toml plus the binary
 # its `command` names, copied from $CARGO_TARGET_DIR/PROFILE (default target/ in the
-# workspace). Any other example (python-echo) is copied as it is. An example without a
-# manifest is not a package and is skipped with a message. A missing binary is an error that
-# says how to build it: this script never builds.
+# workspace). Any other example is copied as it is, and one whose `command` runs python3 or
+# node gets that SDK of this checkout beside it (scripts/vendor-sdk.sh): the repository keeps
+# no copy of an SDK under examples/. An example without a manifest is not a package and is
+# skipped with a message. A missing binary is an error that says how to build it: this script
+# never builds. Exit 1 on such an error, 2 on a usage error.
 set -euo pipefail
 
-if [ $# -ne 2 ]; then
-    echo "usage: $0 PROFILE OUT_DIR   (e.g. $0 dev /tmp/packages)" >&2
+if [ $# -lt 2 ]; then
+    echo "usage: $0 PROFILE OUT_DIR [EXAMPLE...]   (e.g. $0 dev /tmp/packages)" >&2
     exit 2
 fi
 profile=$1
 out=$2
+shift 2
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 # Like cargo, a relative CARGO_TARGET_DIR is relative to the current directory.
@@ -30,9 +34,25 @@ case $profile in
     *) bin_dir=$target/$profile build="cargo build --workspace --profile $profile" ;;
 esac
 
+# The program is the first element of `command`, e.g. command = ["./conduit-echo"].
+program_of() {
+    sed -n 's/^[[:space:]]*command[[:space:]]*=[[:space:]]*\[[[:space:]]*"\([^"]*\)".*/\1/p' "$1" | head -n 1
+}
+
+if [ $# -eq 0 ]; then
+    set -- "$root"/examples/*/
+else
+    for name in "$@"; do
+        if [ ! -d "$root/examples/$name" ]; then
+            echo "no example \`$name\` (examples/$name is not a folder); the examples are: $(cd "$root/examples" && ls -d */ | tr -d / | tr '\n' ' ')" >&2
+            exit 2
+        fi
+    done
+    set -- "${@/#/$root/examples/}"
+fi
 mkdir -p "$out"
 staged=0
-for src in "$root"/examples/*/; do
+for src in "$@"; do
     src=${src%/}
     name=$(basename "$src")
     manifest=$src/conduit-extension.toml
@@ -43,8 +63,7 @@ for src in "$root"/examples/*/; do
     dest=$out/$name
     rm -rf "$dest"
     if [ -f "$src/Cargo.toml" ]; then
-        # The program is the first element of `command`, e.g. command = ["./conduit-echo"].
-        program=$(sed -n 's/^[[:space:]]*command[[:space:]]*=[[:space:]]*\[[[:space:]]*"\([^"]*\)".*/\1/p' "$manifest" | head -n 1)
+        program=$(program_of "$manifest")
         case $program in
             "") echo "examples/$name/conduit-extension.toml: cannot read the program from \`command\` (write it on one line: command = [\"./binary\"])" >&2; exit 1 ;;
             */*) ;;
@@ -60,6 +79,10 @@ for src in "$root"/examples/*/; do
         cp "$binary" "$dest/$program"
     else
         cp -R "$src" "$dest"
+        case $(basename "$(program_of "$manifest")") in
+            python3 | python) "$root/scripts/vendor-sdk.sh" python "$dest" ;;
+            node) "$root/scripts/vendor-sdk.sh" node "$dest" ;;
+        esac
     fi
     echo "staged examples/$name -> $dest"
     staged=$((staged + 1))

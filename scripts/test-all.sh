@@ -3,7 +3,9 @@
 # if any failed. Suites: rust (every crate's unit and integration tests, the drills among
 # them; not the benchmarks), doc (the doc tests), python (the Python example's own tests),
 # python-sdk (extensions/python's tests), layout (scripts/layout: the source layout's rules) and
-# node-sdk (extensions/node's and the Node examples').
+# node-sdk (extensions/node's and the Node examples'). The examples' own tests run in their
+# staged folders ($CARGO_TARGET_DIR/packages, as `make stage` leaves them), where staging put
+# their SDK.
 # Failure output is printed as it happens and again at the end, never under a progress bar.
 #
 # Usage: scripts/test-all.sh            (CARGO and CARGO_TARGET_DIR are honoured)
@@ -77,13 +79,16 @@ else
   run_suite rust "$cargo" test --workspace --exclude conduit-bench --no-fail-fast
 fi
 run_suite doc "$cargo" test --workspace --exclude conduit-bench --doc
-run_suite python python3 -m unittest discover -s examples/python-echo -p 'test_*.py'
+packages="$target/packages"
+scripts/stage-examples.sh dev "$packages" >/dev/null \
+  || echo "staging the examples into $packages failed (above): the python and node-sdk suites fail" >&2
+run_suite python python3 -B -m unittest discover -s "$packages/python-echo" -p 'test_*.py'
 run_suite python-sdk python3 -m unittest discover -s extensions/python/tests -p 'test_*.py'
 # The source layout's rules (no import circle between files, no file over 700 lines without a
 # reason): the checker's own tests and its run over this checkout.
 run_suite layout python3 -m unittest discover -s scripts/layout -p 'test_*.py'
 if command -v node >/dev/null; then
-  run_suite node-sdk node --test extensions/node/test/sdk.test.mjs examples/node-notes/test.mjs
+  run_suite node-sdk node --test extensions/node/test/sdk.test.mjs "$packages/node-notes/test.mjs"
 else
   echo "node is not installed: the node-sdk suite is not run (.ci/run installs it)" >&2
   names+=(node-sdk) times+=(0) results+=("FAILED (node is not installed)")

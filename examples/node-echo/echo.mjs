@@ -1,7 +1,7 @@
 // node-echo: the minimal conduit extension, on the Node SDK (extensions/node).
 //
 // Serves `echo` (params {"text": string}, answered with the params as received) and, like every
-// SDK extension, `check.sleep`. The SDK (vendored as node_modules/conduit-extension) does the
+// SDK extension, `check.sleep`. The SDK (node_modules/conduit-extension, once staged) does the
 // protocol: framing, exact ids, the handshake, cancellation, the 64-request limit, shutdown.
 import { Extension, RpcError } from "conduit-extension";
 

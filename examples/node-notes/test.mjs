@@ -1,5 +1,6 @@
 // node-notes' own tests: its handlers as functions (the protocol is the SDK's, tested there).
-// Run: node --test examples/node-notes/test.mjs
+// Run in the staged package (staging puts the SDK beside notes.mjs): make stage, then
+// node --test target/packages/node-notes/test.mjs
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtempSync, writeFileSync } from "node:fs";

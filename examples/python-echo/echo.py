@@ -2,8 +2,8 @@
 """python-echo: the minimal conduit extension, on the Python SDK (extensions/python).
 
 Serves `echo` (params {"text": string}, answered with the params as received) and, like every
-SDK extension, `check.sleep`. The SDK (vendored beside this file as conduit_extension/) does
-the protocol: framing, the handshake, cancellation, the 64-request limit, shutdown.
+SDK extension, `check.sleep`. The SDK (put beside this file as conduit_extension/ when staged)
+does the protocol: framing, the handshake, cancellation, the 64-request limit, shutdown.
 """
 from conduit_extension import Extension, RpcError
 

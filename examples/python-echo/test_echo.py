@@ -1,8 +1,8 @@
 """Tests for echo.py: each test starts it as a subprocess and plays the host over pipes.
 
-Run from the repository root:
+Run in the staged package (staging puts the SDK beside echo.py), from the repository root:
 
-    python3 -m unittest examples/python-echo/test_echo.py -v
+    make stage && python3 -B -m unittest discover -s target/packages/python-echo -v
 """
 
 import json

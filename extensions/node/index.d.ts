@@ -1,5 +1,5 @@
-// Types of conduit-extension (hand-written; index.js is the implementation). The params and
-// results are those of docs/protocol.md §6–§8.
+// Types of conduit-extension (hand-written; index.js and the modules of lib/ are the
+// implementation). The params and results are those of docs/protocol.md §6–§8.
 
 export declare const PROTOCOL_VERSIONS: number[];
 export declare const MAX_MESSAGE_BYTES: number;

@@ -401,7 +401,8 @@ async fn daemon_run(args: &Args, conduit: &Path, size: &Size) -> anyhow::Result<
     // Settle first: the blocking pool's threads end 10 s after their last task, and each
     // extension's tree is read every 250 ms at first, less often as it stays quiet.
     tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
-    let kids = children_of(pid);
+    // The daemon's direct children: its extensions.
+    let kids = conduit_supervisor::tree::children(pid);
     let kids_ticks = || -> u64 { kids.iter().filter_map(|k| proc_cpu_ticks(*k).ok()).sum() };
     let cpu0 = proc_cpu_ticks(pid)?;
     let kids0 = kids_ticks();
@@ -491,22 +492,6 @@ fn proc_status(pid: u32) -> anyhow::Result<(f64, u64)> {
             .with_context(|| format!("no {key} in /proc/{pid}/status"))
     };
     Ok((field("VmRSS:")? as f64 / 1024.0, field("Threads:")?))
-}
-
-/// The daemon's direct children (its extensions), from every thread's `children` file.
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(
-                    text.split_whitespace()
-                        .filter_map(|p| p.parse::<u32>().ok()),
-                );
-            }
-        }
-    }
-    out
 }
 
 /// The floor of "all ready": `n` echo processes spawned by this process (std's `posix_spawn`,

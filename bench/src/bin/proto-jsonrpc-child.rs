@@ -74,7 +74,7 @@ async fn sleep(cx: Ctx, p: SleepParams) -> Result<SleepResult, RpcError> {
     tokio::select! {
         () = tokio::time::sleep(Duration::from_millis(p.ms)) => {
             probe.finished();
-            Ok(SleepResult { slept_ms: p.ms })
+            Ok(SleepResult::new(p.ms))
         }
         () = cx.cancel_token().cancelled() => {
             probe.saw_cancel();
@@ -87,12 +87,9 @@ async fn sleep(cx: Ctx, p: SleepParams) -> Result<SleepResult, RpcError> {
 /// host offers it (unless `json_chunks`), else as pipelined JSON chunks.
 async fn artifact(cx: Ctx, p: ArtifactParams) -> Result<ArtifactStored, RpcError> {
     let data = artifact_bytes(p.bytes as usize);
-    let open = ArtifactOpen {
-        name: ARTIFACT_NAME.into(),
-        media_type: Some("application/octet-stream".into()),
-        size: Some(data.len() as u64),
-        ..Default::default()
-    };
+    let open = ArtifactOpen::new(ARTIFACT_NAME)
+        .with_media_type("application/octet-stream")
+        .with_size(data.len() as u64);
     let host = if p.json_chunks {
         cx.host().with_json_chunks()
     } else {

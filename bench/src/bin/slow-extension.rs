@@ -100,11 +100,7 @@ fn extension(plan: Plan) -> Extension {
                 res.groups = p
                     .inputs
                     .iter()
-                    .map(|e| TriggerGroup {
-                        key: format!("event:{}", e.id),
-                        event_ids: vec![e.id],
-                        start: true,
-                    })
+                    .map(|e| TriggerGroup::new(format!("event:{}", e.id), vec![e.id]))
                     .collect();
             }
             Ok(res)
@@ -114,17 +110,17 @@ fn extension(plan: Plan) -> Extension {
             let spec = recurrence::Spec::parse(&p.spec)
                 .map_err(|e| RpcError::invalid_params(methods::host::RECURRENCE_NEXT, e))?;
             let next = spec.next_after(p.fired_at_ms);
-            Ok(RecurrenceResult {
-                next_at_ms: if wrong { next.map(|t| t + 1) } else { next },
-            })
+            Ok(RecurrenceResult::new(if wrong {
+                next.map(|t| t + 1)
+            } else {
+                next
+            }))
         })
         .dependency_filter("mentions", move |_cx, p: FilterParams| async move {
             let wrong = plan.apply(Method::Filter).await;
             let text = p.event.payload.get("text").and_then(|t| t.as_str());
             let satisfied = text.is_some_and(|t| mentions::mentions(t, &p.subject));
-            Ok(FilterResult {
-                satisfied: satisfied != wrong,
-            })
+            Ok(FilterResult::new(satisfied != wrong))
         })
         .emission("annotation", move |_cx, p: CommitParams| async move {
             let wrong = plan.apply(Method::Commit).await;
@@ -132,7 +128,7 @@ fn extension(plan: Plan) -> Extension {
             if wrong {
                 records.clear();
             }
-            Ok(CommitResult { records })
+            Ok(CommitResult::new(records))
         })
 }
 

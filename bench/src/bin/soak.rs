@@ -232,10 +232,7 @@ fn install_all(
                       methods: &str|
      -> anyhow::Result<PathBuf> {
         let dir = src.join(name);
-        copy_tree(
-            &examples.join("python-echo/conduit_extension"),
-            &dir.join("conduit_extension"),
-        )?;
+        vendor_sdk("python", &dir)?;
         std::fs::write(dir.join(script), body)?;
         std::fs::write(
             dir.join("conduit-extension.toml"),
@@ -272,6 +269,7 @@ fn install_all(
             _ => {
                 let dir = src.join(&name);
                 copy_tree(&examples.join("node-echo"), &dir)?;
+                vendor_sdk("node", &dir)?;
                 let manifest = std::fs::read_to_string(dir.join("conduit-extension.toml"))?
                     .replace("name = \"node-echo\"", &format!("name = \"{name}\""));
                 std::fs::write(dir.join("conduit-extension.toml"), manifest)?;
@@ -317,6 +315,26 @@ def blob(ctx, params):
 if __name__ == "__main__":
     ext.run()
 "#;
+
+/// The checkout's SDK for `lang` copied into the package folder `dir`, as staging does
+/// (`scripts/vendor-sdk.sh`).
+fn vendor_sdk(lang: &str, dir: &Path) -> anyhow::Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/vendor-sdk.sh");
+    std::fs::create_dir_all(dir)?;
+    let out = Command::new(&script)
+        .arg(lang)
+        .arg(dir)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    ensure!(
+        out.status.success(),
+        "{} {lang} {} failed: {}",
+        script.display(),
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
 
 fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(to)?;

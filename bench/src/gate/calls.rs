@@ -212,14 +212,14 @@ impl Planner {
     fn event(&mut self, kind: &str, payload: serde_json::Value) -> Event {
         let id = self.next_event_id;
         self.next_event_id += 1;
-        Event {
+        Event::new(
             id,
-            source: "notes-inbox".into(),
-            delivery_id: format!("n-{id}"),
-            kind: kind.into(),
+            "notes-inbox",
+            format!("n-{id}"),
+            kind,
             payload,
-            accepted_at_ms: EPOCH_MS + id * 1_000,
-        }
+            EPOCH_MS + id * 1_000,
+        )
     }
 
     fn trigger(&mut self, n: u64) -> (Box<RawValue>, Expect) {
@@ -245,10 +245,7 @@ impl Planner {
         } else {
             want.insert(format!("thread:{b}"), (vec![id(1), id(3)], false));
         }
-        let params = TriggerParams {
-            kind: "note".into(),
-            inputs,
-        };
+        let params = TriggerParams::new("note", inputs);
         (raw(&params), Expect::Groups(want))
     }
 
@@ -266,12 +263,7 @@ impl Planner {
         };
         payload["text"] = format!("{}{insert}{}", &text[..middle], &text[middle..]).into();
         let event = self.event("note.posted", payload);
-        let params = FilterParams {
-            filter: "mentions".into(),
-            wait_id: n as i64,
-            subject: SUBJECT.into(),
-            event,
-        };
+        let params = FilterParams::new("mentions", n as i64, SUBJECT, event);
         (raw(&params), Expect::Satisfied(satisfied))
     }
 
@@ -280,12 +272,8 @@ impl Planner {
         let work_id = n as i64;
         let mut payload = note(Some(&format!("t-{n}")), "linus", n);
         payload["tags"] = json!(["digest"]);
-        let params = CommitParams {
-            emission: "annotation".into(),
-            commit_id: commit_id.clone(),
-            work_id: Some(work_id),
-            payload,
-        };
+        let params =
+            CommitParams::new("annotation", commit_id.clone(), payload).with_work_id(Some(work_id));
         (raw(&params), Expect::Record { commit_id, work_id })
     }
 }
@@ -302,12 +290,7 @@ fn recurrence(n: u64) -> (Box<RawValue>, Expect) {
             if at > fired_at_ms { at } else { at + DAY_MS },
         )
     };
-    let params = RecurrenceParams {
-        recurrence: "digest".into(),
-        timer_id: n as i64,
-        spec: spec.into(),
-        fired_at_ms,
-    };
+    let params = RecurrenceParams::new("digest", n as i64, spec, fired_at_ms);
     (raw(&params), Expect::NextAt(next))
 }
 
@@ -557,23 +540,22 @@ mod tests {
                         let next = rec::Spec::parse(&params.spec)
                             .unwrap()
                             .next_after(params.fired_at_ms);
-                        raw(&RecurrenceResult { next_at_ms: next })
+                        raw(&RecurrenceResult::new(next))
                     }
                     Method::Filter => {
                         let params: FilterParams = serde_json::from_str(pl.params.get()).unwrap();
                         let text = params.event.payload["text"].as_str().unwrap();
-                        raw(&FilterResult {
-                            satisfied: mentions::mentions(text, &params.subject),
-                        })
+                        raw(&FilterResult::new(mentions::mentions(
+                            text,
+                            &params.subject,
+                        )))
                     }
                     Method::Commit => {
                         let params: CommitParams = serde_json::from_str(pl.params.get()).unwrap();
                         let record = annotation::annotate(&params);
                         let len = serde_json::to_string(&record).unwrap().len();
                         assert!((200..=300).contains(&len), "a {len}-byte annotation");
-                        raw(&CommitResult {
-                            records: vec![record],
-                        })
+                        raw(&CommitResult::new(vec![record]))
                     }
                 };
                 assert_eq!(pl.check(&got), Ok(()), "{m}");

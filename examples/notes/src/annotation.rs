@@ -41,10 +41,7 @@ pub fn annotate(p: &CommitParams) -> Record {
     if let Some(thread) = p.payload.get("thread").filter(|t| !t.is_null()) {
         body["thread"] = thread.clone();
     }
-    Record {
-        kind: KIND.to_owned(),
-        body,
-    }
+    Record::new(KIND, body)
 }
 
 /// The text with its whitespace collapsed, cut at a word boundary to at most
@@ -113,12 +110,7 @@ mod tests {
     use super::*;
 
     fn params(payload: Value) -> CommitParams {
-        CommitParams {
-            emission: "annotation".into(),
-            commit_id: "emit-17".into(),
-            work_id: Some(5),
-            payload,
-        }
+        CommitParams::new("annotation", "emit-17", payload).with_work_id(Some(5))
     }
 
     /// About 1 KiB of note text, like the budget gate's.

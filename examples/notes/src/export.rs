@@ -47,11 +47,7 @@ pub async fn export(cx: Ctx, p: ExportParams) -> Result<Exported, RpcError> {
     if p.json_chunks {
         host = host.with_json_chunks();
     }
-    let open = ArtifactOpen {
-        name: "notes.jsonl".into(),
-        media_type: Some("application/jsonl".into()),
-        ..Default::default()
-    };
+    let open = ArtifactOpen::new("notes.jsonl").with_media_type("application/jsonl");
     let mut w = host.artifact(open).await?;
     let transport = if w.is_bulk() {
         "bulk-pipe"
@@ -61,10 +57,10 @@ pub async fn export(cx: Ctx, p: ExportParams) -> Result<Exported, RpcError> {
     let (mut after, mut notes) = (None, 0u64);
     loop {
         let page = host
-            .events(EventsQuery {
-                source: None,
-                after_id: after,
-                limit: Some(PAGE),
+            .events({
+                let mut q = EventsQuery::new().with_limit(PAGE);
+                q.after_id = after;
+                q
             })
             .await?;
         for e in &page.events {

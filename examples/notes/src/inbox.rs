@@ -39,9 +39,10 @@ pub async fn poll(
     p: &IngressPollParams,
 ) -> Result<IngressPollResult, RpcError> {
     let cursor = parse_cursor(p.cursor.as_deref())?;
-    let unchanged = || IngressPollResult {
-        events: Vec::new(),
-        cursor: p.cursor.clone(),
+    let unchanged = || {
+        let mut r = IngressPollResult::new(Vec::new());
+        r.cursor.clone_from(&p.cursor);
+        r
     };
     let Some(path) = path else {
         return Ok(unchanged());
@@ -57,14 +58,13 @@ pub async fn poll(
         }
     };
     let (events, next) = read_after(&content, cursor, p.limit as usize);
-    Ok(IngressPollResult {
-        events,
-        cursor: if next == cursor {
-            p.cursor.clone()
-        } else {
-            Some(next.to_string())
-        },
-    })
+    let mut r = IngressPollResult::new(events);
+    r.cursor = if next == cursor {
+        p.cursor.clone()
+    } else {
+        Some(next.to_string())
+    };
+    Ok(r)
 }
 
 fn parse_cursor(cursor: Option<&str>) -> Result<u64, RpcError> {
@@ -129,11 +129,7 @@ fn note(line: &[u8], number: u64) -> Option<NewEvent> {
         .and_then(Value::as_str)
         .unwrap_or(DEFAULT_KIND)
         .to_owned();
-    Some(NewEvent {
-        delivery_id,
-        kind,
-        payload: obj,
-    })
+    Some(NewEvent::new(delivery_id, kind, obj))
 }
 
 #[cfg(test)]
@@ -191,10 +187,8 @@ mod tests {
     async fn polls_the_file_and_moves_the_cursor() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("inbox.jsonl");
-        let p = |cursor: Option<&str>| IngressPollParams {
-            source: "notes-inbox".into(),
-            cursor: cursor.map(str::to_owned),
-            limit: 2,
+        let p = |cursor: Option<&str>| {
+            IngressPollParams::new("notes-inbox", 2).with_cursor(cursor.map(str::to_owned))
         };
 
         // No inbox configured, or not created yet: nothing, cursor unchanged.

@@ -65,20 +65,16 @@ pub fn extension_with_inbox(inbox: Option<PathBuf>) -> Extension {
                     format!("`{}` has no firing after {}", p.spec, p.fired_at_ms),
                 )
             })?;
-            Ok(RecurrenceResult {
-                next_at_ms: Some(next),
-            })
+            Ok(RecurrenceResult::at(next))
         })
         .dependency_filter("mentions", |_cx, p: FilterParams| async move {
             let text = p.event.payload.get("text").and_then(|t| t.as_str());
-            Ok(FilterResult {
-                satisfied: text.is_some_and(|t| mentions::mentions(t, &p.subject)),
-            })
+            Ok(FilterResult::new(
+                text.is_some_and(|t| mentions::mentions(t, &p.subject)),
+            ))
         })
         .emission("annotation", |_cx, p: CommitParams| async move {
-            Ok(CommitResult {
-                records: vec![annotation::annotate(&p)],
-            })
+            Ok(CommitResult::new(vec![annotation::annotate(&p)]))
         })
         .ingress("notes-inbox", move |_cx, p: IngressPollParams| {
             let inbox = inbox.clone();

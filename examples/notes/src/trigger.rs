@@ -38,11 +38,7 @@ pub fn group(inputs: &[Event]) -> TriggerResult {
         let posted = e.kind == POSTED;
         let Some(thread) = thread_of(&e.payload) else {
             index.insert(format!("event:{}", e.id), groups.len());
-            groups.push(TriggerGroup {
-                key: format!("event:{}", e.id),
-                event_ids: vec![e.id],
-                start: true,
-            });
+            groups.push(TriggerGroup::new(format!("event:{}", e.id), vec![e.id]));
             continue;
         };
         let key = format!("thread:{thread}");
@@ -54,15 +50,13 @@ pub fn group(inputs: &[Event]) -> TriggerResult {
             }
             None => {
                 index.insert(key.clone(), groups.len());
-                groups.push(TriggerGroup {
-                    key,
-                    event_ids: vec![e.id],
-                    start: posted,
-                });
+                let mut group = TriggerGroup::new(key, vec![e.id]);
+                group.start = posted;
+                groups.push(group);
             }
         }
     }
-    TriggerResult { groups }
+    TriggerResult::new(groups)
 }
 
 /// The thread a note belongs to, if it names one.
@@ -80,14 +74,7 @@ mod tests {
     use serde_json::json;
 
     fn note(id: i64, kind: &str, payload: Value) -> Event {
-        Event {
-            id,
-            source: "notes-inbox".into(),
-            delivery_id: format!("n-{id}"),
-            kind: kind.into(),
-            payload,
-            accepted_at_ms: 0,
-        }
+        Event::new(id, "notes-inbox", format!("n-{id}"), kind, payload, 0)
     }
 
     fn keys(r: &TriggerResult) -> Vec<(&str, &[i64], bool)> {
@@ -99,7 +86,7 @@ mod tests {
 
     #[test]
     fn an_empty_batch_has_no_groups() {
-        assert_eq!(group(&[]), TriggerResult { groups: vec![] });
+        assert_eq!(group(&[]), TriggerResult::new(vec![]));
     }
 
     #[test]

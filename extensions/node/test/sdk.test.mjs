@@ -5,16 +5,38 @@ import { test, describe, beforeEach, afterEach } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { closeSync, constants, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
+import { closeSync, constants, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { Extension, isRetryable, readId, scanMembers, BULK_FRAME_BYTES, MAX_MESSAGE_BYTES } from "../index.js";
+import { Extension, isRetryable, readId, scanMembers, BULK_FRAME_BYTES, MAX_MESSAGE_BYTES, _methodTables } from "../index.js";
 import { FakeHost, INITIALIZE_PARAMS } from "./host.mjs";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const SAMPLE = join(HERE, "sample.mjs");
+
+// The SDK's tables against extensions/methods.json, the method table written from the Rust one
+// (conduit_protocol::methods::TABLE): a method added, renamed or moved there fails here until
+// this SDK follows.
+describe("method table", () => {
+  const rows = JSON.parse(readFileSync(join(HERE, "..", "..", "methods.json"), "utf8")).methods;
+  test("host calls routed by a declared name", () => {
+    const want = Object.fromEntries(rows
+      .filter((r) => r.direction === "host_to_extension" && r.name_field)
+      .map((r) => [r.name, [r.name_field, r.capability]]));
+    assert.deepEqual({ ..._methodTables.BY_NAME }, want);
+  });
+  test("callbacks", () => {
+    const want = new Set(rows.filter((r) => r.direction === "extension_to_host").map((r) => r.name));
+    assert.deepEqual(_methodTables.CALLBACKS, want);
+  });
+  test("reserved names", () => {
+    const want = new Set(rows.filter((r) => r.reserved).map((r) => r.name));
+    assert.deepEqual(_methodTables.RESERVED, want);
+    assert.equal(_methodTables.RESERVED.has("check.sleep"), false);
+  });
+});
 
 describe("units", () => {
   test("ids are read exactly from their text", () => {
@@ -622,5 +644,49 @@ describe("host digest", () => {
     assert.equal(close.params.sha256, digest);
     h.answer(close, { artifact_id: "sha256:" + digest, size: SIZE });
     assert.deepEqual((await h.waitFor(rid)).result, { ...stored, bulk: false, hashing: true });
+  });
+});
+
+// The SDK is ESM modules under lib/; its API is what index.js exports, as when it was one file,
+// and index.d.ts types exactly that.
+describe("public API", () => {
+  const ROOT = join(HERE, "..");
+  test("index.js exports what the one-file SDK did, and index.d.ts declares each", async () => {
+    const api = await import("../index.js");
+    const names = Object.keys(api).sort();
+    assert.deepEqual(names, [
+      "ArtifactWriter", "BULK_FRAME_BYTES", "Ctx", "DEFAULT_ARTIFACT_CHUNK_BYTES", "ErrorCode", "Extension", "Host",
+      "MAX_ARTIFACT_CHUNK_BYTES", "MAX_CONCURRENT_REQUESTS", "MAX_MESSAGE_BYTES", "PROTOCOL_VERSIONS", "RpcError",
+      "_methodTables", "isRetryable", "readId", "scanMembers",
+    ]);
+    const dts = readFileSync(join(ROOT, "index.d.ts"), "utf8");
+    const declared = [...dts.matchAll(/^export declare (?:const|function|class) (\w+)/gm)].map((m) => m[1]).sort();
+    // _methodTables is for the SDK's tests, not typed as API.
+    assert.deepEqual(declared, names.filter((n) => n !== "_methodTables"));
+  });
+  test("every module opens with its doc, and package.json ships every module", () => {
+    const pkg = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8"));
+    const shipped = (f) => pkg.files.some((x) => x === f || (x.endsWith("/") && f.startsWith(x)));
+    const modules = [
+      ...readdirSync(ROOT).filter((f) => f.endsWith(".js") || f.endsWith(".d.ts")),
+      ...readdirSync(join(ROOT, "lib")).map((f) => `lib/${f}`),
+    ];
+    assert.ok(modules.includes("lib/session.js"), modules.join(" "));
+    for (const f of modules) {
+      assert.ok(shipped(f), `package.json's "files" does not ship ${f}`);
+      if (f.endsWith(".js")) assert.match(readFileSync(join(ROOT, f), "utf8"), /^\/\/ \S/, `${f} opens without its doc comment`);
+    }
+  });
+  // tsc is not a dependency of the SDK; where it is installed, the types are checked as strictly
+  // as an author's project would check them.
+  test("index.d.ts passes tsc --strict", (t) => {
+    let tsc;
+    try {
+      tsc = execFileSync("sh", ["-c", "command -v tsc"], { encoding: "utf8" }).trim();
+    } catch {
+      t.skip("tsc is not installed (npm install -g typescript checks this)");
+      return;
+    }
+    execFileSync(tsc, ["--strict", "--noEmit", "--lib", "es2022,dom", "--target", "es2022", "--module", "nodenext", "--moduleResolution", "nodenext", join(ROOT, "index.d.ts")], { stdio: "pipe" });
   });
 });

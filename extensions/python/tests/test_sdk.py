@@ -69,6 +69,31 @@ class Units(unittest.TestCase):
         self.assertEqual(ext.capabilities(), {"methods": ["a", "check.sleep"]})
 
 
+class MethodTable(unittest.TestCase):
+    """The SDK's tables against extensions/methods.json, the method table written from the Rust
+    one (conduit_protocol::methods::TABLE): a method added, renamed or moved there fails here
+    until this SDK follows."""
+
+    def setUp(self):
+        import json
+        with open(os.path.join(HERE, "..", "..", "methods.json"), encoding="utf-8") as f:
+            self.rows = json.load(f)["methods"]
+
+    def test_host_calls_routed_by_a_declared_name(self):
+        want = {r["name"]: (r["name_field"], r["capability"]) for r in self.rows
+                if r["direction"] == "host_to_extension" and r["name_field"]}
+        self.assertEqual(ce.protocol._BY_NAME, want)
+
+    def test_callbacks(self):
+        want = {r["name"] for r in self.rows if r["direction"] == "extension_to_host"}
+        self.assertEqual(ce.protocol._CALLBACKS, want)
+
+    def test_reserved_names(self):
+        want = {r["name"] for r in self.rows if r["reserved"]}
+        self.assertEqual(ce.protocol._RESERVED, want)
+        self.assertNotIn("check.sleep", ce.protocol._RESERVED)
+
+
 class BulkPipe(unittest.TestCase):
     """Artifacts on the host's bulk pipe (docs/protocol.md §8.1), over a real pipe."""
 
@@ -551,6 +576,41 @@ class Session(unittest.TestCase):
         self.err(a, -32004, "big")
         self.assertEqual(a["error"]["data"], {"limit": ce.MAX_MESSAGE_BYTES, "size": len(line)})
         self.assertEqual(self.h.call("echo", {"after": 1})["result"], {"after": 1})
+
+
+class PublicApi(unittest.TestCase):
+    """The SDK is a package of modules (protocol, messages, wire, artifacts, context, session,
+    extension); its API is what the package root offers, as when it was one file."""
+
+    # Every public name of the one-file SDK: each stays importable from the package root.
+    NAMES = [
+        "ARTIFACT_WINDOW", "ArtifactWriter", "BULK_FRAME_BYTES", "CommitParams", "CommitResult",
+        "Ctx", "DEFAULT_ARTIFACT_CHUNK_BYTES", "DEFAULT_SHUTDOWN_GRACE_MS", "ErrorCode", "Event",
+        "Extension", "F", "FilterParams", "FilterResult", "Handler", "Host", "ID_SCAN_BYTES",
+        "IngressPollParams", "IngressPollResult", "MAX_ARTIFACT_CHUNK_BYTES",
+        "MAX_CONCURRENT_REQUESTS", "MAX_MESSAGE_BYTES", "PROTOCOL_VERSIONS", "RecurrenceParams",
+        "RecurrenceResult", "RpcError", "TriggerParams", "TriggerResult", "encode", "is_int",
+        "is_valid_id", "log", "parse_json", "scan_head",
+    ]
+
+    def test_every_public_name_of_the_one_file_sdk_is_importable_from_the_root(self):
+        missing = [n for n in self.NAMES if not hasattr(ce, n)]
+        self.assertEqual(missing, [])
+        self.assertEqual(ce.__all__, ["Extension", "Ctx", "Host", "ArtifactWriter", "RpcError",
+                                      "ErrorCode", "PROTOCOL_VERSIONS", "MAX_MESSAGE_BYTES",
+                                      "MAX_CONCURRENT_REQUESTS"])
+
+    def test_every_modules_public_names_are_the_roots(self):
+        import importlib
+        import pkgutil
+        modules = sorted(m.name for m in pkgutil.iter_modules(ce.__path__))
+        self.assertIn("session", modules)
+        for m in modules:
+            mod = importlib.import_module("conduit_extension." + m)
+            self.assertTrue(mod.__doc__ and mod.__doc__.strip(), "%s has no module doc" % m)
+            for name in getattr(mod, "__all__", []):
+                self.assertIs(getattr(ce, name, None), getattr(mod, name),
+                              "conduit_extension.%s.%s is not importable from the root" % (m, name))
 
 
 if __name__ == "__main__":

@@ -42,8 +42,8 @@ use conduit_protocol::bulk::{DEFAULT_BULK_FRAME_BYTES, MAX_BULK_FRAME_BYTES};
 use conduit_protocol::calls::{
     ArtifactAbort, ArtifactClose, ArtifactOpen, ArtifactOpened, ArtifactStored, ChunkAck, Empty,
 };
-use conduit_protocol::{ErrorCode, methods};
-use conduit_rpc::{BoxFuture, CallError, Peer};
+use conduit_protocol::{ErrorCode, JsonText, methods};
+use conduit_rpc::{BoxFuture, CallError, CallOptions, Peer};
 use futures::FutureExt as _;
 use futures::stream::{FuturesUnordered, StreamExt};
 use sha2::{Digest, Sha256};
@@ -294,11 +294,8 @@ impl ArtifactWriter {
             });
         }
         let sent = known.or(own);
-        let close = ArtifactClose {
-            stream_id: self.stream_id.clone(),
-            size: self.size,
-            sha256: sent.clone(),
-        };
+        let mut close = ArtifactClose::new(self.stream_id.clone(), self.size);
+        close.sha256 = sent.clone();
         let mut stored: ArtifactStored = match self
             .peer
             .call(methods::ext::ARTIFACT_CLOSE, &close, self.deadline)
@@ -337,9 +334,7 @@ impl ArtifactWriter {
             .peer
             .call(
                 methods::ext::ARTIFACT_ABORT,
-                &ArtifactAbort {
-                    stream_id: self.stream_id.clone(),
-                },
+                &ArtifactAbort::new(self.stream_id.clone()),
                 self.deadline,
             )
             .await?;
@@ -417,7 +412,11 @@ impl ArtifactWriter {
         let deadline = self.deadline;
         self.in_flight.push(Box::pin(async move {
             let raw = peer
-                .call_prebuilt(methods::ext::ARTIFACT_CHUNK, &params, deadline)
+                .request(
+                    methods::ext::ARTIFACT_CHUNK,
+                    &JsonText(&params),
+                    CallOptions::within(deadline),
+                )
                 .await?;
             serde_json::from_str::<ChunkAck>(raw.get()).map_err(|e| CallError::BadResult {
                 method: methods::ext::ARTIFACT_CHUNK.into(),
@@ -458,9 +457,7 @@ impl ArtifactWriter {
 
     async fn abort_now(&mut self) {
         self.status = StreamStatus::Failed;
-        let abort = ArtifactAbort {
-            stream_id: self.stream_id.clone(),
-        };
+        let abort = ArtifactAbort::new(self.stream_id.clone());
         let res: Result<Empty, _> = self
             .peer
             .call(methods::ext::ARTIFACT_ABORT, &abort, Some(ABORT_DEADLINE))
@@ -484,9 +481,7 @@ impl Drop for ArtifactWriter {
             return;
         };
         let peer = self.peer.clone();
-        let abort = ArtifactAbort {
-            stream_id: std::mem::take(&mut self.stream_id),
-        };
+        let abort = ArtifactAbort::new(std::mem::take(&mut self.stream_id));
         let name = std::mem::take(&mut self.name);
         rt.spawn(async move {
             let res: Result<Empty, _> = peer
@@ -527,11 +522,11 @@ mod tests {
             ("s", 99, &[0u8, 255, 10, 13][..]),
         ] {
             let ours: ArtifactChunk = serde_json::from_str(&chunk_params(id, seq, bytes)).unwrap();
-            let want = ArtifactChunk {
-                stream_id: id.into(),
+            let want = ArtifactChunk::new(
+                id,
                 seq,
-                data: base64::engine::general_purpose::STANDARD.encode(bytes),
-            };
+                base64::engine::general_purpose::STANDARD.encode(bytes),
+            );
             assert_eq!(ours, want);
         }
     }

@@ -18,7 +18,9 @@ use conduit_protocol::calls::{
     PushParams, PushResult, Work, WorkRef,
 };
 use conduit_protocol::handshake::InitializeParams;
-use conduit_protocol::methods;
+use conduit_protocol::methods::{
+    IngressPush, Method, OperationEmit, StateEvent, StateEvents, StateWork,
+};
 use conduit_rpc::Peer;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -133,32 +135,31 @@ impl Host {
 
     /// `state.event`: one event by id (`not_found` if there is none).
     pub async fn event(&self, event_id: i64) -> Result<Event, HostError> {
-        self.call(methods::ext::STATE_EVENT, &EventRef { event_id })
+        self.call_method::<StateEvent>(&EventRef::new(event_id))
             .await
     }
 
     /// `state.events`: a page of events, oldest first.
     pub async fn events(&self, query: EventsQuery) -> Result<EventsPage, HostError> {
-        self.call(methods::ext::STATE_EVENTS, &query).await
+        self.call_method::<StateEvents>(&query).await
     }
 
     /// `state.work`: one Work by id (`not_found` if there is none).
     pub async fn work(&self, work_id: i64) -> Result<Work, HostError> {
-        self.call(methods::ext::STATE_WORK, &WorkRef { work_id })
-            .await
+        self.call_method::<StateWork>(&WorkRef::new(work_id)).await
     }
 
     /// `operation.emit`: plan an emission, committed later through `emit.commit`. Refused with
     /// `reentrant_write` during an in-transaction call to this extension.
     pub async fn emit(&self, params: EmitParams) -> Result<EmitResult, HostError> {
-        self.call(methods::ext::OPERATION_EMIT, &params).await
+        self.call_method::<OperationEmit>(&params).await
     }
 
     /// `ingress.push`: push one event; answered once it is committed (a repeated delivery id is
     /// acknowledged with `duplicate: true`). Refused with `reentrant_write` during an
     /// in-transaction call to this extension.
     pub async fn push(&self, params: PushParams) -> Result<PushResult, HostError> {
-        self.call(methods::ext::INGRESS_PUSH, &params).await
+        self.call_method::<IngressPush>(&params).await
     }
 
     /// `artifact.open`: start an artifact stream. Write to the returned writer, then
@@ -186,6 +187,11 @@ impl Host {
         let mut w = self.artifact(open).await?;
         w.write(bytes).await?;
         w.finish().await
+    }
+
+    /// A callback of the method table, typed by its row.
+    async fn call_method<M: Method>(&self, params: &M::Params) -> Result<M::Result, HostError> {
+        Ok(self.peer.call(M::NAME, params, self.deadline).await?)
     }
 
     /// Any callback by name, for methods newer than this SDK.

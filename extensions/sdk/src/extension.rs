@@ -18,6 +18,9 @@ use conduit_protocol::calls::{
     RecurrenceParams, RecurrenceResult, TriggerParams, TriggerResult,
 };
 use conduit_protocol::handshake::{Capabilities, WorkKind};
+use conduit_protocol::methods::{
+    DependencyFilter, EmitCommit, Method, RecurrenceNext, WorkKindTrigger,
+};
 use conduit_protocol::{RpcError, methods};
 use conduit_rpc::{BoxFuture, HandlerResult, to_raw};
 use rustc_hash::FxHashMap;
@@ -28,6 +31,10 @@ use crate::ctx::Ctx;
 
 /// A handler of one of the protocol's typed calls, boxed.
 pub(crate) type TypedFn<P, R> = Arc<dyn Fn(Ctx, P) -> BoxFuture<Result<R, RpcError>> + Send + Sync>;
+
+/// The handlers of one of the protocol's methods routed by a declared name, by that name.
+pub(crate) type Handlers<M> =
+    FxHashMap<String, TypedFn<<M as Method>::Params, <M as Method>::Result>>;
 
 /// A custom method: parses its own params (so the error names the method) and answers raw JSON.
 pub(crate) type MethodFn = Arc<dyn Fn(Ctx, Option<&str>) -> BoxFuture<HandlerResult> + Send + Sync>;
@@ -47,10 +54,10 @@ pub struct Extension {
     pub(crate) version: String,
     pub(crate) protocol_versions: Vec<u32>,
     pub(crate) capabilities: Capabilities,
-    pub(crate) triggers: FxHashMap<String, TypedFn<TriggerParams, TriggerResult>>,
-    pub(crate) recurrences: FxHashMap<String, TypedFn<RecurrenceParams, RecurrenceResult>>,
-    pub(crate) filters: FxHashMap<String, TypedFn<FilterParams, FilterResult>>,
-    pub(crate) emissions: FxHashMap<String, TypedFn<CommitParams, CommitResult>>,
+    pub(crate) triggers: Handlers<WorkKindTrigger>,
+    pub(crate) recurrences: Handlers<RecurrenceNext>,
+    pub(crate) filters: Handlers<DependencyFilter>,
+    pub(crate) emissions: Handlers<EmitCommit>,
     /// `None`: a push-only source, whose polls are answered with no events.
     pub(crate) ingress: FxHashMap<String, Option<TypedFn<IngressPollParams, IngressPollResult>>>,
     pub(crate) methods: FxHashMap<String, MethodFn>,
@@ -157,10 +164,9 @@ impl Extension {
             !self.capabilities.work_kinds.iter().any(|k| k.name == name),
             "work kind `{name}` is registered twice"
         );
-        self.capabilities.work_kinds.push(WorkKind {
-            name: name.to_owned(),
-            trigger,
-        });
+        self.capabilities
+            .work_kinds
+            .push(WorkKind::new(name.to_owned(), trigger));
     }
 
     /// Serve `recurrence.next` for the recurrence `name` (in-transaction, 250 ms).
@@ -315,13 +321,7 @@ mod tests {
         let caps = ext.capabilities();
         assert_eq!(caps.methods, ["b", "a", "check.sleep"]);
         assert_eq!(caps.ingress, ["inbox"]);
-        assert_eq!(
-            caps.work_kinds,
-            [WorkKind {
-                name: "plain".into(),
-                trigger: false
-            }]
-        );
+        assert_eq!(caps.work_kinds, [WorkKind::new("plain", false)]);
     }
 
     #[test]

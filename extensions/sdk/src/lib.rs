@@ -49,25 +49,21 @@
 //!             let groups = p
 //!                 .inputs
 //!                 .iter()
-//!                 .map(|e| TriggerGroup {
-//!                     key: format!("note:{}", e.id),
-//!                     event_ids: vec![e.id],
-//!                     start: true,
-//!                 })
+//!                 .map(|e| TriggerGroup::new(format!("note:{}", e.id), vec![e.id]))
 //!                 .collect();
-//!             Ok(TriggerResult { groups })
+//!             Ok(TriggerResult::new(groups))
 //!         })
 //!         .recurrence("digest", |_cx, p: RecurrenceParams| async move {
-//!             Ok(RecurrenceResult { next_at_ms: Some(p.fired_at_ms + 60_000) })
+//!             Ok(RecurrenceResult::at(p.fired_at_ms + 60_000))
 //!         })
 //!         .dependency_filter("mentions", |_cx, p: FilterParams| async move {
 //!             let text = p.event.payload["text"].as_str().unwrap_or("");
-//!             Ok(FilterResult { satisfied: text.contains(&format!("@{}", p.subject)) })
+//!             Ok(FilterResult::new(text.contains(&format!("@{}", p.subject))))
 //!         })
 //!         .emission("annotation", |_cx, p: CommitParams| async move {
 //!             // The same commit_id must give the same records: derive them from the params.
 //!             let body = serde_json::json!({ "commit_id": p.commit_id, "payload": p.payload });
-//!             Ok(CommitResult { records: vec![Record { kind: "annotation".into(), body }] })
+//!             Ok(CommitResult::new(vec![Record::new("annotation", body)]))
 //!         })
 //!         .ingress("notes-inbox", |_cx, _p: IngressPollParams| async move {
 //!             Ok(IngressPollResult::default())
@@ -75,13 +71,13 @@
 //!         // A custom method with typed params and result; it may call the host back while
 //!         // its own request is pending.
 //!         .method("echo", |cx: Ctx, p: Echo| async move {
-//!             let recent = cx.host().events(EventsQuery { source: None, after_id: None, limit: Some(1) }).await?;
+//!             let recent = cx.host().events(EventsQuery::new().with_limit(1)).await?;
 //!             tracing::info!(n = recent.events.len(), "echo");
 //!             Ok(p)
 //!         })
 //!         // Streams an artifact: chunks are pipelined; the host answers the sha256 it computed.
 //!         .method("report", |cx: Ctx, _p: serde_json::Value| async move {
-//!             let open = ArtifactOpen { name: "report.txt".into(), media_type: Some("text/plain".into()), size: None, ..Default::default() };
+//!             let open = ArtifactOpen::new("report.txt").with_media_type("text/plain");
 //!             let mut w = cx.host().artifact(open).await?;
 //!             for i in 0..1000 {
 //!                 w.write(format!("line {i}\n").as_bytes()).await?;
@@ -91,6 +87,12 @@
 //!     std::process::exit(conduit_extension::run(ext));
 //! }
 //! ```
+//!
+//! # Building params and results
+//!
+//! The protocol's params and results are `#[non_exhaustive]`: build them with `new` (the
+//! required members) and `with_*` (the optional ones), as above, so that a field the protocol
+//! adds later does not break your build. Their fields stay public to read and change.
 //!
 //! # Testing an extension
 //!

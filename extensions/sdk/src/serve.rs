@@ -32,26 +32,25 @@ use std::time::{Duration, Instant};
 
 use crate::bulk::BulkPipe;
 use conduit_protocol::calls::{
-    CommitParams, Empty, FilterParams, IngressPollParams, IngressPollResult, RecurrenceParams,
-    SleepParams, SleepResult, TriggerParams,
+    Empty, IngressPollParams, IngressPollResult, SleepParams, SleepResult,
 };
 use conduit_protocol::handshake::{self, InitializeParams, InitializeResult, Software};
+use conduit_protocol::methods::{
+    DependencyFilter, EmitCommit, HostCall, IngressPoll, Initialize, Method, RecurrenceNext,
+    WorkKindTrigger,
+};
 use conduit_protocol::{ErrorCode, RpcError, methods};
 use conduit_rpc::{
     BoxFuture, CloseReason, Handler, HandlerResult, Request, Session, SessionConfig, to_raw,
 };
 use futures::FutureExt as _;
-use rustc_hash::FxHashMap;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::ctx::{Ctx, Host};
-use crate::extension::{Extension, TypedFn};
-use crate::params::parse_params;
+use crate::extension::{Extension, Handlers};
 
 /// How long the session may take, after `shutdown` was answered, to write what is queued.
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
@@ -193,19 +192,12 @@ impl Dispatch {
     fn initialize(&self, req: &Request) -> HandlerResult {
         // A second `initialize` is refused before its params are looked at (protocol.md §3.4).
         if self.lock().phase != Phase::New {
-            return Err(RpcError::new(
-                ErrorCode::InvalidRequest,
-                "`initialize` was already answered in this session",
-            ));
+            return Err(already_initialized());
         }
-        let params: InitializeParams =
-            parse_params(&req.method, req.params.as_deref().map(RawValue::get), true)?;
+        let params = Initialize::parse_params(req.params.as_deref().map(RawValue::get))?;
         let mut st = self.lock();
         if st.phase != Phase::New {
-            return Err(RpcError::new(
-                ErrorCode::InvalidRequest,
-                "`initialize` was already answered in this session",
-            ));
+            return Err(already_initialized());
         }
         let version = match handshake::negotiate(
             &params.protocol_versions,
@@ -221,14 +213,11 @@ impl Dispatch {
         st.phase = Phase::Ready;
         st.bulk = params.bulk.as_ref().and_then(BulkPipe::take);
         st.init = Some(Arc::new(params));
-        to_raw(&InitializeResult {
-            protocol_version: version,
-            extension: Software {
-                name: self.ext.name.clone(),
-                version: self.ext.version.clone(),
-            },
-            capabilities: self.ext.capabilities(),
-        })
+        to_raw(&InitializeResult::new(
+            version,
+            Software::new(self.ext.name.clone(), self.ext.version.clone()),
+            self.ext.capabilities(),
+        ))
     }
 
     /// Stop taking requests, let the running ones finish within half the grace the host gives,
@@ -294,44 +283,28 @@ impl Dispatch {
             None => req.params.as_deref().map(RawValue::get),
         };
         let ext = &self.ext;
-        let started = match req.method.as_str() {
-            methods::host::WORK_KIND_TRIGGER => by_name(
-                &req.method,
-                params,
-                &ext.triggers,
-                cx,
-                "work kind",
-                |p: &TriggerParams| &p.kind,
-            ),
-            methods::host::RECURRENCE_NEXT => by_name(
-                &req.method,
-                params,
-                &ext.recurrences,
-                cx,
-                "recurrence",
-                |p: &RecurrenceParams| &p.recurrence,
-            ),
-            methods::host::DEPENDENCY_FILTER => by_name(
-                &req.method,
-                params,
-                &ext.filters,
-                cx,
-                "dependency filter",
-                |p: &FilterParams| &p.filter,
-            ),
-            methods::host::EMIT_COMMIT => by_name(
-                &req.method,
-                params,
-                &ext.emissions,
-                cx,
-                "emission",
-                |p: &CommitParams| &p.emission,
-            ),
-            methods::host::INGRESS_POLL => self.poll(&req.method, params, cx),
-            methods::host::CHECK_SLEEP => check_sleep(&req.method, params, cx),
-            method => match ext.methods.get(method) {
+        // Through the method table: a protocol method's params are read by its row, and every
+        // method the SDK serves has its arm (a method added to the table fails to compile here
+        // until it does); anything else is a custom method.
+        let started = match HostCall::parse(&req.method, params) {
+            None => match ext.methods.get(req.method.as_str()) {
                 Some(handler) => Ok(handler(cx, params)),
-                None => Err(RpcError::method_not_found(method)),
+                None => Err(RpcError::method_not_found(&req.method)),
+            },
+            Some(Err(e)) => Err(e),
+            Some(Ok(call)) => match call {
+                // Answered by `request` before a request is routed; here only for the table's sake.
+                HostCall::Initialize(_) => Err(already_initialized()),
+                HostCall::Shutdown(_) => Err(RpcError::new(
+                    ErrorCode::ShuttingDown,
+                    "the extension is shutting down and takes no new requests",
+                )),
+                HostCall::WorkKindTrigger(p) => by_name::<WorkKindTrigger>(p, &ext.triggers, cx),
+                HostCall::RecurrenceNext(p) => by_name::<RecurrenceNext>(p, &ext.recurrences, cx),
+                HostCall::DependencyFilter(p) => by_name::<DependencyFilter>(p, &ext.filters, cx),
+                HostCall::EmitCommit(p) => by_name::<EmitCommit>(p, &ext.emissions, cx),
+                HostCall::IngressPoll(p) => self.poll(p, cx),
+                HostCall::CheckSleep(p) => Ok(check_sleep(p, cx)),
             },
         };
         let method = req.method;
@@ -356,13 +329,7 @@ impl Dispatch {
         }
     }
 
-    fn poll(
-        &self,
-        method: &str,
-        params: Option<&str>,
-        cx: Ctx,
-    ) -> Result<BoxFuture<HandlerResult>, RpcError> {
-        let p: IngressPollParams = parse_params(method, params, true)?;
+    fn poll(&self, p: IngressPollParams, cx: Ctx) -> Result<BoxFuture<HandlerResult>, RpcError> {
         match self.ext.ingress.get(&p.source) {
             Some(Some(handler)) => {
                 let fut = handler(cx, p);
@@ -372,7 +339,7 @@ impl Dispatch {
             Some(None) => Ok(Box::pin(std::future::ready(to_raw(
                 &IngressPollResult::default(),
             )))),
-            None => Err(undeclared(method, "ingress source", &p.source)),
+            None => Err(undeclared::<IngressPoll>(&p.source)),
         }
     }
 }
@@ -477,29 +444,33 @@ impl<R: AsyncRead + Unpin> AsyncRead for DrainAtEof<R> {
     }
 }
 
-fn undeclared(method: &str, what: &str, name: &str) -> RpcError {
+/// A call naming something this extension did not register: `invalid_params` naming the
+/// method, and the capability list the name would be in.
+fn undeclared<M: Method>(name: &str) -> RpcError {
+    let what = M::PERMIT.capability().map_or("name", |c| c.noun());
     RpcError::invalid_params(
-        method,
+        M::NAME,
         format!("{what} `{name}` is not declared by this extension"),
     )
 }
 
-/// Parse `P`, find the handler registered under the name it carries, and start it.
-fn by_name<P, R>(
-    method: &str,
-    params: Option<&str>,
-    handlers: &FxHashMap<String, TypedFn<P, R>>,
+/// `initialize` a second time (§3.4).
+fn already_initialized() -> RpcError {
+    RpcError::new(
+        ErrorCode::InvalidRequest,
+        "`initialize` was already answered in this session",
+    )
+}
+
+/// Find the handler registered under the name the params of `M` carry, and start it.
+fn by_name<M: Method>(
+    p: M::Params,
+    handlers: &Handlers<M>,
     cx: Ctx,
-    what: &str,
-    name_of: impl Fn(&P) -> &String,
-) -> Result<BoxFuture<HandlerResult>, RpcError>
-where
-    P: DeserializeOwned,
-    R: Serialize + 'static,
-{
-    let p: P = parse_params(method, params, true)?;
-    let Some(handler) = handlers.get(name_of(&p)) else {
-        return Err(undeclared(method, what, name_of(&p)));
+) -> Result<BoxFuture<HandlerResult>, RpcError> {
+    let name = M::declared_name(&p).unwrap_or_default();
+    let Some(handler) = handlers.get(name) else {
+        return Err(undeclared::<M>(name));
     };
     let fut = handler(cx, p);
     Ok(Box::pin(async move { to_raw(&fut.await?) }))
@@ -507,23 +478,16 @@ where
 
 /// `check.sleep`: hold for `ms`, or until cancelled (the session answers `cancelled`) or the
 /// extension is asked to shut down — a conformance probe is not work worth finishing.
-fn check_sleep(
-    method: &str,
-    params: Option<&str>,
-    cx: Ctx,
-) -> Result<BoxFuture<HandlerResult>, RpcError> {
-    let p: SleepParams = parse_params(method, params, true)?;
-    Ok(Box::pin(async move {
+fn check_sleep(p: SleepParams, cx: Ctx) -> BoxFuture<HandlerResult> {
+    Box::pin(async move {
         let held = std::time::Instant::now();
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(p.ms)) => {}
             () = cx.shutdown.cancelled() => return Err(RpcError::cancelled()),
         }
         // The time actually held, as protocol.md §6.7 says.
-        to_raw(&SleepResult {
-            slept_ms: held.elapsed().as_millis() as u64,
-        })
-    }))
+        to_raw(&SleepResult::new(held.elapsed().as_millis() as u64))
+    })
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {

@@ -38,13 +38,15 @@ impl Handler for Host {
                 let mut next = self.next_tag.lock().unwrap();
                 let tag = *next;
                 *next += 1;
-                to_raw(&ArtifactOpened {
-                    stream_id: format!("s-{tag}"),
-                    max_chunk_bytes: protocol::MAX_ARTIFACT_CHUNK_BYTES,
-                    window: protocol::ARTIFACT_WINDOW,
-                    bulk_tag: Some(tag),
-                    sha256_optional: true,
-                })
+                to_raw(
+                    &ArtifactOpened::new(
+                        format!("s-{tag}"),
+                        protocol::MAX_ARTIFACT_CHUNK_BYTES,
+                        protocol::ARTIFACT_WINDOW,
+                    )
+                    .with_bulk_tag(tag)
+                    .with_sha256_optional(true),
+                )
             }
             methods::ext::ARTIFACT_CLOSE => {
                 // Only the second, whole upload closes: its content is known, so its digest
@@ -75,13 +77,7 @@ fn content(n: usize, salt: u8) -> Vec<u8> {
 
 fn extension() -> Extension {
     Extension::new("bulk-test", "0.1.0").method("upload", |cx: Ctx, p: Upload| async move {
-        let mut w = cx
-            .host()
-            .artifact(ArtifactOpen {
-                name: "x.bin".into(),
-                ..Default::default()
-            })
-            .await?;
+        let mut w = cx.host().artifact(ArtifactOpen::new("x.bin")).await?;
         assert!(w.is_bulk());
         let data = content(p.bytes, p.give_up_ms.is_some() as u8);
         match p.give_up_ms {
@@ -110,7 +106,7 @@ async fn frames_survive_a_write_cancelled_inside_a_frame() {
     let host = Session::new(ar, aw, Host::default(), SessionConfig::named("bulk-host"));
     let peer = host.peer();
     let mut init = InitializeParams::current("test");
-    init.bulk = Some(BulkOffer { fd });
+    init.bulk = Some(BulkOffer::new(fd));
     let _: InitializeResult = peer
         .call(methods::host::INITIALIZE, &init, Some(T))
         .await

@@ -13,7 +13,7 @@ use base64::Engine as _;
 use conduit_extension::prelude::*;
 use conduit_extension::{ExitReason, protocol};
 use conduit_rpc::{
-    BoxFuture, CallError, CloseReason, Handler, HandlerResult, Peer, Request, Session,
+    BoxFuture, CallError, CallOptions, CloseReason, Handler, HandlerResult, Peer, Request, Session,
     SessionConfig, to_raw,
 };
 use protocol::handshake::{InitializeResult, VersionMismatchData, WorkKind};
@@ -75,13 +75,15 @@ impl FakeHost {
 
     fn with_artifacts(max_chunk_bytes: usize, window: usize) -> Self {
         let events = (1..=3)
-            .map(|id| Event {
-                id,
-                source: "api".into(),
-                delivery_id: format!("d-{id}"),
-                kind: "ping".into(),
-                payload: json!({ "n": id }),
-                accepted_at_ms: 1_764_579_600_000 + id,
+            .map(|id| {
+                Event::new(
+                    id,
+                    "api",
+                    format!("d-{id}"),
+                    "ping",
+                    json!({ "n": id }),
+                    1_764_579_600_000 + id,
+                )
             })
             .collect();
         FakeHost {
@@ -125,33 +127,27 @@ impl FakeHost {
                     .take(q.limit.unwrap_or(50) as usize)
                     .cloned()
                     .collect();
-                to_raw(&EventsPage { events })
+                to_raw(&EventsPage::new(events))
             }
             methods::ext::STATE_WORK => {
                 let r: WorkRef = req.params()?;
-                to_raw(&Work {
-                    id: r.work_id,
-                    kind: "note".into(),
-                    key: "thread:t-1".into(),
-                    state: "ready".into(),
-                    event_ids: vec![1, 2],
-                })
+                to_raw(&Work::new(
+                    r.work_id,
+                    "note",
+                    "thread:t-1",
+                    "ready",
+                    vec![1, 2],
+                ))
             }
             methods::ext::OPERATION_EMIT => {
                 let p: EmitParams = req.params()?;
                 self.state().emits.push(p);
-                to_raw(&EmitResult {
-                    emission_id: 17,
-                    commit_id: "emit-17".into(),
-                })
+                to_raw(&EmitResult::new(17, "emit-17"))
             }
             methods::ext::INGRESS_PUSH => {
                 let p: PushParams = req.params()?;
                 self.state().pushes.push(p);
-                to_raw(&PushResult {
-                    event_id: 45,
-                    duplicate: false,
-                })
+                to_raw(&PushResult::new(45, false))
             }
             methods::ext::ARTIFACT_OPEN => {
                 let _: ArtifactOpen = req.params()?;
@@ -159,13 +155,10 @@ impl FakeHost {
                 st.next_stream += 1;
                 let id = format!("s-{}", st.next_stream);
                 st.streams.insert(id.clone(), Stream::default());
-                to_raw(&ArtifactOpened {
-                    stream_id: id,
-                    max_chunk_bytes: self.max_chunk_bytes,
-                    window: self.window,
-                    bulk_tag: None,
-                    sha256_optional: self.current,
-                })
+                to_raw(
+                    &ArtifactOpened::new(id, self.max_chunk_bytes, self.window)
+                        .with_sha256_optional(self.current),
+                )
             }
             methods::ext::ARTIFACT_CHUNK => {
                 let p: ArtifactChunk = req.params()?;
@@ -264,7 +257,7 @@ impl Handler for HostHandler {
                 Box::pin(async move {
                     tokio::time::sleep(host.ack_delay).await;
                     host.state().in_flight -= 1;
-                    to_raw(&ChunkAck { received })
+                    to_raw(&ChunkAck::new(received))
                 })
             }
         }
@@ -306,46 +299,34 @@ fn extension() -> Extension {
             let groups = p
                 .inputs
                 .iter()
-                .map(|e| TriggerGroup {
-                    key: format!("k:{}", e.id),
-                    event_ids: vec![e.id],
-                    start: e.kind == "note.posted",
+                .map(|e| {
+                    let mut g = TriggerGroup::new(format!("k:{}", e.id), vec![e.id]);
+                    g.start = e.kind == "note.posted";
+                    g
                 })
                 .collect();
-            Ok(TriggerResult { groups })
+            Ok(TriggerResult::new(groups))
         })
         .declare_work_kind("plain")
         .recurrence("minutely", |_cx, p: RecurrenceParams| async move {
-            Ok(RecurrenceResult {
-                next_at_ms: Some(p.fired_at_ms + 60_000),
-            })
+            Ok(RecurrenceResult::at(p.fired_at_ms + 60_000))
         })
         .dependency_filter("subject-is-yes", |_cx, p: FilterParams| async move {
-            Ok(FilterResult {
-                satisfied: p.subject == "yes",
-            })
+            Ok(FilterResult::new(p.subject == "yes"))
         })
         .emission("annotation", |_cx, p: CommitParams| async move {
-            Ok(CommitResult {
-                records: vec![Record {
-                    kind: "annotation".into(),
-                    body: json!({ "commit_id": p.commit_id, "work_id": p.work_id }),
-                }],
-            })
+            Ok(CommitResult::new(vec![Record::new(
+                "annotation",
+                json!({ "commit_id": p.commit_id, "work_id": p.work_id }),
+            )]))
         })
         .ingress("inbox", |_cx, p: IngressPollParams| async move {
             let start: u32 = p.cursor.as_deref().unwrap_or("0").parse().unwrap_or(0);
             let events = (start..start + p.limit.min(2))
-                .map(|i| NewEvent {
-                    delivery_id: format!("in-{i}"),
-                    kind: "note.posted".into(),
-                    payload: json!({}),
-                })
+                .map(|i| NewEvent::new(format!("in-{i}"), "note.posted", json!({})))
                 .collect::<Vec<_>>();
-            Ok(IngressPollResult {
-                cursor: Some((start + events.len() as u32).to_string()),
-                events,
-            })
+            let cursor = (start + events.len() as u32).to_string();
+            Ok(IngressPollResult::new(events).with_cursor(cursor))
         })
         .push_only_ingress("pushed")
         .method("echo", |_cx, p: Value| async move {
@@ -370,27 +351,14 @@ fn extension() -> Extension {
         .method("callbacks", |cx: Ctx, _p: Value| async move {
             let host = cx.host().with_deadline(T);
             let page = host
-                .events(EventsQuery {
-                    source: None,
-                    after_id: Some(1),
-                    limit: Some(1),
-                })
+                .events(EventsQuery::new().with_after_id(1).with_limit(1))
                 .await?;
             let work = host.work(5).await?;
             let emitted = host
-                .emit(EmitParams {
-                    emission: "annotation".into(),
-                    work_id: Some(work.id),
-                    payload: json!({ "x": 1 }),
-                })
+                .emit(EmitParams::new("annotation", json!({ "x": 1 })).with_work_id(work.id))
                 .await?;
             let pushed = host
-                .push(PushParams {
-                    source: "pushed".into(),
-                    delivery_id: "p-1".into(),
-                    kind: "note.posted".into(),
-                    payload: json!({}),
-                })
+                .push(PushParams::new("pushed", "p-1", "note.posted", json!({})))
                 .await?;
             Ok(json!({
                 "first_after_1": page.events[0].id,
@@ -400,12 +368,9 @@ fn extension() -> Extension {
             }))
         })
         .method("upload", |cx: Ctx, p: Upload| async move {
-            let open = ArtifactOpen {
-                name: "run.log".into(),
-                media_type: Some("application/octet-stream".into()),
-                size: Some(p.bytes as u64),
-                ..Default::default()
-            };
+            let open = ArtifactOpen::new("run.log")
+                .with_media_type("application/octet-stream")
+                .with_size(p.bytes as u64);
             let host = if p.verify {
                 cx.host().with_verified_artifacts()
             } else {
@@ -525,16 +490,7 @@ async fn handshake_answers_the_version_the_name_and_every_capability() {
     let caps = res.capabilities;
     assert_eq!(
         caps.work_kinds,
-        [
-            WorkKind {
-                name: "note".into(),
-                trigger: true
-            },
-            WorkKind {
-                name: "plain".into(),
-                trigger: false
-            },
-        ]
+        [WorkKind::new("note", true), WorkKind::new("plain", false),]
     );
     assert_eq!(caps.recurrences, ["minutely"]);
     assert_eq!(caps.dependency_filters, ["subject-is-yes"]);
@@ -582,13 +538,7 @@ async fn version_mismatch_names_both_sides_and_leaves_the_session_uninitialized(
         .unwrap_err();
     assert!(err.is(ErrorCode::VersionMismatch), "{err}");
     let data: VersionMismatchData = serde_json::from_str(err.data.unwrap().get()).unwrap();
-    assert_eq!(
-        data,
-        VersionMismatchData {
-            host_versions: vec![1],
-            extension_versions: vec![2]
-        }
-    );
+    assert_eq!(data, VersionMismatchData::new(vec![1], vec![2]));
     let err = h.call("echo", json!({ "text": "hi" })).await.unwrap_err();
     assert!(err.is(ErrorCode::NotInitialized), "{err}");
 }
@@ -729,12 +679,14 @@ async fn the_requests_meta_is_stripped_and_its_remaining_time_is_the_handlers_de
     assert_eq!(v["has_deadline"], true);
     let left = v["remaining_ms"].as_u64().unwrap();
     assert!(left <= 250 && left > 0, "{v}");
-    // The host's own spelling, byte for byte, as the supervisor inserts it.
-    let raw = conduit_protocol::meta::with_remaining_ms(r#"{"text":"x"}"#, 30_000).unwrap();
-    let v = h
-        .call("remaining", serde_json::from_str(&raw).unwrap())
+    // The host's own spelling, byte for byte: the deadline carried as the supervisor carries it.
+    let opts = CallOptions::within(Some(Duration::from_secs(30))).carrying_deadline();
+    let raw = h
+        .peer()
+        .request("remaining", &protocol::Typed(&json!({ "text": "x" })), opts)
         .await
         .unwrap();
+    let v: Value = serde_json::from_str(raw.get()).unwrap();
     assert_eq!(v["params"], json!({ "text": "x" }));
     assert!(v["remaining_ms"].as_u64().unwrap() > 29_000, "{v}");
     // Typed handlers ignore it too; a request without it has no deadline.
@@ -865,8 +817,12 @@ async fn check_sleep_holds_until_its_time_or_until_cancel() {
     let params = serde_json::value::to_raw_value(&json!({ "ms": 60_000 })).unwrap();
     let c = cancel.clone();
     let call = tokio::spawn(async move {
-        peer.call_raw_cancellable(methods::host::CHECK_SLEEP, &params, Some(T), Some(&c))
-            .await
+        peer.request(
+            methods::host::CHECK_SLEEP,
+            &params,
+            CallOptions::within(Some(T)).cancelled_by(&c),
+        )
+        .await
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     let t0 = Instant::now();

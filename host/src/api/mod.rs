@@ -92,7 +92,7 @@ pub use server::{HEADER_TIMEOUT_ENV, Limits, MAX_CONNECTIONS_ENV, PeerCred, bind
 pub fn router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .merge(extensions::routes())
-        .merge(records::routes())
+        .merge(records::routes(daemon.core().clone()))
         .merge(artifacts::routes())
         .merge(views::routes())
         .merge(manual::routes())

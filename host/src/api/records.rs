@@ -2,6 +2,10 @@
 //! are `artifacts.rs`'s). The rules (who owns a name, what a wait may see, when the host loop is nudged)
 //! are the core's operations (`core::ops`); a handler parses the request, calls one, and shapes
 //! the answer.
+//!
+//! Every handler but the two of `/v1/events` has only the core (`State<Arc<Core>>`): those two
+//! also read the registry (a push's warning names a disabled package; a listed event says which
+//! extension owns it), which the daemon holds.
 
 use std::sync::Arc;
 
@@ -15,18 +19,13 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::error::{ApiError, ApiResult, Body, MAX_PUSH_BODY, bad_request};
-use crate::core::ops::Declared;
+use crate::core::Core;
 use crate::daemon::handle::Daemon;
+use conduit_protocol::Capability;
 
-/// The routes of the records' endpoints.
-pub(super) fn routes() -> Router<Arc<Daemon>> {
-    Router::new()
-        .route(
-            "/v1/events",
-            post(push_event)
-                .get(list_events)
-                .layer(axum::extract::DefaultBodyLimit::max(MAX_PUSH_BODY)),
-        )
+/// The routes of the records' endpoints; all but `/v1/events` are served from `core` alone.
+pub(super) fn routes(core: Arc<Core>) -> Router<Arc<Daemon>> {
+    let from_core = Router::new()
         .route("/v1/work", get(list_work))
         .route("/v1/work/{id}", get(one_work))
         .route("/v1/timers", post(create_timer).get(list_timers))
@@ -35,6 +34,15 @@ pub(super) fn routes() -> Router<Arc<Daemon>> {
         .route("/v1/waits/{id}", get(one_wait))
         .route("/v1/emissions", post(create_emission).get(list_emissions))
         .route("/v1/emissions/{id}", get(one_emission))
+        .with_state(core);
+    Router::new()
+        .route(
+            "/v1/events",
+            post(push_event)
+                .get(list_events)
+                .layer(axum::extract::DefaultBodyLimit::max(MAX_PUSH_BODY)),
+        )
+        .merge(from_core)
 }
 
 /// A payload as it came, raw: its depth is checked before it is parsed, so a payload of any
@@ -64,11 +72,7 @@ struct PushBody {
 async fn push_event(State(d): State<Arc<Daemon>>, Body(b): Body<PushBody>) -> ApiResult {
     conduit_protocol::check_event_fields(&b.source, &b.delivery_id, &b.kind)
         .map_err(|e| bad_request(e.to_string()))?;
-    let event = conduit_protocol::calls::NewEvent {
-        payload: payload(b.payload)?,
-        delivery_id: b.delivery_id,
-        kind: b.kind,
-    };
+    let event = conduit_protocol::calls::NewEvent::new(b.delivery_id, b.kind, payload(b.payload)?);
     let kind = event.kind.clone();
     let accepted = d.core().accept_event(b.source, event).await?;
     let status = if accepted.duplicate {
@@ -125,48 +129,42 @@ async fn list_events(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -
     Ok(Json(json!({ "events": events, "next_after": next })).into_response())
 }
 
-async fn list_work(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+async fn list_work(State(core): State<Arc<Core>>, Query(q): Query<PageQuery>) -> ApiResult {
     let limit = q.limit()?;
-    let work = d.core().read(move |r| r.list_work(q.after, limit)).await?;
+    let work = core.read(move |r| r.list_work(q.after, limit)).await?;
     let next = work.last().map(|w| w.id);
     Ok(Json(json!({ "work": work, "next_after": next })).into_response())
 }
 
-async fn list_timers(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+async fn list_timers(State(core): State<Arc<Core>>, Query(q): Query<PageQuery>) -> ApiResult {
     let limit = q.limit()?;
-    let rows = d
-        .core()
-        .read(move |r| r.list_timers(q.after, limit))
-        .await?;
+    let rows = core.read(move |r| r.list_timers(q.after, limit)).await?;
     let next = rows.last().map(|t| t.id);
     Ok(Json(json!({ "timers": rows, "next_after": next })).into_response())
 }
 
-async fn list_waits(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+async fn list_waits(State(core): State<Arc<Core>>, Query(q): Query<PageQuery>) -> ApiResult {
     let limit = q.limit()?;
-    let rows = d.core().read(move |r| r.list_waits(q.after, limit)).await?;
+    let rows = core.read(move |r| r.list_waits(q.after, limit)).await?;
     let next = rows.last().map(|w| w.id);
     Ok(Json(json!({ "waits": rows, "next_after": next })).into_response())
 }
 
-async fn list_emissions(State(d): State<Arc<Daemon>>, Query(q): Query<PageQuery>) -> ApiResult {
+async fn list_emissions(State(core): State<Arc<Core>>, Query(q): Query<PageQuery>) -> ApiResult {
     let limit = q.limit()?;
-    let rows = d
-        .core()
-        .read(move |r| r.list_emissions(q.after, limit))
-        .await?;
+    let rows = core.read(move |r| r.list_emissions(q.after, limit)).await?;
     let next = rows.last().map(|e| e.id);
     Ok(Json(json!({ "emissions": rows, "next_after": next })).into_response())
 }
 
 /// `GET /v1/<records>/{id}`: the record `read` finds, or 404 `no <what> <id>`.
 async fn one_record<T: serde::Serialize + Send + 'static>(
-    d: &Daemon,
+    core: &Arc<Core>,
     what: &str,
     id: i64,
     read: impl FnOnce(&conduit_store::ReadTx<'_>, i64) -> Result<Option<T>, StoreError> + Send + 'static,
 ) -> ApiResult {
-    match d.core().read(move |r| read(r, id)).await? {
+    match core.read(move |r| read(r, id)).await? {
         Some(rec) => Ok(Json(rec).into_response()),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -176,20 +174,20 @@ async fn one_record<T: serde::Serialize + Send + 'static>(
     }
 }
 
-async fn one_work(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
-    one_record(&d, "work", id, |r, id| r.work(id)).await
+async fn one_work(State(core): State<Arc<Core>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&core, "work", id, |r, id| r.work(id)).await
 }
 
-async fn one_timer(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
-    one_record(&d, "timer", id, |r, id| r.timer(id)).await
+async fn one_timer(State(core): State<Arc<Core>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&core, "timer", id, |r, id| r.timer(id)).await
 }
 
-async fn one_wait(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
-    one_record(&d, "wait", id, |r, id| r.wait(id)).await
+async fn one_wait(State(core): State<Arc<Core>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&core, "wait", id, |r, id| r.wait(id)).await
 }
 
-async fn one_emission(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
-    one_record(&d, "emission", id, |r, id| r.emission(id)).await
+async fn one_emission(State(core): State<Arc<Core>>, UrlPath(id): UrlPath<i64>) -> ApiResult {
+    one_record(&core, "emission", id, |r, id| r.emission(id)).await
 }
 
 #[derive(Deserialize)]
@@ -200,9 +198,12 @@ struct TimerBody {
     first_at_ms: Option<i64>,
 }
 
-async fn create_timer(State(d): State<Arc<Daemon>>, Body(b): Body<TimerBody>) -> ApiResult {
-    let core = d.core();
-    let ext = core.owner(b.extension.as_deref(), Declared::Recurrence, &b.recurrence)?;
+async fn create_timer(State(core): State<Arc<Core>>, Body(b): Body<TimerBody>) -> ApiResult {
+    let ext = core.owner(
+        b.extension.as_deref(),
+        Capability::Recurrences,
+        &b.recurrence,
+    )?;
     let id = core
         .create_timer(ext, b.recurrence, b.spec, b.first_at_ms)
         .await?;
@@ -217,11 +218,10 @@ struct WaitBody {
     work_id: Option<i64>,
 }
 
-async fn create_wait(State(d): State<Arc<Daemon>>, Body(b): Body<WaitBody>) -> ApiResult {
-    let core = d.core();
+async fn create_wait(State(core): State<Arc<Core>>, Body(b): Body<WaitBody>) -> ApiResult {
     let ext = core.owner(
         b.extension.as_deref(),
-        Declared::DependencyFilter,
+        Capability::DependencyFilters,
         &b.filter,
     )?;
     let id = core
@@ -239,10 +239,9 @@ struct EmissionBody {
     work_id: Option<i64>,
 }
 
-async fn create_emission(State(d): State<Arc<Daemon>>, Body(b): Body<EmissionBody>) -> ApiResult {
+async fn create_emission(State(core): State<Arc<Core>>, Body(b): Body<EmissionBody>) -> ApiResult {
     let payload = payload(b.payload)?;
-    let core = d.core();
-    let ext = core.owner(b.extension.as_deref(), Declared::Emission, &b.emission)?;
+    let ext = core.owner(b.extension.as_deref(), Capability::Emissions, &b.emission)?;
     let planned = core
         .plan_emission(ext, b.emission, b.work_id, payload)
         .await?;

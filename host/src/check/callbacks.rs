@@ -1,8 +1,9 @@
 //! The host side of callbacks during a check: small, believable answers with no store behind them.
 //!
 //! A package may call back while the checker's requests are pending (a trigger that reads an
-//! event, an ingress source that pushes). The checker answers the way the daemon would for an
-//! empty state plus the synthetic events it sent ([`synthetic_events`]): reads find those
+//! event, an ingress source that pushes). The checker answers through the daemon's own
+//! dispatcher (`core::dispatch`: the same refusals, in the same words) the way the daemon would
+//! for an empty state plus the synthetic events it sent ([`synthetic_events`]): reads find those
 //! events, writes are acknowledged without being kept. Artifacts go through the daemon's own
 //! receiver (`core::artifacts`: the same limits, checks, errors and bulk pipe) into the
 //! check's scratch folder, and each is deleted once verified. It counts what it was asked, and
@@ -20,20 +21,15 @@ use conduit_protocol::calls::{
     ArtifactAbort, ArtifactChunk, ArtifactClose, ArtifactOpen, ArtifactStored, EmitParams,
     EmitResult, Empty, Event, EventRef, EventsPage, EventsQuery, PushParams, PushResult, WorkRef,
 };
-use conduit_protocol::methods::ext;
-use conduit_protocol::{Capabilities, ErrorCode, RpcError};
-use conduit_rpc::{BoxFuture, Handler, HandlerResult, Request, to_raw};
+use conduit_protocol::methods::{
+    ArtifactAbort as Abort, ArtifactChunk as Chunk, ArtifactClose as Close, ArtifactOpen as Open,
+    IngressPush, OperationEmit, StateEvent, StateEvents, StateWork,
+};
+use conduit_protocol::{Capabilities, Capability, ErrorCode, RpcError};
+use conduit_rpc::{BoxFuture, Handler, HandlerResult, Peer, Request};
 
 use crate::core::artifacts::Artifacts;
-
-/// A callback's params, by the protocol's one parser (objects only, docs/protocol.md §3.1), as
-/// the daemon reads them.
-fn params<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, RpcError> {
-    conduit_protocol::parse_params(
-        &req.method,
-        req.params.as_deref().map(serde_json::value::RawValue::get),
-    )
-}
+use crate::core::dispatch::{HostCallbacks, Reply, dispatch};
 
 /// Lines the report keeps on the artifacts a package made (the rest are counted).
 pub(crate) const MAX_ARTIFACT_NOTES: usize = 8;
@@ -41,16 +37,18 @@ pub(crate) const MAX_ARTIFACT_NOTES: usize = 8;
 /// The events the checker sends in its in-transaction calls; `state.event` finds them.
 pub(crate) fn synthetic_events(source: &str, now_ms: i64) -> Vec<Event> {
     (0..3)
-        .map(|i| Event {
-            id: 101 + i,
-            source: source.to_owned(),
-            delivery_id: format!("conduit-check-{}", 101 + i),
-            kind: "check.input".into(),
-            payload: serde_json::json!({
-                "text": format!("conduit check input {}", i + 1),
-                "thread": "t-1",
-            }),
-            accepted_at_ms: now_ms - 1000 + i,
+        .map(|i| {
+            Event::new(
+                101 + i,
+                source,
+                format!("conduit-check-{}", 101 + i),
+                "check.input",
+                serde_json::json!({
+                    "text": format!("conduit check input {}", i + 1),
+                    "thread": "t-1",
+                }),
+                now_ms - 1000 + i,
+            )
         })
         .collect()
 }
@@ -136,69 +134,6 @@ impl CheckHost {
         }
     }
 
-    /// `artifact.*`, by the daemon's receiver; a verified artifact is deleted at once.
-    async fn artifact(&self, req: &Request) -> HandlerResult {
-        let name = self.instance;
-        match req.method.as_str() {
-            ext::ARTIFACT_OPEN => {
-                let p: ArtifactOpen = params(req)?;
-                let label = p.name.clone();
-                let opened = self.artifacts.open(name, p, &req.peer)?;
-                self.state
-                    .lock()
-                    .unwrap()
-                    .streams
-                    .insert(opened.stream_id.clone(), (label, opened.bulk_tag.is_some()));
-                to_raw(&opened)
-            }
-            ext::ARTIFACT_CHUNK => {
-                let p: ArtifactChunk = params(req)?;
-                let id = p.stream_id.clone();
-                let res = self.artifacts.chunk(name, p).await;
-                if let Err(e) = &res {
-                    self.refused(&id, e);
-                }
-                to_raw(&res?)
-            }
-            ext::ARTIFACT_CLOSE => {
-                let p: ArtifactClose = params(req)?;
-                let id = p.stream_id.clone();
-                let sent_digest = p.sha256.is_some();
-                let done = match self.artifacts.close(name, p).await {
-                    Ok(done) => done,
-                    Err(e) => {
-                        self.refused(&id, &e);
-                        return Err(e);
-                    }
-                };
-                let _ = std::fs::remove_file(self.artifacts.content_path(&done.sha256));
-                let bulk = self.forget(&id).is_some_and(|(_, bulk)| bulk);
-                let way = if bulk {
-                    "on the bulk pipe"
-                } else {
-                    "as chunks"
-                };
-                let digest = if sent_digest {
-                    "size and the package's sha256 verified"
-                } else {
-                    "size verified, sha256 computed by the host (the package sent none)"
-                };
-                self.note_artifact(format!(
-                    "artifact `{}`: {} bytes {way}, {digest}",
-                    done.name, done.size
-                ));
-                to_raw(&ArtifactStored::new(done.sha256, done.size))
-            }
-            ext::ARTIFACT_ABORT => {
-                let p: ArtifactAbort = params(req)?;
-                self.artifacts.abort(name, &p.stream_id).await?;
-                self.forget(&p.stream_id);
-                to_raw(&Empty {})
-            }
-            other => Err(RpcError::method_not_found(other)),
-        }
-    }
-
     fn forget(&self, stream_id: &str) -> Option<(String, bool)> {
         self.state.lock().unwrap().streams.remove(stream_id)
     }
@@ -236,129 +171,148 @@ impl CheckHost {
     pub(crate) fn calls(&self) -> BTreeMap<String, usize> {
         self.state.lock().unwrap().calls.clone()
     }
-
-    fn serve(&self, req: &Request) -> HandlerResult {
-        let mut st = self.state.lock().unwrap();
-        *st.calls.entry(req.method.clone()).or_default() += 1;
-        match req.method.as_str() {
-            ext::STATE_EVENT => {
-                let r: EventRef = params(req)?;
-                match self.events.iter().find(|e| e.id == r.event_id) {
-                    Some(e) => to_raw(e),
-                    None => Err(RpcError::new(
-                        ErrorCode::NotFound,
-                        format!("no event {}", r.event_id),
-                    )),
-                }
-            }
-            ext::STATE_EVENTS => {
-                let q: EventsQuery = params(req)?;
-                let limit = conduit_protocol::page_limit(q.limit)?;
-                let events = self
-                    .events
-                    .iter()
-                    .filter(|e| q.after_id.is_none_or(|a| e.id > a))
-                    .filter(|e| q.source.as_ref().is_none_or(|s| &e.source == s))
-                    .take(limit as usize)
-                    .cloned()
-                    .collect();
-                to_raw(&EventsPage { events })
-            }
-            ext::STATE_WORK => {
-                let r: WorkRef = params(req)?;
-                Err(RpcError::new(
-                    ErrorCode::NotFound,
-                    format!("no Work {} (the checker keeps no Work)", r.work_id),
-                ))
-            }
-            ext::OPERATION_EMIT => {
-                let p: EmitParams = params(req)?;
-                declared(&st, &req.method, "emission", &p.emission, |c| &c.emissions)?;
-                st.next_id += 1;
-                let id = st.next_id;
-                to_raw(&EmitResult {
-                    emission_id: id,
-                    commit_id: format!("conduit-check-emit-{id}"),
-                })
-            }
-            ext::INGRESS_PUSH => {
-                let p: PushParams = params(req)?;
-                declared(&st, &req.method, "ingress source", &p.source, |c| {
-                    &c.ingress
-                })?;
-                conduit_protocol::check_event_fields(&p.source, &p.delivery_id, &p.kind)?;
-                conduit_protocol::check_payload_depth(&p.payload.to_string())?;
-                let key = (p.source, p.delivery_id);
-                if let Some(&event_id) = st.deliveries.get(&key) {
-                    return to_raw(&PushResult {
-                        event_id,
-                        duplicate: true,
-                    });
-                }
-                st.next_id += 1;
-                let event_id = st.next_id;
-                if st.deliveries.len() < 10_000 {
-                    st.deliveries.insert(key, event_id);
-                }
-                to_raw(&PushResult {
-                    event_id,
-                    duplicate: false,
-                })
-            }
-            other => Err(RpcError::method_not_found(other)),
-        }
-    }
 }
 
-fn declared(
-    st: &Recorded,
-    method: &str,
-    what: &str,
-    name: &str,
-    list: impl Fn(&Capabilities) -> &Vec<String>,
-) -> Result<(), RpcError> {
-    let ok = st
-        .caps
-        .as_ref()
-        .is_some_and(|c| list(c).iter().any(|n| n == name));
-    if ok {
-        Ok(())
-    } else {
-        Err(RpcError::invalid_params(
-            method,
-            format!("{what} `{name}` was not declared in the handshake's capabilities"),
+/// The checker's answers: reads find the synthetic events, writes are acknowledged without
+/// being kept, artifacts go through the daemon's receiver and are deleted once verified.
+impl HostCallbacks for CheckHost {
+    /// The checker holds no transaction: its in-transaction calls are made outside any.
+    fn in_transaction(&self) -> bool {
+        false
+    }
+
+    fn declares(&self, capability: Capability, name: &str) -> bool {
+        let st = self.state.lock().unwrap();
+        st.caps
+            .as_ref()
+            .is_some_and(|c| c.declares(capability, name))
+    }
+
+    async fn state_event(&self, r: EventRef) -> Reply<StateEvent> {
+        match self.events.iter().find(|e| e.id == r.event_id) {
+            Some(e) => Ok(e.clone()),
+            None => Err(RpcError::new(
+                ErrorCode::NotFound,
+                format!("no event {}", r.event_id),
+            )),
+        }
+    }
+
+    async fn state_events(&self, q: EventsQuery) -> Reply<StateEvents> {
+        let limit = conduit_protocol::page_limit(q.limit)?;
+        let events = self
+            .events
+            .iter()
+            .filter(|e| q.after_id.is_none_or(|a| e.id > a))
+            .filter(|e| q.source.as_ref().is_none_or(|s| &e.source == s))
+            .take(limit as usize)
+            .cloned()
+            .collect();
+        Ok(EventsPage::new(events))
+    }
+
+    async fn state_work(&self, r: WorkRef) -> Reply<StateWork> {
+        Err(RpcError::new(
+            ErrorCode::NotFound,
+            format!("no Work {} (the checker keeps no Work)", r.work_id),
         ))
+    }
+
+    async fn operation_emit(&self, _p: EmitParams) -> Reply<OperationEmit> {
+        let mut st = self.state.lock().unwrap();
+        st.next_id += 1;
+        let id = st.next_id;
+        Ok(EmitResult::new(id, format!("conduit-check-emit-{id}")))
+    }
+
+    async fn ingress_push(&self, p: PushParams) -> Reply<IngressPush> {
+        let mut st = self.state.lock().unwrap();
+        let key = (p.source, p.delivery_id);
+        if let Some(&event_id) = st.deliveries.get(&key) {
+            return Ok(PushResult::new(event_id, true));
+        }
+        st.next_id += 1;
+        let event_id = st.next_id;
+        if st.deliveries.len() < 10_000 {
+            st.deliveries.insert(key, event_id);
+        }
+        Ok(PushResult::new(event_id, false))
+    }
+
+    async fn artifact_open(&self, p: ArtifactOpen, peer: &Peer) -> Reply<Open> {
+        let label = p.name.clone();
+        let opened = self.artifacts.open(self.instance, p, peer)?;
+        self.state
+            .lock()
+            .unwrap()
+            .streams
+            .insert(opened.stream_id.clone(), (label, opened.bulk_tag.is_some()));
+        Ok(opened)
+    }
+
+    async fn artifact_chunk(&self, p: ArtifactChunk) -> Reply<Chunk> {
+        let id = p.stream_id.clone();
+        let res = self.artifacts.chunk(self.instance, p).await;
+        if let Err(e) = &res {
+            self.refused(&id, e);
+        }
+        res
+    }
+
+    async fn artifact_close(&self, p: ArtifactClose) -> Reply<Close> {
+        let id = p.stream_id.clone();
+        let sent_digest = p.sha256.is_some();
+        let done = match self.artifacts.close(self.instance, p).await {
+            Ok(done) => done,
+            Err(e) => {
+                self.refused(&id, &e);
+                return Err(e);
+            }
+        };
+        let _ = std::fs::remove_file(self.artifacts.content_path(&done.sha256));
+        let bulk = self.forget(&id).is_some_and(|(_, bulk)| bulk);
+        let way = if bulk {
+            "on the bulk pipe"
+        } else {
+            "as chunks"
+        };
+        let digest = if sent_digest {
+            "size and the package's sha256 verified"
+        } else {
+            "size verified, sha256 computed by the host (the package sent none)"
+        };
+        self.note_artifact(format!(
+            "artifact `{}`: {} bytes {way}, {digest}",
+            done.name, done.size
+        ));
+        Ok(ArtifactStored::new(done.sha256, done.size))
+    }
+
+    async fn artifact_abort(&self, p: ArtifactAbort) -> Reply<Abort> {
+        self.artifacts.abort(self.instance, &p.stream_id).await?;
+        self.forget(&p.stream_id);
+        Ok(Empty {})
     }
 }
 
 impl Handler for CheckHost {
     fn request(&self, req: Request) -> BoxFuture<HandlerResult> {
-        let artifact = [
-            ext::ARTIFACT_OPEN,
-            ext::ARTIFACT_CHUNK,
-            ext::ARTIFACT_CLOSE,
-            ext::ARTIFACT_ABORT,
-        ];
-        if artifact.contains(&req.method.as_str()) {
-            let me = self.clone();
-            return Box::pin(async move {
-                *me.state
-                    .lock()
-                    .unwrap()
-                    .calls
-                    .entry(req.method.clone())
-                    .or_default() += 1;
-                me.artifact(&req).await
-            });
-        }
-        let res = self.serve(&req);
-        Box::pin(async move { res })
+        *self
+            .state
+            .lock()
+            .unwrap()
+            .calls
+            .entry(req.method.clone())
+            .or_default() += 1;
+        let host = self.clone();
+        Box::pin(async move { dispatch(&host, &req).await })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use conduit_protocol::methods::ext;
     use serde_json::json;
     use sha2::{Digest, Sha256};
 
@@ -391,13 +345,12 @@ mod tests {
             method: &str,
             params: serde_json::Value,
         ) -> Result<serde_json::Value, RpcError> {
-            let req = Request {
-                id: conduit_protocol::RequestId::num(1),
-                method: method.into(),
-                params: Some(serde_json::value::to_raw_value(&params).unwrap()),
-                cancel: Default::default(),
-                peer: self.session.peer(),
-            };
+            let req = Request::new(
+                conduit_protocol::RequestId::num(1),
+                method,
+                Some(serde_json::value::to_raw_value(&params).unwrap()),
+                self.session.peer(),
+            );
             self.host
                 .request(req)
                 .await
@@ -435,10 +388,9 @@ mod tests {
     #[tokio::test]
     async fn writes_need_declared_names_and_pushes_deduplicate() {
         let rig = Rig::new(vec![]);
-        rig.host.set_capabilities(&Capabilities {
-            ingress: vec!["mail".into()],
-            ..Capabilities::default()
-        });
+        let mut caps = Capabilities::default();
+        caps.ingress = vec!["mail".into()];
+        rig.host.set_capabilities(&caps);
         let push = json!({"source": "mail", "delivery_id": "d-1", "kind": "k", "payload": {}});
         let first = rig.call(ext::INGRESS_PUSH, push.clone()).await.unwrap();
         let again = rig.call(ext::INGRESS_PUSH, push).await.unwrap();
@@ -575,13 +527,12 @@ mod tests {
         assert!(err.is(ErrorCode::ArtifactInvalid), "{err}");
         // Another instance's streams are its own.
         let other = rig.host.for_instance("overload");
-        let req = Request {
-            id: conduit_protocol::RequestId::num(2),
-            method: ext::ARTIFACT_OPEN.into(),
-            params: Some(serde_json::value::to_raw_value(&json!({"name": "x"})).unwrap()),
-            cancel: Default::default(),
-            peer: rig.session.peer(),
-        };
+        let req = Request::new(
+            conduit_protocol::RequestId::num(2),
+            ext::ARTIFACT_OPEN,
+            Some(serde_json::value::to_raw_value(&json!({"name": "x"})).unwrap()),
+            rig.session.peer(),
+        );
         other.request(req).await.unwrap();
     }
 }

@@ -12,8 +12,8 @@ use conduit_supervisor::limits::format_bytes;
 use conduit_supervisor::log::utc_timestamp;
 
 use super::common::{StateArgs, api_error, daemon, print_json, runtime};
-use super::core_lists::ListArgs;
 use super::outcome::{CliError, print};
+use super::records_lists::ListArgs;
 
 /// Show one artifact: size, creator, when stored, whether kept, and the records that mention it.
 #[derive(Debug, clap::Args)]

@@ -6,8 +6,9 @@
 //! - python: `main.py` on the Python SDK, the SDK vendored as `conduit_extension/`;
 //! - node: `main.mjs` on the Node SDK, the SDK vendored as `node_modules/conduit-extension/`.
 //!
-//! The vendored SDKs are the files of `extensions/python` and `extensions/node`, built into
-//! this binary, so a skeleton always carries the SDK of the `conduit` that made it. The
+//! The vendored SDKs are the files of `extensions/python` and `extensions/node` that
+//! `scripts/vendor-sdk.sh` copies into a package, built into this binary, so a skeleton always
+//! carries the SDK of the `conduit` that made it (host/tests/sdks.rs compares the two). The
 //! manifest is checked by the same parser `ext install` uses before anything is written.
 
 use std::path::{Path, PathBuf};
@@ -49,10 +50,22 @@ enum Lang {
     Node,
 }
 
-const PY_SDK: &str = include_str!("../../../extensions/python/conduit_extension/__init__.py");
-const NODE_SDK_JS: &str = include_str!("../../../extensions/node/index.js");
-const NODE_SDK_DTS: &str = include_str!("../../../extensions/node/index.d.ts");
-const NODE_SDK_PKG: &str = include_str!("../../../extensions/node/package.json");
+/// `(path inside the package folder, content)` of each file of an SDK, from `extensions/`.
+macro_rules! sdk_files {
+    ($into:literal from $from:literal: $($file:literal),+ $(,)?) => {
+        &[$((concat!($into, $file), include_str!(concat!("../../../extensions/", $from, $file)))),+]
+    };
+}
+
+/// The Python SDK as a package carries it: what `scripts/vendor-sdk.sh python` copies.
+const PY_SDK: &[(&str, &str)] = sdk_files!("conduit_extension/" from "python/conduit_extension/":
+    "__init__.py", "artifacts.py", "context.py", "extension.py", "messages.py", "protocol.py",
+    "session.py", "wire.py", "py.typed");
+
+/// The Node SDK as a package carries it: what `scripts/vendor-sdk.sh node` copies.
+const NODE_SDK: &[(&str, &str)] = sdk_files!("node_modules/conduit-extension/" from "node/":
+    "index.js", "index.d.ts", "package.json", "lib/artifacts.js", "lib/bulk.js",
+    "lib/context.js", "lib/extension.js", "lib/protocol.js", "lib/session.js", "lib/wire.js");
 
 /// The files of a skeleton: (path inside the folder, content, executable).
 fn files(name: &str, lang: Lang) -> Vec<(&'static str, String, bool)> {
@@ -108,8 +121,7 @@ fn files(name: &str, lang: Lang) -> Vec<(&'static str, String, bool)> {
                 fill(include_str!("templates/python/main.py")),
                 false,
             ));
-            out.push(("conduit_extension/__init__.py", PY_SDK.to_owned(), false));
-            out.push(("conduit_extension/py.typed", String::new(), false));
+            out.extend(PY_SDK.iter().map(|(p, c)| (*p, (*c).to_owned(), false)));
             out.push((
                 "README.md",
                 fill(include_str!("templates/python/README.md")),
@@ -127,21 +139,7 @@ fn files(name: &str, lang: Lang) -> Vec<(&'static str, String, bool)> {
                 fill(include_str!("templates/node/package.json")),
                 false,
             ));
-            out.push((
-                "node_modules/conduit-extension/index.js",
-                NODE_SDK_JS.to_owned(),
-                false,
-            ));
-            out.push((
-                "node_modules/conduit-extension/index.d.ts",
-                NODE_SDK_DTS.to_owned(),
-                false,
-            ));
-            out.push((
-                "node_modules/conduit-extension/package.json",
-                NODE_SDK_PKG.to_owned(),
-                false,
-            ));
+            out.extend(NODE_SDK.iter().map(|(p, c)| (*p, (*c).to_owned(), false)));
             out.push((
                 "README.md",
                 fill(include_str!("templates/node/README.md")),
@@ -251,16 +249,21 @@ mod tests {
     #[test]
     fn the_vendored_sdks_are_the_sdks() {
         let py = files("x", Lang::Python);
-        let sdk = py
-            .iter()
-            .find(|f| f.0 == "conduit_extension/__init__.py")
-            .unwrap();
-        assert!(sdk.1.contains("class Extension"));
+        assert!(py.iter().any(|f| f.0 == "conduit_extension/__init__.py"));
+        assert!(
+            py.iter().any(
+                |f| f.0.starts_with("conduit_extension/") && f.1.contains("\nclass Extension:")
+            )
+        );
         let node = files("x", Lang::Node);
-        let sdk = node
-            .iter()
-            .find(|f| f.0 == "node_modules/conduit-extension/index.js")
-            .unwrap();
-        assert!(sdk.1.contains("export class Extension"));
+        assert!(
+            node.iter()
+                .any(|f| f.0 == "node_modules/conduit-extension/index.js")
+        );
+        assert!(
+            node.iter()
+                .any(|f| f.0.starts_with("node_modules/conduit-extension/lib/")
+                    && f.1.contains("\nexport class Extension "))
+        );
     }
 }

@@ -22,9 +22,7 @@ macro_rules! note {
 mod artifacts;
 mod common;
 mod config;
-mod core_cmds;
 mod core_end;
-mod core_lists;
 mod daemon_run;
 mod docs_gen;
 mod doctor;
@@ -38,6 +36,8 @@ mod ext_wait;
 mod gc;
 mod metrics;
 mod outcome;
+mod records;
+mod records_lists;
 mod service;
 mod table;
 mod top;
@@ -146,50 +146,50 @@ enum ServiceCommand {
 
 #[derive(Debug, Subcommand)]
 enum EventsCommand {
-    Push(core_cmds::PushArgs),
-    List(core_cmds::ListArgs),
+    Push(records::PushArgs),
+    List(records::ListArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum WorkCommand {
-    List(core_cmds::ListArgs),
+    List(records::ListArgs),
     Close(core_end::CloseWorkArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum TimersCommand {
-    Add(core_cmds::TimerArgs),
+    Add(records::TimerArgs),
     /// List timers, oldest first: when each fires next and last fired.
-    List(core_lists::ListArgs),
+    List(records_lists::ListArgs),
     /// Show one timer.
-    Show(core_lists::ShowArgs),
+    Show(records_lists::ShowArgs),
     Delete(core_end::DeleteTimerArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum WaitsCommand {
-    Add(core_cmds::WaitArgs),
+    Add(records::WaitArgs),
     /// List waits, oldest first: active, or satisfied and by which event.
-    List(core_lists::ListArgs),
+    List(records_lists::ListArgs),
     /// Show one wait.
-    Show(core_lists::ShowArgs),
+    Show(records_lists::ShowArgs),
     Cancel(core_end::CancelWaitArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum EmissionsCommand {
-    Add(core_cmds::EmissionArgs),
+    Add(records::EmissionArgs),
     /// List emissions, oldest first: planned, committed or failed (with the error).
-    List(core_lists::ListArgs),
+    List(records_lists::ListArgs),
     /// Show one emission with the records its commit wrote.
-    Show(core_lists::ShowArgs),
+    Show(records_lists::ShowArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum ArtifactsCommand {
-    Get(core_cmds::ArtifactArgs),
+    Get(records::ArtifactArgs),
     /// List artifacts, oldest first, whether their content is kept or was removed by retention.
-    List(core_lists::ListArgs),
+    List(records_lists::ListArgs),
     Show(artifacts::ShowArgs),
 }
 
@@ -257,7 +257,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let state = cli.state;
     let quiet = cli.quiet;
     common::set_quiet(quiet);
-    use core_lists::Kind;
+    use records_lists::Kind;
     match cli.command {
         Command::Ext(ExtCommand::Check(args)) => ext_check::run(args),
         Command::Ext(ExtCommand::Install(args)) => ext_manage::install(args, &state, quiet),
@@ -273,26 +273,30 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Ext(ExtCommand::New(args)) => ext_new::run(args),
         Command::Ext(ExtCommand::Set(args)) => ext_set::run(args, &state),
         Command::Daemon(DaemonCommand::Run(args)) => daemon_run::run(args, &state),
-        Command::Events(EventsCommand::Push(args)) => core_cmds::push(args, &state),
-        Command::Events(EventsCommand::List(args)) => core_cmds::list_events(args, &state),
-        Command::Work(WorkCommand::List(args)) => core_cmds::list_work(args, &state),
+        Command::Events(EventsCommand::Push(args)) => records::push(args, &state),
+        Command::Events(EventsCommand::List(args)) => records::list_events(args, &state),
+        Command::Work(WorkCommand::List(args)) => records::list_work(args, &state),
         Command::Work(WorkCommand::Close(args)) => core_end::close_work(args, &state),
         Command::Timers(TimersCommand::Delete(args)) => core_end::delete_timer(args, &state),
         Command::Waits(WaitsCommand::Cancel(args)) => core_end::cancel_wait(args, &state),
-        Command::Timers(TimersCommand::Add(args)) => core_cmds::add_timer(args, &state),
-        Command::Timers(TimersCommand::List(args)) => core_lists::list(Kind::Timers, args, &state),
-        Command::Timers(TimersCommand::Show(args)) => core_lists::show(Kind::Timers, args, &state),
-        Command::Waits(WaitsCommand::Add(args)) => core_cmds::add_wait(args, &state),
-        Command::Waits(WaitsCommand::List(args)) => core_lists::list(Kind::Waits, args, &state),
-        Command::Waits(WaitsCommand::Show(args)) => core_lists::show(Kind::Waits, args, &state),
-        Command::Emissions(EmissionsCommand::Add(args)) => core_cmds::add_emission(args, &state),
+        Command::Timers(TimersCommand::Add(args)) => records::add_timer(args, &state),
+        Command::Timers(TimersCommand::List(args)) => {
+            records_lists::list(Kind::Timers, args, &state)
+        }
+        Command::Timers(TimersCommand::Show(args)) => {
+            records_lists::show(Kind::Timers, args, &state)
+        }
+        Command::Waits(WaitsCommand::Add(args)) => records::add_wait(args, &state),
+        Command::Waits(WaitsCommand::List(args)) => records_lists::list(Kind::Waits, args, &state),
+        Command::Waits(WaitsCommand::Show(args)) => records_lists::show(Kind::Waits, args, &state),
+        Command::Emissions(EmissionsCommand::Add(args)) => records::add_emission(args, &state),
         Command::Emissions(EmissionsCommand::List(args)) => {
-            core_lists::list(Kind::Emissions, args, &state)
+            records_lists::list(Kind::Emissions, args, &state)
         }
         Command::Emissions(EmissionsCommand::Show(args)) => {
-            core_lists::show(Kind::Emissions, args, &state)
+            records_lists::show(Kind::Emissions, args, &state)
         }
-        Command::Artifacts(ArtifactsCommand::Get(args)) => core_cmds::get_artifact(args, &state),
+        Command::Artifacts(ArtifactsCommand::Get(args)) => records::get_artifact(args, &state),
         Command::Artifacts(ArtifactsCommand::List(args)) => artifacts::list(args, &state),
         Command::Artifacts(ArtifactsCommand::Show(args)) => artifacts::show(args, &state),
         Command::Config(cmd) => config::run(cmd, &state),

@@ -25,10 +25,13 @@
 //! [`LoopStats`], `fault.rs` for the store-fault mapping and [`DiskFullLog`],
 //! `host_loop/poll.rs` for the ingress poll bookkeeping), and the modules that work on a `Core`
 //! (`ops.rs`, `callbacks.rs`, `manual.rs` — what an operator ends by hand —, `host_loop/`)
-//! import it from `shared.rs`, never from here.
+//! import it from `shared.rs`, never from here. `dispatch.rs` is the one callback dispatcher and
+//! the trait a host implements behind it (the daemon in `callbacks.rs`, the checker in
+//! `check/callbacks.rs`); it knows no `Core`.
 
 pub mod artifacts;
 pub mod callbacks;
+pub mod dispatch;
 mod fault;
 pub mod health;
 pub mod host_loop;

@@ -11,54 +11,12 @@
 
 use std::sync::Arc;
 
-use conduit_protocol::Capabilities;
 use conduit_protocol::calls::NewEvent;
+use conduit_protocol::{Capabilities, Capability};
 use conduit_store::{Accepted, Planned, StoreError};
 use conduit_supervisor::now_ms;
 
 use super::shared::Core;
-
-/// Which capability list of a handshake a name is looked up in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Declared {
-    Recurrence,
-    DependencyFilter,
-    Emission,
-    Ingress,
-}
-
-impl Declared {
-    /// The name's kind as a sentence says it ("the dependency filter `x`").
-    pub fn noun(self) -> &'static str {
-        match self {
-            Declared::Recurrence => "recurrence",
-            Declared::DependencyFilter => "dependency filter",
-            Declared::Emission => "emission",
-            Declared::Ingress => "ingress source",
-        }
-    }
-
-    /// The capability field of the handshake that lists such names.
-    pub fn field(self) -> &'static str {
-        match self {
-            Declared::Recurrence => "recurrences",
-            Declared::DependencyFilter => "dependency_filters",
-            Declared::Emission => "emissions",
-            Declared::Ingress => "ingress",
-        }
-    }
-
-    /// Whether `caps` declares `name` of this kind.
-    pub fn in_caps(self, caps: &Capabilities, name: &str) -> bool {
-        let list = match self {
-            Declared::Recurrence => &caps.recurrences,
-            Declared::DependencyFilter => &caps.dependency_filters,
-            Declared::Emission => &caps.emissions,
-            Declared::Ingress => &caps.ingress,
-        };
-        list.iter().any(|n| n == name)
-    }
-}
 
 /// Why no extension could be taken as the owner of a name.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -70,7 +28,7 @@ pub enum OwnerError {
     #[error("extension `{ext}` does not declare the {} `{name}`", .kind.noun())]
     NotDeclared {
         ext: String,
-        kind: Declared,
+        kind: Capability,
         name: String,
     },
     /// The caller named none, and no running extension declares the name.
@@ -78,7 +36,7 @@ pub enum OwnerError {
         "no running extension declares the {} `{name}`; `conduit ext status` shows what each declares",
         .kind.noun()
     )]
-    NoOwner { kind: Declared, name: String },
+    NoOwner { kind: Capability, name: String },
 }
 
 /// The owner of `name` among `exts` (each with its last handshake's capabilities, in the
@@ -87,7 +45,7 @@ pub enum OwnerError {
 pub fn pick_owner<'a>(
     named: Option<&str>,
     exts: impl IntoIterator<Item = (&'a str, Option<&'a Capabilities>)>,
-    kind: Declared,
+    kind: Capability,
     name: &str,
 ) -> Result<String, OwnerError> {
     let mut exts = exts.into_iter();
@@ -98,7 +56,7 @@ pub fn pick_owner<'a>(
             .ok_or_else(|| OwnerError::NotRunning {
                 ext: ext.to_owned(),
             })?;
-        return if kind.in_caps(caps, name) {
+        return if caps.declares(kind, name) {
             Ok(ext.to_owned())
         } else {
             Err(OwnerError::NotDeclared {
@@ -108,7 +66,7 @@ pub fn pick_owner<'a>(
             })
         };
     }
-    exts.find(|(_, c)| c.is_some_and(|c| kind.in_caps(c, name)))
+    exts.find(|(_, c)| c.is_some_and(|c| c.declares(kind, name)))
         .map(|(e, _)| e.to_owned())
         .ok_or_else(|| OwnerError::NoOwner {
             kind,
@@ -135,7 +93,7 @@ impl Core {
     pub fn owner(
         &self,
         named: Option<&str>,
-        kind: Declared,
+        kind: Capability,
         name: &str,
     ) -> Result<String, OwnerError> {
         match named {
@@ -157,9 +115,9 @@ impl Core {
     }
 
     /// Whether `ext` declared `name` of `kind` in its last handshake.
-    pub fn declares(&self, ext: &str, kind: Declared, name: &str) -> bool {
+    pub fn declares(&self, ext: &str, kind: Capability, name: &str) -> bool {
         self.capabilities(ext)
-            .is_some_and(|c| kind.in_caps(&c, name))
+            .is_some_and(|c| c.declares(kind, name))
     }
 
     /// Accept one delivery from `source` (see [`Core::accept_events`]).
@@ -258,17 +216,16 @@ mod tests {
     use super::*;
 
     fn caps(emissions: &[&str]) -> Capabilities {
-        Capabilities {
-            emissions: emissions.iter().map(|s| (*s).to_owned()).collect(),
-            ..Capabilities::default()
-        }
+        let mut caps = Capabilities::default();
+        caps.emissions = emissions.iter().map(|s| (*s).to_owned()).collect();
+        caps
     }
 
     #[test]
     fn the_owner_is_the_named_extension_if_it_declares_the_name_else_the_first_that_does() {
         let (a, b) = (caps(&["note"]), caps(&["note", "mail"]));
         let running = || [("a", Some(&a)), ("b", Some(&b)), ("c", None)];
-        let pick = |named, name| pick_owner(named, running(), Declared::Emission, name);
+        let pick = |named, name| pick_owner(named, running(), Capability::Emissions, name);
         assert_eq!(pick(None, "note"), Ok("a".to_owned()));
         assert_eq!(pick(None, "mail"), Ok("b".to_owned()));
         assert_eq!(pick(Some("b"), "note"), Ok("b".to_owned()));
@@ -276,7 +233,7 @@ mod tests {
             pick(Some("a"), "mail"),
             Err(OwnerError::NotDeclared {
                 ext: "a".into(),
-                kind: Declared::Emission,
+                kind: Capability::Emissions,
                 name: "mail".into()
             })
         );
@@ -290,7 +247,7 @@ mod tests {
         assert_eq!(
             pick(None, "sms"),
             Err(OwnerError::NoOwner {
-                kind: Declared::Emission,
+                kind: Capability::Emissions,
                 name: "sms".into()
             })
         );
@@ -306,14 +263,14 @@ mod tests {
             (
                 OwnerError::NotDeclared {
                     ext: "a".into(),
-                    kind: Declared::DependencyFilter,
+                    kind: Capability::DependencyFilters,
                     name: "f".into(),
                 },
                 "extension `a` does not declare the dependency filter `f`",
             ),
             (
                 OwnerError::NoOwner {
-                    kind: Declared::Recurrence,
+                    kind: Capability::Recurrences,
                     name: "cron".into(),
                 },
                 "no running extension declares the recurrence `cron`; `conduit ext status` shows what each declares",
@@ -326,21 +283,19 @@ mod tests {
 
     #[test]
     fn each_kind_reads_its_own_capability_list() {
-        let c = Capabilities {
-            recurrences: vec!["r".into()],
-            dependency_filters: vec!["f".into()],
-            emissions: vec!["e".into()],
-            ingress: vec!["i".into()],
-            ..Capabilities::default()
-        };
+        let mut c = Capabilities::default();
+        c.recurrences = vec!["r".into()];
+        c.dependency_filters = vec!["f".into()];
+        c.emissions = vec!["e".into()];
+        c.ingress = vec!["i".into()];
         for (kind, name) in [
-            (Declared::Recurrence, "r"),
-            (Declared::DependencyFilter, "f"),
-            (Declared::Emission, "e"),
-            (Declared::Ingress, "i"),
+            (Capability::Recurrences, "r"),
+            (Capability::DependencyFilters, "f"),
+            (Capability::Emissions, "e"),
+            (Capability::Ingress, "i"),
         ] {
             for other in ["r", "f", "e", "i"] {
-                assert_eq!(kind.in_caps(&c, other), other == name, "{kind:?} {other}");
+                assert_eq!(c.declares(kind, other), other == name, "{kind:?} {other}");
             }
         }
     }

@@ -9,7 +9,8 @@ use conduit_supervisor::Supervisor;
 
 use super::Core;
 use super::fault::store_fault;
-use super::ops::{Declared, IngressCursor, OwnerError};
+use super::ops::{IngressCursor, OwnerError};
+use conduit_protocol::Capability;
 
 /// A core over a fresh store; the directory lives as long as the core is used.
 fn core() -> (Arc<Core>, tempfile::TempDir) {
@@ -35,11 +36,7 @@ async fn take_nudge(core: &Core) -> bool {
 }
 
 fn event(delivery_id: &str) -> NewEvent {
-    NewEvent {
-        delivery_id: delivery_id.to_owned(),
-        kind: "note".to_owned(),
-        payload: serde_json::json!({ "n": 1 }),
-    }
+    NewEvent::new(delivery_id, "note", serde_json::json!({ "n": 1 }))
 }
 
 #[tokio::test]
@@ -185,17 +182,17 @@ async fn timers_and_emissions_nudge_the_loop_and_a_store_refusal_keeps_its_class
 async fn with_no_extension_running_no_name_has_an_owner() {
     let (core, _dir) = core();
     assert_eq!(
-        core.owner(Some("notes"), Declared::Recurrence, "every"),
+        core.owner(Some("notes"), Capability::Recurrences, "every"),
         Err(OwnerError::NotRunning {
             ext: "notes".into()
         })
     );
     assert_eq!(
-        core.owner(None, Declared::Recurrence, "every"),
+        core.owner(None, Capability::Recurrences, "every"),
         Err(OwnerError::NoOwner {
-            kind: Declared::Recurrence,
+            kind: Capability::Recurrences,
             name: "every".into()
         })
     );
-    assert!(!core.declares("notes", Declared::Ingress, "inbox"));
+    assert!(!core.declares("notes", Capability::Ingress, "inbox"));
 }

@@ -206,16 +206,8 @@ mod tests {
     use conduit_supervisor::Status;
 
     fn view(name: &str, state: State, kinds: &[(&str, bool)]) -> ExtensionView {
-        let caps = Capabilities {
-            work_kinds: kinds
-                .iter()
-                .map(|(k, t)| WorkKind {
-                    name: (*k).into(),
-                    trigger: *t,
-                })
-                .collect(),
-            ..Capabilities::default()
-        };
+        let mut caps = Capabilities::default();
+        caps.work_kinds = kinds.iter().map(|(k, t)| WorkKind::new(*k, *t)).collect();
         let mut status = Status::new(name, "1.0.0", state, Some(caps));
         status.protocol_version = Some(1);
         ExtensionView {

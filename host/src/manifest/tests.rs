@@ -250,14 +250,8 @@ fn capabilities_have_the_protocol_shape() {
     assert_eq!(
         caps.work_kinds,
         [
-            WorkKind {
-                name: "triage".into(),
-                trigger: true
-            },
-            WorkKind {
-                name: "archive".into(),
-                trigger: false
-            },
+            WorkKind::new("triage", true),
+            WorkKind::new("archive", false),
         ]
     );
     assert_eq!(caps.recurrences, ["digest"]);

@@ -336,7 +336,7 @@ impl Validator<'_> {
                     "declare each work kind once",
                 ));
             }
-            out.push(WorkKind { name, trigger });
+            out.push(WorkKind::new(name, trigger));
         }
         Ok(out)
     }

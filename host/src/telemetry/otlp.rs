@@ -10,7 +10,6 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::TracerProvider as _;
@@ -18,7 +17,7 @@ use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor};
 
-use super::export::{HyperHttp, env, resource};
+use super::export::{ExportThread, HyperHttp, attempts, env, resource};
 
 /// Spans held while the collector is slow or away; the oldest go first.
 pub const QUEUE_CAPACITY: usize = 4096;
@@ -187,14 +186,8 @@ pub(crate) fn span_filter<S>() -> impl tracing_subscriber::layer::Filter<S> {
     .with_max_level_hint(tracing::Level::DEBUG)
 }
 
-struct Queue {
-    spans: VecDeque<SpanData>,
-    closing: bool,
-    done: bool,
-}
-
-#[derive(Clone)]
-struct Shared(Arc<(Mutex<Queue>, Condvar)>);
+/// The spans waiting for the exporter thread.
+type Shared = ExportThread<VecDeque<SpanData>>;
 
 /// The span processor: a bounded queue in front of the exporter thread.
 pub struct RingProcessor {
@@ -211,20 +204,19 @@ impl SpanProcessor for RingProcessor {
     fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
 
     fn on_end(&self, span: SpanData) {
-        let (ref lock, ref cv) = *self.shared.0;
-        let mut q = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = self.shared.lock();
         if q.closing {
             STATS.dropped_queue_full.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if push_dropping_oldest(&mut q.spans, span, QUEUE_CAPACITY) {
+        if push_dropping_oldest(&mut q.data, span, QUEUE_CAPACITY) {
             STATS.dropped_queue_full.fetch_add(1, Ordering::Relaxed);
         } else {
             STATS.pending.fetch_add(1, Ordering::Relaxed);
         }
         STATS.queued.fetch_add(1, Ordering::Relaxed);
-        if q.spans.len() >= BATCH_SIZE {
-            cv.notify_one();
+        if q.data.len() >= BATCH_SIZE {
+            self.shared.wake();
         }
     }
 
@@ -253,16 +245,8 @@ fn push_dropping_oldest<T>(q: &mut VecDeque<T>, item: T, capacity: usize) -> boo
 #[derive(Debug)]
 pub struct Pipeline {
     endpoint: String,
-    shared: ShareHandle,
+    shared: Shared,
     _provider: SdkTracerProvider,
-}
-
-#[derive(Clone)]
-struct ShareHandle(Shared);
-impl std::fmt::Debug for ShareHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ShareHandle")
-    }
 }
 
 impl Pipeline {
@@ -273,14 +257,7 @@ impl Pipeline {
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
     {
-        let shared = Shared(Arc::new((
-            Mutex::new(Queue {
-                spans: VecDeque::with_capacity(BATCH_SIZE),
-                closing: false,
-                done: false,
-            }),
-            Condvar::new(),
-        )));
+        let shared: Shared = ExportThread::new(VecDeque::with_capacity(BATCH_SIZE));
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_http_client(HyperHttp)
@@ -297,19 +274,16 @@ impl Pipeline {
         match exporter {
             Ok(mut exporter) => {
                 exporter.set_resource(&resource());
-                let s = shared.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("conduit-otlp".into())
-                    .spawn(move || export_thread(s, exporter));
-                match spawned {
-                    Ok(_) => STATS.enabled.store(true, Ordering::Relaxed),
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot start the OTLP exporter thread; spans are dropped")
-                    }
+                if shared.spawn("conduit-otlp", "spans", move |s, rt| {
+                    export_thread(s, rt, exporter)
+                }) {
+                    STATS.enabled.store(true, Ordering::Relaxed);
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "cannot build the OTLP exporter; spans are dropped")
+                tracing::error!(error = %e, "cannot build the OTLP exporter; spans are dropped");
+                // No thread will drain the queue: the stop does not wait for one.
+                shared.shutdown(Duration::ZERO);
             }
         }
         // Only the span's own fields: source locations, thread names and busy/idle timers would
@@ -326,7 +300,7 @@ impl Pipeline {
         (
             Pipeline {
                 endpoint: traces_url,
-                shared: ShareHandle(shared),
+                shared,
                 _provider: provider,
             },
             layer,
@@ -341,57 +315,23 @@ impl Pipeline {
     /// Stop accepting spans and give the exporter thread up to `within` to send what is
     /// queued; a hung collector costs at most that.
     pub fn shutdown(self, within: Duration) {
-        let shared = self.shared.0.clone();
-        let (ref lock, ref cv) = *shared.0;
-        let mut q = lock.lock().unwrap_or_else(|p| p.into_inner());
-        q.closing = true;
-        cv.notify_all();
-        let end = Instant::now() + within;
-        while !q.done {
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            q = cv
-                .wait_timeout(q, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        self.shared.shutdown(within);
     }
 }
 
-fn export_thread(shared: Shared, exporter: opentelemetry_otlp::SpanExporter) {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the OTLP exporter's runtime; spans are dropped");
-            return;
-        }
-    };
+/// Send batches of [`BATCH_SIZE`] (or what [`FLUSH_INTERVAL`] gathered) until closed and empty.
+fn export_thread(
+    shared: &Shared,
+    rt: &tokio::runtime::Runtime,
+    exporter: opentelemetry_otlp::SpanExporter,
+) {
     loop {
         let (batch, closing) = {
-            let (ref lock, ref cv) = *shared.0;
-            let mut q = lock.lock().unwrap_or_else(|p| p.into_inner());
-            let end = Instant::now() + FLUSH_INTERVAL;
-            while q.spans.len() < BATCH_SIZE && !q.closing {
-                let left = end.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                q = cv
-                    .wait_timeout(q, left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-            }
-            let n = q.spans.len().min(BATCH_SIZE);
-            let batch: Vec<SpanData> = q.spans.drain(..n).collect();
+            let mut q = shared.wait(Instant::now() + FLUSH_INTERVAL, |q| q.len() >= BATCH_SIZE);
+            let n = q.data.len().min(BATCH_SIZE);
+            let batch: Vec<SpanData> = q.data.drain(..n).collect();
             STATS.pending.fetch_sub(n as u64, Ordering::Relaxed);
             if batch.is_empty() && q.closing {
-                q.done = true;
-                cv.notify_all();
                 return;
             }
             (batch, q.closing)
@@ -401,25 +341,15 @@ fn export_thread(shared: Shared, exporter: opentelemetry_otlp::SpanExporter) {
         }
         let n = batch.len() as u64;
         // While closing, one short attempt each: the daemon's stop is bounded by the caller.
-        let (attempts, timeout) = if closing {
+        let (tries, timeout) = if closing {
             (1, Duration::from_secs(1))
         } else {
             (ATTEMPTS, EXPORT_TIMEOUT)
         };
-        let mut sent = false;
-        for attempt in 0..attempts {
-            let export = exporter.export(batch.clone());
-            // The timer is made inside the runtime, which it needs.
-            let r = rt.block_on(async { tokio::time::timeout(timeout, export).await });
-            if matches!(r, Ok(Ok(()))) {
-                sent = true;
-                break;
-            }
-            STATS.failed_attempts.fetch_add(1, Ordering::Relaxed);
-            if attempt + 1 < attempts {
-                std::thread::sleep(Duration::from_millis(100 << attempt));
-            }
-        }
+        // The timers are made inside the runtime, which they need.
+        let sent = rt.block_on(attempts(tries, timeout, &STATS.failed_attempts, || {
+            exporter.export(batch.clone())
+        }));
         if sent {
             STATS.exported.fetch_add(n, Ordering::Relaxed);
         } else {

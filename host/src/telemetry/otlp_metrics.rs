@@ -18,7 +18,7 @@
 //! crate's own (`opentelemetry-proto`, which `opentelemetry-otlp` is built on).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -29,7 +29,7 @@ use opentelemetry_proto::tonic::metrics::v1 as pb;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 
-use super::export::{ATTEMPTS, EXPORT_TIMEOUT, HyperHttp};
+use super::export::{ATTEMPTS, EXPORT_TIMEOUT, ExportThread, HyperHttp, attempts};
 use super::snapshot::{Kind, LATENCY_BOUNDS_S, Snapshot, Value};
 
 /// The interval when `OTEL_METRIC_EXPORT_INTERVAL` is unset (the OpenTelemetry default).
@@ -120,51 +120,26 @@ fn gather() -> Option<Snapshot> {
     source()
 }
 
-struct Control {
-    closing: bool,
-    done: bool,
-}
-
 /// The running metrics export: its thread, stopped by [`MetricsPipeline::shutdown`].
 #[derive(Debug)]
 pub struct MetricsPipeline {
     url: String,
-    shared: Shared,
-}
-
-#[derive(Clone)]
-struct Shared(Arc<(Mutex<Control>, Condvar)>);
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Shared")
-    }
+    thread: ExportThread<()>,
 }
 
 impl MetricsPipeline {
     /// Start the exporter thread.
     pub fn start(target: Target) -> MetricsPipeline {
-        let shared = Shared(Arc::new((
-            Mutex::new(Control {
-                closing: false,
-                done: false,
-            }),
-            Condvar::new(),
-        )));
-        let s = shared.clone();
+        let thread = ExportThread::new(());
         let t = target.clone();
-        match std::thread::Builder::new()
-            .name("conduit-otlp-metrics".into())
-            .spawn(move || export_thread(s, t))
-        {
-            Ok(_) => STATS.enabled.store(true, Ordering::Relaxed),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start the OTLP metrics exporter thread; metrics are not exported")
-            }
+        if thread.spawn("conduit-otlp-metrics", "metrics", move |s, rt| {
+            export_thread(s, rt, t)
+        }) {
+            STATS.enabled.store(true, Ordering::Relaxed);
         }
         MetricsPipeline {
             url: target.url,
-            shared,
+            thread,
         }
     }
 
@@ -175,73 +150,24 @@ impl MetricsPipeline {
 
     /// Stop the thread; waits at most `within` for an export in progress.
     pub fn shutdown(self, within: Duration) {
-        let (ref lock, ref cv) = *self.shared.0;
-        let mut c = lock.lock().unwrap_or_else(|p| p.into_inner());
-        c.closing = true;
-        cv.notify_all();
-        let end = Instant::now() + within;
-        while !c.done {
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            c = cv
-                .wait_timeout(c, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        self.thread.shutdown(within);
     }
 }
 
-fn export_thread(shared: Shared, target: Target) {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the OTLP metrics exporter's runtime; metrics are not exported");
-            return;
-        }
-    };
+/// Every interval, a snapshot sent, until closed.
+fn export_thread(thread: &ExportThread<()>, rt: &tokio::runtime::Runtime, target: Target) {
     let resource = resource();
     let mut due = Instant::now() + target.interval;
     loop {
-        {
-            let (ref lock, ref cv) = *shared.0;
-            let mut c = lock.lock().unwrap_or_else(|p| p.into_inner());
-            while !c.closing {
-                let left = due.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                c = cv
-                    .wait_timeout(c, left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-            }
-            if c.closing {
-                c.done = true;
-                cv.notify_all();
-                return;
-            }
+        if thread.wait(due, |()| false).closing {
+            return;
         }
         due += target.interval;
         let Some(snap) = gather() else { continue };
         let body = Bytes::from(request(&snap, &resource).encode_to_vec());
-        let send = async {
-            for attempt in 0..ATTEMPTS {
-                let r = tokio::time::timeout(EXPORT_TIMEOUT, post(&target.url, body.clone())).await;
-                if matches!(r, Ok(Ok(()))) {
-                    return true;
-                }
-                STATS.failed_attempts.fetch_add(1, Ordering::Relaxed);
-                if attempt + 1 < ATTEMPTS {
-                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-                }
-            }
-            false
-        };
+        let send = attempts(ATTEMPTS, EXPORT_TIMEOUT, &STATS.failed_attempts, || {
+            post(&target.url, body.clone())
+        });
         // Every due time that passes while this snapshot is still being sent is a snapshot not
         // taken: counted as it passes, so a hung collector shows at once.
         let sent = rt.block_on(async {

@@ -164,10 +164,7 @@ fn seed(store: &Store, n: usize, filler: &str) -> Result<(), StoreError> {
                 let wait = tx.create_wait("bench", "reply", &key, Some(work), 0, at)?;
                 tx.satisfy_wait(wait, event_ids[0], at)?;
                 let planned = tx.plan_emission("bench", "summary", Some(work), &json!({}), at)?;
-                let record = Record {
-                    kind: "summary".into(),
-                    body: json!({"thread": thread}),
-                };
+                let record = Record::new("summary", json!({"thread": thread}));
                 tx.commit_emission(planned.emission_id, &[record], at)?;
                 i = thread_end;
             }

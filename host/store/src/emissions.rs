@@ -67,10 +67,7 @@ pub struct Planned {
 
 impl From<Planned> for EmitResult {
     fn from(p: Planned) -> EmitResult {
-        EmitResult {
-            emission_id: p.emission_id,
-            commit_id: p.commit_id,
-        }
+        EmitResult::new(p.emission_id, p.commit_id)
     }
 }
 
@@ -160,15 +157,13 @@ impl ReadTx<'_> {
         emission.records = collect(&mut stmt, [id], "read emission records", |row| {
             let seq: i64 = col(row, 0)?;
             let body: String = col(row, 2)?;
-            Ok(Record {
-                kind: col(row, 1)?,
-                body: serde_json::from_str(&body).map_err(|err| StoreError::Decode {
-                    record: "emission",
-                    id,
-                    field: "records",
-                    reason: format!("record {seq}: {err}"),
-                })?,
-            })
+            let body = serde_json::from_str(&body).map_err(|err| StoreError::Decode {
+                record: "emission",
+                id,
+                field: "records",
+                reason: format!("record {seq}: {err}"),
+            })?;
+            Ok(Record::new(col::<String>(row, 1)?, body))
         })?;
         Ok(Some(emission))
     }

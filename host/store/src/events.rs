@@ -29,10 +29,7 @@ pub struct Accepted {
 
 impl From<Accepted> for PushResult {
     fn from(a: Accepted) -> PushResult {
-        PushResult {
-            event_id: a.event_id,
-            duplicate: a.duplicate,
-        }
+        PushResult::new(a.event_id, a.duplicate)
     }
 }
 
@@ -91,14 +88,14 @@ const SQL_AFTER: &str = concat!(
 fn decode_event(row: &Row<'_>) -> Result<Event, StoreError> {
     let id: i64 = col(row, 0)?;
     let payload: String = col(row, 4)?;
-    Ok(Event {
+    Ok(Event::new(
         id,
-        source: col(row, 1)?,
-        delivery_id: col(row, 2)?,
-        kind: col(row, 3)?,
-        payload: parse_json(&payload, "event", id, "payload")?,
-        accepted_at_ms: col(row, 5)?,
-    })
+        col::<String>(row, 1)?,
+        col::<String>(row, 2)?,
+        col::<String>(row, 3)?,
+        parse_json(&payload, "event", id, "payload")?,
+        col(row, 5)?,
+    ))
 }
 
 pub(crate) fn decode_record(row: &Row<'_>) -> Result<EventRecord, StoreError> {

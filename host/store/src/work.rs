@@ -80,13 +80,7 @@ pub struct WorkRecord {
 
 impl From<WorkRecord> for Work {
     fn from(w: WorkRecord) -> Work {
-        Work {
-            id: w.id,
-            kind: w.kind,
-            key: w.key,
-            state: w.state.as_str().to_owned(),
-            event_ids: w.event_ids,
-        }
+        Work::new(w.id, w.kind, w.key, w.state.as_str(), w.event_ids)
     }
 }
 

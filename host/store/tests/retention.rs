@@ -195,10 +195,7 @@ fn each_kind_of_live_record_keeps_an_artifact_and_its_finished_form_does_not() {
             let planned = tx.plan_emission("ext", "note", None, &json!({"y": id(3)}), 1)?;
             let wait = tx.create_wait("ext", "f", &format!("waiting for {}", id(4)), None, 0, 1)?;
             let other = tx.plan_emission("ext", "note", None, &json!({}), 1)?;
-            let rec = Record {
-                kind: "note".into(),
-                body: json!({"z": id(5)}),
-            };
+            let rec = Record::new("note", json!({"z": id(5)}));
             tx.commit_emission(other.emission_id, &[rec], 2)?;
             let w = tx.open_or_feed_work("k", "key", &[ev.event_id], false, 2)?;
             tx.mark_routed(ev.event_id, Some(w), 2)?;

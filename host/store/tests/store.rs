@@ -660,14 +660,8 @@ fn emission_lifecycle() {
     assert_eq!(planned[0].state, EmissionState::Planned);
 
     let records = vec![
-        Record {
-            kind: "note".into(),
-            body: json!({"id": 1}),
-        },
-        Record {
-            kind: "index".into(),
-            body: json!(["a", "b"]),
-        },
+        Record::new("note", json!({"id": 1})),
+        Record::new("index", json!(["a", "b"])),
     ];
     store
         .write(|tx| {

@@ -1,6 +1,7 @@
-//! The handle on one supervised extension ([`Extension`]): its status, the calls to it
-//! ([`Extension::call_raw`] and the typed [`Extension::call`]), their statistics, and the
-//! commands the actor takes (restart, stop).
+//! The handle on one supervised extension ([`Extension`]): its status, the calls to it (the
+//! typed [`Extension::call`] through the method table, and [`Extension::call_raw`], both by
+//! the one path `Extension::request`), their statistics, and the commands the actor takes
+//! (restart, stop).
 //!
 //! A call fails at once when the extension is not ready ([`ExtCallError::NotRunning`]); every
 //! call's latency is recorded per method.
@@ -13,10 +14,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conduit_protocol::{Capabilities, ErrorCode};
-use conduit_rpc::{CallError, Peer, SessionCounters};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use conduit_protocol::{Capabilities, ErrorCode, Method, RequestParams, Typed};
+use conduit_rpc::{CallError, CallOptions, Peer, SessionCounters};
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, watch};
 
@@ -25,20 +24,6 @@ use crate::stats::{self, LatencyHistogram, Traffic};
 use crate::status::{InFlightCall, State, Status, StopRequest};
 use crate::tree::{self, ProcId, ProcStat};
 use crate::usage::Usage;
-
-/// Params with the request's remaining time first (docs/protocol.md §11).
-#[derive(Serialize)]
-struct WithMeta<'a, P: ?Sized> {
-    #[serde(rename = "_meta")]
-    meta: Meta,
-    #[serde(flatten)]
-    params: &'a P,
-}
-
-#[derive(Serialize)]
-struct Meta {
-    remaining_ms: u64,
-}
 
 /// Why a call to an extension failed.
 #[derive(Debug, thiserror::Error)]
@@ -236,11 +221,47 @@ impl Extension {
         self.inner.peer.borrow().clone()
     }
 
-    /// Call `method`; fails at once if the extension is not ready. Latency is recorded per method.
+    /// Call the protocol method `M` with typed params and result (the method table ties the
+    /// name to its types): [`Extension::request`] with the params serialized straight into the
+    /// request's frame. An answer that does not read as `M`'s result is counted against the
+    /// method.
+    pub async fn call<M: Method>(
+        &self,
+        params: &M::Params,
+        deadline: Option<Duration>,
+    ) -> Result<M::Result, ExtCallError> {
+        let raw = self.request(M::NAME, &Typed(params), deadline).await?;
+        serde_json::from_str(raw.get()).map_err(|e| {
+            self.record_bad_answer(M::NAME);
+            ExtCallError::Call {
+                ext: self.inner.name.clone(),
+                source: CallError::BadResult {
+                    method: M::NAME.into(),
+                    detail: e.to_string(),
+                },
+            }
+        })
+    }
+
+    /// Call `method` with raw params (a custom method, a probe repeating a call): the answer
+    /// as raw JSON.
     pub async fn call_raw(
         &self,
         method: &str,
         params: &RawValue,
+        deadline: Option<Duration>,
+    ) -> Result<Box<RawValue>, ExtCallError> {
+        self.request(method, params, deadline).await
+    }
+
+    /// The host's one call path to an extension: fails at once if it is not ready; otherwise
+    /// `Peer::request` with the deadline carried in the params as `_meta.remaining_ms`
+    /// (docs/protocol.md §11; `initialize` is not sent from here), in one span, counted in
+    /// flight, its latency recorded per method.
+    async fn request<P: RequestParams + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
         deadline: Option<Duration>,
     ) -> Result<Box<RawValue>, ExtCallError> {
         let Some(peer) = self.peer() else {
@@ -256,7 +277,7 @@ impl Extension {
             extension = %self.inner.name,
             method,
             direction = "host_to_extension",
-            in_transaction = conduit_protocol::methods::host::IN_TRANSACTION.contains(&method),
+            in_transaction = conduit_protocol::methods::in_transaction(method),
             // Filled in by the session once it numbers the request.
             request_id = tracing::field::Empty,
             duration_us = tracing::field::Empty,
@@ -285,18 +306,8 @@ impl Extension {
             }
         }
         let done = Done(&self.inner, id);
-        // The request carries its remaining time (docs/protocol.md §11), written into the
-        // params' text; `initialize` is not sent from here. The insertion keeps valid JSON
-        // valid, so the text goes out as built, without a second parse.
-        let carried = deadline.and_then(|d| {
-            conduit_protocol::meta::with_remaining_ms(params.get(), d.as_millis() as u64)
-        });
-        let call = async {
-            match &carried {
-                Some(text) => peer.call_prebuilt(method, text, deadline).await,
-                None => peer.call_raw(method, params, deadline).await,
-            }
-        };
+        let opts = CallOptions::within(deadline).carrying_deadline();
+        let call = peer.request(method, params, opts);
         let res = tracing::Instrument::instrument(call, span.clone()).await;
         let took = t.elapsed();
         if matches!(res, Err(CallError::Closed { .. })) {
@@ -324,44 +335,6 @@ impl Extension {
         res.map_err(|source| ExtCallError::Call {
             ext: self.inner.name.clone(),
             source,
-        })
-    }
-
-    /// Typed [`Extension::call_raw`].
-    pub async fn call<P: Serialize + ?Sized, R: DeserializeOwned>(
-        &self,
-        method: &str,
-        params: &P,
-        deadline: Option<Duration>,
-    ) -> Result<R, ExtCallError> {
-        let ext = || self.inner.name.clone();
-        let bad = |detail: String| ExtCallError::Call {
-            ext: ext(),
-            source: CallError::BadResult {
-                method: method.into(),
-                detail,
-            },
-        };
-        // With a deadline, `_meta.remaining_ms` goes in as the params are written (docs/
-        // protocol.md §11), so `call_raw` finds it there and copies nothing.
-        let with_meta = deadline.and_then(|d| {
-            serde_json::value::to_raw_value(&WithMeta {
-                meta: Meta {
-                    remaining_ms: d.as_millis() as u64,
-                },
-                params,
-            })
-            .ok()
-        });
-        let params = match with_meta {
-            Some(p) => p,
-            None => serde_json::value::to_raw_value(params)
-                .map_err(|e| bad(format!("params do not serialize: {e}")))?,
-        };
-        let raw = self.call_raw(method, &params, deadline).await?;
-        serde_json::from_str(raw.get()).map_err(|e| {
-            self.record_bad_answer(method);
-            bad(e.to_string())
         })
     }
 

@@ -39,7 +39,7 @@ const READY: Duration = PATIENCE;
 
 /// The pids of the processes the fixture started outside its group or session.
 async fn escapees(ext: &Extension) -> Vec<u32> {
-    ext.call("escapees", &json!({}), Some(Duration::from_secs(5)))
+    common::call(ext, "escapees", json!({}), Some(Duration::from_secs(5)))
         .await
         .unwrap()
 }
@@ -214,15 +214,13 @@ async fn closed_stdout_is_recorded_as_such_and_exits_keep_the_calls_in_flight() 
     // A call in flight when the child dies is listed in the exit's record, with its age.
     let ext = sup.start(spec(&dir, "holder", "misbehave.py", "ok")).await;
     ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
-    let pid: i32 = ext
-        .call("pid", &json!({}), Some(Duration::from_secs(5)))
+    let pid: i32 = common::call(&ext, "pid", json!({}), Some(Duration::from_secs(5)))
         .await
         .unwrap();
     let pending = {
         let ext = ext.clone();
         tokio::spawn(async move {
-            ext.call::<_, Value>("hold", &json!({}), Some(Duration::from_secs(30)))
-                .await
+            common::call::<Value>(&ext, "hold", json!({}), Some(Duration::from_secs(30))).await
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;

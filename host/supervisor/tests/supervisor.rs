@@ -61,14 +61,14 @@ async fn a_healthy_extension_becomes_ready_answers_and_stops_cleanly() {
         ext.wait_for(READY, |s| s == State::Ready).await,
         Ok(State::Ready)
     );
-    let v: Value = ext
-        .call(
-            "echo",
-            &json!({ "text": "hi" }),
-            Some(Duration::from_secs(5)),
-        )
-        .await
-        .unwrap();
+    let v: Value = common::call(
+        &ext,
+        "echo",
+        json!({ "text": "hi" }),
+        Some(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
     assert_eq!(v, json!({ "text": "hi" }));
     let st = ext.status();
     assert_eq!(
@@ -115,16 +115,14 @@ async fn sigkill_fails_pending_calls_at_once_then_it_backs_off_and_comes_back() 
     let env = env();
     let ext = env.sup.start(spec(&env, "victim", "ok")).await;
     ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
-    let pid: i32 = ext
-        .call("pid", &json!({}), Some(Duration::from_secs(5)))
+    let pid: i32 = common::call(&ext, "pid", json!({}), Some(Duration::from_secs(5)))
         .await
         .unwrap();
     let before = bytes_read(pid);
     let pending = {
         let ext = ext.clone();
         tokio::spawn(async move {
-            ext.call::<_, Value>("hold", &json!({}), Some(Duration::from_secs(30)))
-                .await
+            common::call::<Value>(&ext, "hold", json!({}), Some(Duration::from_secs(30))).await
         })
     };
     // Wait until the extension has read the `hold` request, not for a fixed time.
@@ -149,8 +147,7 @@ async fn sigkill_fails_pending_calls_at_once_then_it_backs_off_and_comes_back() 
     let st = ext.status();
     assert_eq!(st.restarts, 1);
     assert_eq!(st.last_exit.and_then(|e| e.signal), Some(9));
-    let v: Value = ext
-        .call("echo", &json!(7), Some(Duration::from_secs(5)))
+    let v: Value = common::call(&ext, "echo", json!(7), Some(Duration::from_secs(5)))
         .await
         .unwrap();
     assert_eq!(v, json!(7));
@@ -177,8 +174,7 @@ async fn a_package_that_exits_at_start_every_time_becomes_crash_looping_with_its
     );
     assert!(st.last_error.unwrap().contains("exit code 3"));
     // Calls fail at once while it is not running.
-    let err = ext
-        .call::<_, Value>("echo", &json!(1), None)
+    let err = common::call::<Value>(&ext, "echo", json!(1), None)
         .await
         .unwrap_err();
     assert!(err.is(ErrorCode::ExtensionExited), "{err}");
@@ -240,10 +236,14 @@ async fn ten_mib_of_stderr_stays_within_the_log_cap_and_the_extension_works() {
     let env = env();
     let ext = env.sup.start(spec(&env, "noisy", "stderr-flood")).await;
     ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
-    let v: Value = ext
-        .call("echo", &json!("still here"), Some(Duration::from_secs(5)))
-        .await
-        .unwrap();
+    let v: Value = common::call(
+        &ext,
+        "echo",
+        json!("still here"),
+        Some(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
     assert_eq!(v, json!("still here"));
     // The log is rotated (renamed, then opened afresh) as it passes its cap: between the two it
     // does not exist for a moment, so wait for it rather than read it once.
@@ -486,10 +486,10 @@ async fn an_extension_sees_only_the_environment_descriptors_and_folder_it_is_giv
     let env = env();
     let ext = env.sup.start(spec(&env, "isolated", "ok")).await;
     ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
-    let vars: std::collections::BTreeMap<String, String> = ext
-        .call("env", &json!({}), Some(Duration::from_secs(5)))
-        .await
-        .unwrap();
+    let vars: std::collections::BTreeMap<String, String> =
+        common::call(&ext, "env", json!({}), Some(Duration::from_secs(5)))
+            .await
+            .unwrap();
     for k in vars.keys() {
         let allowed = conduit_supervisor::process::ENV_ALLOW_LIST.contains(&k.as_str())
             || k == "CONDUIT_EXTENSION";
@@ -499,8 +499,7 @@ async fn an_extension_sees_only_the_environment_descriptors_and_folder_it_is_giv
         vars.get("CONDUIT_EXTENSION").map(String::as_str),
         Some("isolated")
     );
-    let fds: Vec<i32> = ext
-        .call("fds", &json!({}), Some(Duration::from_secs(5)))
+    let fds: Vec<i32> = common::call(&ext, "fds", json!({}), Some(Duration::from_secs(5)))
         .await
         .unwrap();
     // 0, 1, 2 and the one `listdir` itself opened.
@@ -508,8 +507,7 @@ async fn an_extension_sees_only_the_environment_descriptors_and_folder_it_is_giv
         fds.len() <= 4 && fds[..3] == [0, 1, 2],
         "open descriptors: {fds:?} (ours leaked: {leaked:?})"
     );
-    let cwd: String = ext
-        .call("cwd", &json!({}), Some(Duration::from_secs(5)))
+    let cwd: String = common::call(&ext, "cwd", json!({}), Some(Duration::from_secs(5)))
         .await
         .unwrap();
     assert_eq!(
@@ -562,17 +560,20 @@ async fn garbage_an_oversized_line_and_a_callback_flood_leave_the_extension_serv
     ext.wait_for(READY, |s| s == State::Ready).await.unwrap();
     // Garbage, then a line over 16 MiB, then the answer: the host discards the first two and
     // still reads the third.
-    let v: Value = ext
-        .call("garbage", &json!({}), Some(Duration::from_secs(20)))
+    let v: Value = common::call(&ext, "garbage", json!({}), Some(Duration::from_secs(20)))
         .await
         .unwrap();
     assert_eq!(v, json!("survived"));
     // 200 callbacks at once to a host that serves none of them (every one is answered, at
     // most 64 in flight: the rest `overloaded`, or `method_not_found`).
-    let n: u64 = ext
-        .call("flood", &json!({ "n": 200 }), Some(Duration::from_secs(10)))
-        .await
-        .unwrap();
+    let n: u64 = common::call(
+        &ext,
+        "flood",
+        json!({ "n": 200 }),
+        Some(Duration::from_secs(10)),
+    )
+    .await
+    .unwrap();
     assert_eq!(n, 200);
     let start = Instant::now();
     let answered = loop {
@@ -590,8 +591,7 @@ async fn garbage_an_oversized_line_and_a_callback_flood_leave_the_extension_serv
         answered.iter().any(|l| l.starts_with("callback answer")),
         "{answered:?}"
     );
-    let v: Value = ext
-        .call("echo", &json!("still"), Some(Duration::from_secs(5)))
+    let v: Value = common::call(&ext, "echo", json!("still"), Some(Duration::from_secs(5)))
         .await
         .unwrap();
     assert_eq!(v, json!("still"));

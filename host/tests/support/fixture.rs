@@ -430,6 +430,6 @@ pub fn stage_examples(f: &Fixture) -> Vec<PathBuf> {
         .iter()
         .filter_map(|e| stage_rust_example(e, &into))
         .collect();
-    pkgs.push(workspace_root().join("examples/python-echo"));
+    pkgs.push(super::stage_example("python-echo", &into));
     pkgs
 }

@@ -1,4 +1,4 @@
-//! Shared by the binary-level tests: running `conduit`, staging the Rust example packages,
+//! Shared by the binary-level tests: running `conduit`, staging the example packages,
 //! and printing everything a person needs when an assertion fails.
 
 #![allow(dead_code, unreachable_pub)] // each test binary uses its own part of this module
@@ -102,6 +102,26 @@ pub fn stage_rust_example(example: &str, into: &Path) -> Option<PathBuf> {
     std::fs::copy(&manifest, pkg.join("conduit-extension.toml")).unwrap();
     std::fs::copy(&bin, &dest).unwrap(); // keeps the execute bit
     Some(pkg)
+}
+
+/// Stage `examples/NAME` into `into` with `scripts/stage-examples.sh`, the way `make stage` does
+/// (a Python or Node example gets its SDK beside it there: the repository keeps no copy), and
+/// return the staged package folder.
+pub fn stage_example(example: &str, into: &Path) -> PathBuf {
+    let out = std::process::Command::new(workspace_root().join("scripts/stage-examples.sh"))
+        .arg("dev")
+        .arg(into)
+        .arg(example)
+        .output()
+        .expect("scripts/stage-examples.sh runs");
+    assert!(
+        out.status.success(),
+        "scripts/stage-examples.sh dev {} {example} failed:\n{}{}",
+        into.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    into.join(example)
 }
 
 /// Stage the Python test package `host/tests/packages/NAME` — its manifest beside the one

@@ -14,8 +14,8 @@ pub mod stdio;
 pub mod testing;
 
 pub use session::{
-    BoxFuture, CallError, CloseReason, Handler, HandlerResult, NoRequests, Peer, Request, Session,
-    SessionConfig, SessionCounters, to_raw,
+    BoxFuture, CallError, CallOptions, CloseReason, Handler, HandlerResult, NoRequests, Peer,
+    Request, Session, SessionConfig, SessionCounters, to_raw,
 };
 
 /// Entry points for the fuzz targets in `fuzz/`, compiled only under `--cfg fuzzing` (which

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use conduit_protocol::ErrorCode;
 use conduit_rpc::testing::TestHandler;
-use conduit_rpc::{CallError, CloseReason, Peer, Session, SessionConfig};
+use conduit_rpc::{CallError, CallOptions, CloseReason, Peer, Session, SessionConfig};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
@@ -204,8 +204,12 @@ async fn cancellation_reaches_the_handler_and_the_caller_gets_cancelled(pair: Pa
         let (peer, token) = (peer.clone(), token.clone());
         tokio::spawn(async move {
             let params = serde_json::value::to_raw_value(&json!({})).unwrap();
-            peer.call_raw_cancellable("hold", &params, Some(Duration::from_secs(10)), Some(&token))
-                .await
+            peer.request(
+                "hold",
+                &params,
+                CallOptions::within(Some(Duration::from_secs(10))).cancelled_by(&token),
+            )
+            .await
         })
     };
     wait_holding(&peer, 1).await;
@@ -447,8 +451,12 @@ async fn two_sessions_flooding_each_other_with_large_calls_do_not_lock_up() {
             let (peer, payload) = (peer.clone(), payload.clone());
             tasks.push(tokio::spawn(async move {
                 for _ in 0..4 {
-                    peer.call_raw("echo", &payload, Some(Duration::from_secs(10)))
-                        .await?;
+                    peer.request(
+                        "echo",
+                        &**payload,
+                        CallOptions::within(Some(Duration::from_secs(10))),
+                    )
+                    .await?;
                 }
                 Ok::<_, CallError>(())
             }));
@@ -462,7 +470,11 @@ async fn two_sessions_flooding_each_other_with_large_calls_do_not_lock_up() {
     let small = serde_json::value::RawValue::from_string("1".into()).unwrap();
     let v = left
         .peer()
-        .call_raw("echo", &small, Some(Duration::from_secs(5)))
+        .request(
+            "echo",
+            &small,
+            CallOptions::within(Some(Duration::from_secs(5))),
+        )
         .await
         .unwrap();
     assert_eq!(v.get(), "1");
@@ -516,7 +528,11 @@ async fn past_the_held_bytes_bound_a_call_fails_at_once_with_overloaded() {
     let t = Instant::now();
     let one = serde_json::value::RawValue::from_string("1".into()).unwrap();
     let err = peer
-        .call_raw("echo", &one, Some(Duration::from_secs(20)))
+        .request(
+            "echo",
+            &one,
+            CallOptions::within(Some(Duration::from_secs(20))),
+        )
         .await
         .unwrap_err();
     assert!(err.is(ErrorCode::Overloaded), "{err}");

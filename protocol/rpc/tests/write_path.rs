@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use conduit_protocol::ErrorCode;
 use conduit_rpc::testing::TestHandler;
-use conduit_rpc::{CallError, CloseReason, Session, SessionConfig, SessionCounters};
+use conduit_rpc::{CallError, CallOptions, CloseReason, Session, SessionConfig, SessionCounters};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -131,7 +131,11 @@ async fn many_concurrent_callers_on_a_real_pipe_never_interleave_their_frames() 
                 peer.notify("note", &params).await?;
                 let raw = RawValue::from_string(params.to_string()).unwrap();
                 let answer = peer
-                    .call_raw("echo", &raw, Some(Duration::from_secs(20)))
+                    .request(
+                        "echo",
+                        &raw,
+                        CallOptions::within(Some(Duration::from_secs(20))),
+                    )
                     .await?;
                 assert_eq!(answer.get(), raw.get(), "caller {task} got its own answer");
             }
@@ -205,7 +209,11 @@ async fn a_peer_that_stops_reading_a_real_pipe_gets_the_queue_and_the_held_bound
     // A call of the same size is refused at once too.
     let same = RawValue::from_string(params(seq).to_string()).unwrap();
     let err = peer
-        .call_raw("echo", &same, Some(Duration::from_secs(20)))
+        .request(
+            "echo",
+            &same,
+            CallOptions::within(Some(Duration::from_secs(20))),
+        )
         .await
         .unwrap_err();
     assert!(
@@ -351,7 +359,11 @@ async fn a_broken_pipe_on_a_write_ends_the_session_as_the_peer_closing() {
         let one = RawValue::from_string("1".into()).unwrap();
         let err = host
             .peer()
-            .call_raw("echo", &one, Some(Duration::from_secs(20)))
+            .request(
+                "echo",
+                &one,
+                CallOptions::within(Some(Duration::from_secs(20))),
+            )
             .await
             .unwrap_err();
         assert!(
@@ -600,7 +612,13 @@ async fn calls_made_while_others_wait_go_out_together() {
     let params = RawValue::from_string("[1]".into()).unwrap();
     // Never answered: each gives up at its deadline, far past the test's own checks.
     let calls: Vec<_> = (0..64)
-        .map(|_| peer.call_raw("echo", &params, Some(Duration::from_secs(60))))
+        .map(|_| {
+            peer.request(
+                "echo",
+                &params,
+                CallOptions::within(Some(Duration::from_secs(60))),
+            )
+        })
         .collect();
     let mut all = Box::pin(futures::future::join_all(calls));
     // Poll them all once (each call is made), then let the writer task run.
@@ -640,8 +658,12 @@ fn a_call_from_a_thread_blocking_on_the_runtime_writes_itself() {
         let peer = peer.clone();
         async move {
             let p = RawValue::from_string("\"first\"".into()).unwrap();
-            peer.call_raw("echo", &p, Some(Duration::from_secs(60)))
-                .await
+            peer.request(
+                "echo",
+                &p,
+                CallOptions::within(Some(Duration::from_secs(60))),
+            )
+            .await
         }
     });
     let since = std::time::Instant::now();
@@ -655,7 +677,11 @@ fn a_call_from_a_thread_blocking_on_the_runtime_writes_itself() {
     let p = RawValue::from_string("\"second\"".into()).unwrap();
     let handle = rt.handle().clone();
     // Given up at its deadline (the peer never answers); only who wrote it is looked at.
-    let _ = handle.block_on(peer.call_raw("echo", &p, Some(Duration::from_millis(200))));
+    let _ = handle.block_on(peer.request(
+        "echo",
+        &p,
+        CallOptions::within(Some(Duration::from_millis(200))),
+    ));
     assert_eq!(
         writes.writer_of("second"),
         Some(std::thread::current().id()),

@@ -481,24 +481,98 @@ fn invalid_shape(text: &str, e: serde_json::Error) -> MessageError {
     }
 }
 
-/// Append a request to `out`.
-pub fn write_request(out: &mut Vec<u8>, id: &RequestId, method: &str, params: &RawValue) {
-    write_request_json(out, id, method, params.get());
+/// A request's params, as the request writers take them: written straight into the request's
+/// frame, with no buffer of their own. [`RawValue`] (checked JSON), [`JsonText`] (JSON text the
+/// caller vouches for) and [`Typed`] (a value serialized as it is written).
+pub trait RequestParams {
+    /// Append the params' JSON to `out`. If it fails, `out` may hold part of them.
+    fn write_to(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error>;
+
+    /// The params' JSON text, when they are text already: a writer can then look at it before
+    /// writing (`meta::write_params` does). `None` for a value serialized as it is written.
+    fn as_json(&self) -> Option<&str>;
+
+    /// About how many bytes the params take, so that a frame is allocated once.
+    fn size_hint(&self) -> usize;
 }
 
-/// Append a request whose params are JSON text the caller vouches for (not checked).
-pub fn write_request_json(out: &mut Vec<u8>, id: &RequestId, method: &str, params: &str) {
-    let written: Result<(), std::convert::Infallible> =
-        write_request_with(out, id, method, |out| {
-            out.extend_from_slice(params.as_bytes());
-            Ok(())
-        });
-    let Ok(()) = written;
+impl RequestParams for RawValue {
+    fn write_to(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        out.extend_from_slice(self.get().as_bytes());
+        Ok(())
+    }
+
+    fn as_json(&self) -> Option<&str> {
+        Some(self.get())
+    }
+
+    fn size_hint(&self) -> usize {
+        self.get().len()
+    }
 }
 
-/// Append a request whose params `params` writes into `out` itself (serialized in place, with
-/// no buffer of their own). If it fails, `out` may hold part of the request: discard it.
-pub fn write_request_with<E>(
+impl<T: RequestParams + ?Sized> RequestParams for Box<T> {
+    fn write_to(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        (**self).write_to(out)
+    }
+
+    fn as_json(&self) -> Option<&str> {
+        (**self).as_json()
+    }
+
+    fn size_hint(&self) -> usize {
+        (**self).size_hint()
+    }
+}
+
+/// Params given as JSON text the caller built itself and vouches for — a large payload written
+/// straight into one buffer, say — sent as they are, without the parse a [`RawValue`] would
+/// cost. Text that is not valid JSON makes the peer answer a parse error (a call that then waits
+/// for its deadline): use it only for params you generate.
+#[derive(Clone, Copy, Debug)]
+pub struct JsonText<'a>(pub &'a str);
+
+impl RequestParams for JsonText<'_> {
+    fn write_to(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        out.extend_from_slice(self.0.as_bytes());
+        Ok(())
+    }
+
+    fn as_json(&self) -> Option<&str> {
+        Some(self.0)
+    }
+
+    fn size_hint(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Params serialized as they are written into the frame.
+#[derive(Debug)]
+pub struct Typed<'a, T: ?Sized>(pub &'a T);
+
+/// Room for typed params before they are written (their size is known only then): most fit,
+/// and a larger one grows the buffer as it is written.
+const TYPED_PARAMS_BYTES: usize = 128;
+
+impl<T: Serialize + ?Sized> RequestParams for Typed<'_, T> {
+    fn write_to(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        serde_json::to_writer(&mut *out, self.0)
+    }
+
+    fn as_json(&self) -> Option<&str> {
+        None
+    }
+
+    fn size_hint(&self) -> usize {
+        TYPED_PARAMS_BYTES
+    }
+}
+
+/// Append a request to `out`, its params written by `params` straight into `out` (see
+/// [`RequestParams`]; `meta::write_params` places `_meta` among them). The one request writer.
+/// If `params` fails, `out` may hold part of the request: discard it.
+pub fn write_request<E>(
     out: &mut Vec<u8>,
     id: &RequestId,
     method: &str,
@@ -574,12 +648,10 @@ mod tests {
     #[test]
     fn writes_compact_messages() {
         let mut out = Vec::new();
-        write_request(
-            &mut out,
-            &RequestId::num(-7),
-            "echo",
-            &raw(r#"{"text":"hi"}"#),
-        );
+        write_request(&mut out, &RequestId::num(-7), "echo", |out| {
+            raw(r#"{"text":"hi"}"#).write_to(out)
+        })
+        .unwrap();
         assert_eq!(
             std::str::from_utf8(&out).unwrap(),
             r#"{"jsonrpc":"2.0","id":-7,"method":"echo","params":{"text":"hi"}}"#
@@ -841,7 +913,10 @@ mod tests {
             for method in ["echo", "", "a b/c.d", "é✓", "\u{7f}"] {
                 for params in ["{}", r#"{"text":"}\"x"}"#, "[1,2]", "null", "3", r#""s""#] {
                     let mut out = Vec::new();
-                    write_request(&mut out, &RequestId::num(id), method, &raw(params));
+                    write_request(&mut out, &RequestId::num(id), method, |out| {
+                        raw(params).write_to(out)
+                    })
+                    .unwrap();
                     written.push(String::from_utf8(out).unwrap());
                 }
             }

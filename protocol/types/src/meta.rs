@@ -2,40 +2,71 @@
 //! (docs/protocol.md §11).
 //!
 //! The host writes `"_meta":{"remaining_ms":N}` as the first member of a request's params
-//! object, byte for byte, without parsing the params; a receiver strips it before its handler
-//! reads the params, cheaply when it is written that way, and by parsing the object otherwise.
+//! object, byte for byte, as it writes the params into the request's frame ([`write_params`],
+//! the one writer of `_meta`); a receiver strips it before its handler reads the params, cheaply
+//! when it is written that way, and by parsing the object otherwise.
 //!
 //! Invariant: params without a top-level `_meta` are never rewritten; what is stripped is only
 //! the top-level member.
+
+use crate::message::RequestParams;
 
 /// The reserved member of every protocol method's params.
 pub const META: &str = "_meta";
 
 const PREFIX: &str = "{\"_meta\":{\"remaining_ms\":";
 
-/// `params` with `"_meta":{"remaining_ms":remaining_ms}` as its first member, or `None` when
-/// `params` is not an object or already names a `_meta` anywhere (left as it is).
-pub fn with_remaining_ms(params: &str, remaining_ms: u64) -> Option<String> {
-    let trimmed = params.trim_start();
-    // Already there in the host's spelling (the typed call wrote it): no scan.
-    if trimmed.starts_with("{\"_meta\"") {
-        return None;
+/// Append a request's params to `out`: `params` as they are, or, when `remaining_ms` is given,
+/// with `"_meta":{"remaining_ms":N}` as their first member. The one place `_meta` is written.
+///
+/// The member goes in as the params are written, not by rewriting them afterwards: the prefix
+/// `{"_meta":{"remaining_ms":N}` is written first, then the params, whose own opening `{`
+/// becomes the `,` after `_meta` (an empty object is closed instead). Params that are not an
+/// object, or that already name a `_meta` (text that contains `"_meta"` anywhere, a value whose
+/// first member is `_meta`), are left as they are. If `params` fails, `out` may hold part of
+/// them: discard it.
+pub fn write_params<P: RequestParams + ?Sized>(
+    out: &mut Vec<u8>,
+    params: &P,
+    remaining_ms: Option<u64>,
+) -> Result<(), serde_json::Error> {
+    let Some(ms) = remaining_ms else {
+        return params.write_to(out);
+    };
+    // Text is looked at before it is written: no prefix to take back.
+    if let Some(text) = params.as_json()
+        && (!text.trim_start().starts_with('{') || text.contains("\"_meta\""))
+    {
+        return params.write_to(out);
     }
-    let body = trimmed.strip_prefix('{')?;
-    if body.contains("\"_meta\"") {
-        return None;
+    let start = out.len();
+    out.extend_from_slice(PREFIX.as_bytes());
+    out.extend_from_slice(itoa::Buffer::new().format(ms).as_bytes());
+    out.push(b'}');
+    let at = out.len();
+    params.write_to(out)?;
+    let open = at
+        + out[at..]
+            .iter()
+            .take_while(|b| b.is_ascii_whitespace())
+            .count();
+    let written = &out[open..];
+    if written.first() != Some(&b'{') || written.starts_with(b"{\"_meta\"") {
+        // Not an object, or one with a `_meta` of its own (typed params never have one): the
+        // params alone. Rare, so the copy does not matter.
+        out.drain(start..at);
+        return Ok(());
     }
-    let digits = remaining_ms.to_string();
-    let empty = body.trim_start().starts_with('}');
-    let mut out = String::with_capacity(params.len() + PREFIX.len() + digits.len() + 2);
-    out.push_str(PREFIX);
-    out.push_str(&digits);
-    out.push('}');
-    if !empty {
-        out.push(',');
+    let inner = &written[1..];
+    let inner_ws = inner.iter().take_while(|b| b.is_ascii_whitespace()).count();
+    if inner.get(inner_ws) == Some(&b'}') {
+        // `{}`: `_meta` is the only member; what followed the `}` is whitespace at most.
+        out.truncate(at);
+        out.push(b'}');
+    } else {
+        out[open] = b',';
     }
-    out.push_str(body);
-    Some(out)
+    Ok(())
 }
 
 /// What [`strip`] found.
@@ -91,26 +122,65 @@ pub fn strip(params: &str) -> Option<Stripped> {
 mod tests {
     use super::*;
 
+    use crate::message::{JsonText, Typed};
+
+    /// What [`write_params`] makes of `params`, given as text.
+    fn with_text(params: &str, ms: Option<u64>) -> String {
+        let mut out = b"[".to_vec(); // what was written before stays
+        write_params(&mut out, &JsonText(params), ms).unwrap();
+        assert_eq!(out[0], b'[');
+        String::from_utf8(out[1..].to_vec()).unwrap()
+    }
+
+    /// The same, for a value serialized as it is written.
+    fn with_value(params: &impl serde::Serialize, ms: Option<u64>) -> String {
+        let mut out = b"[".to_vec();
+        write_params(&mut out, &Typed(params), ms).unwrap();
+        String::from_utf8(out[1..].to_vec()).unwrap()
+    }
+
     #[test]
-    fn the_host_inserts_the_remaining_time_first_and_only_into_objects() {
+    fn the_host_writes_the_remaining_time_first_and_only_into_objects() {
+        let ms = Some(250);
         assert_eq!(
-            with_remaining_ms(r#"{"text":"hi"}"#, 250).unwrap(),
+            with_text(r#"{"text":"hi"}"#, ms),
             r#"{"_meta":{"remaining_ms":250},"text":"hi"}"#
         );
         assert_eq!(
-            with_remaining_ms("{}", 0).unwrap(),
+            with_value(&serde_json::json!({"text": "hi"}), ms),
+            r#"{"_meta":{"remaining_ms":250},"text":"hi"}"#
+        );
+        assert_eq!(with_text("{}", Some(0)), r#"{"_meta":{"remaining_ms":0}}"#);
+        assert_eq!(
+            with_value(&crate::calls::Empty {}, Some(0)),
             r#"{"_meta":{"remaining_ms":0}}"#
         );
         assert_eq!(
-            with_remaining_ms(" { } ", 7).unwrap(),
-            r#"{"_meta":{"remaining_ms":7} } "#
+            with_text(" { } ", Some(7)),
+            r#"{"_meta":{"remaining_ms":7}}"#
         );
+        // Whitespace before the params' own `{` stays, before the `,` that took its place.
+        let spaced = with_text(" {\"a\":1} ", Some(7));
+        assert_eq!(spaced, r#"{"_meta":{"remaining_ms":7} ,"a":1} "#);
+        assert_eq!(strip(&spaced).unwrap().params, r#"{"a":1} "#);
         for not_object in ["[1]", "null", "7", "\"x\""] {
-            assert_eq!(with_remaining_ms(not_object, 1), None, "{not_object}");
+            assert_eq!(with_text(not_object, Some(1)), not_object);
+            let v: serde_json::Value = serde_json::from_str(not_object).unwrap();
+            assert_eq!(with_value(&v, Some(1)), not_object);
         }
-        assert_eq!(with_remaining_ms(r#"{"_meta":{"x":1}}"#, 1), None);
+        // Params that name a `_meta` of their own keep it, alone.
+        assert_eq!(
+            with_text(r#"{"_meta":{"x":1}}"#, Some(1)),
+            r#"{"_meta":{"x":1}}"#
+        );
+        assert_eq!(
+            with_value(&serde_json::json!({"_meta": {"x": 1}}), Some(1)),
+            r#"{"_meta":{"x":1}}"#
+        );
+        // Without a remaining time, the params as they are.
+        assert_eq!(with_text(r#"{"a":1}"#, None), r#"{"a":1}"#);
         for p in [r#"{"text":"hi","n":[1,{"a":2}]}"#, "{}", r#"{"a":{}}"#] {
-            let with = with_remaining_ms(p, 30_000).unwrap();
+            let with = with_text(p, Some(30_000));
             let v: serde_json::Value = serde_json::from_str(&with).unwrap();
             assert_eq!(v["_meta"]["remaining_ms"], 30_000, "{with}");
             let back = strip(&with).unwrap();
@@ -143,7 +213,8 @@ mod tests {
     }
 
     /// Prints what `_meta` costs per request on the sizes the budget gate uses (a 4.4 KiB
-    /// trigger, a 100-byte echo): the host's insertion, and the receiver's strip. A benchmark,
+    /// trigger, a 100-byte echo): the host's writing of the params with it, and the receiver's
+    /// strip. A benchmark,
     /// not a check: `cargo test --release -p conduit-protocol meta_cost -- --ignored --nocapture`.
     #[test]
     #[ignore = "a benchmark; prints numbers"]
@@ -158,13 +229,14 @@ mod tests {
             let n = 100_000u32;
             let t = std::time::Instant::now();
             let mut keep = 0;
+            let mut out = Vec::with_capacity(p.len() + 64);
             for _ in 0..n {
-                keep += with_remaining_ms(std::hint::black_box(p), 250)
-                    .unwrap()
-                    .len();
+                out.clear();
+                write_params(&mut out, &JsonText(std::hint::black_box(p)), Some(250)).unwrap();
+                keep += out.len();
             }
             let insert = t.elapsed() / n;
-            let with = with_remaining_ms(p, 250).unwrap();
+            let with = with_text(p, Some(250));
             let t = std::time::Instant::now();
             for _ in 0..n {
                 keep += strip(std::hint::black_box(&with)).unwrap().params.len();

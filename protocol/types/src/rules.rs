@@ -185,6 +185,27 @@ pub fn parse_params<T: DeserializeOwned>(
     serde_json::from_str(raw).map_err(|e| RpcError::invalid_params(method, e))
 }
 
+/// [`parse_params`] for a method whose params carry a `payload` (`operation.emit`,
+/// `ingress.push`): the payload is measured against [`MAX_PAYLOAD_DEPTH`](crate::MAX_PAYLOAD_DEPTH)
+/// (§1.3) before anything is parsed into a value, the order the management API keeps too.
+pub fn parse_params_with_payload<T: DeserializeOwned>(
+    method: &str,
+    params: Option<&str>,
+) -> Result<T, RpcError> {
+    #[derive(serde::Deserialize)]
+    struct Payload<'a> {
+        #[serde(borrow, default)]
+        payload: Option<&'a serde_json::value::RawValue>,
+    }
+    // Params that do not read even this far are refused, with serde's reason, below.
+    if let Some(raw) = params
+        && let Ok(Payload { payload: Some(p) }) = serde_json::from_str::<Payload<'_>>(raw)
+    {
+        crate::depth::check_payload_depth(p.get())?;
+    }
+    parse_params(method, params)
+}
+
 /// How a caller reads an error answer's code (§12). `-32000` is the code most JSON-RPC
 /// libraries use for any server error; conduit's `overloaded` always carries `data.limit` (or,
 /// for the held-bytes bound, `data.held_bytes_limit`), so a `-32000` without either is a

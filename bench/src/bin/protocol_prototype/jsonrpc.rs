@@ -34,7 +34,8 @@ use conduit_protocol::calls::{
 use conduit_protocol::handshake::{InitializeParams, InitializeResult};
 use conduit_protocol::{ErrorCode, PROTOCOL_VERSIONS, RpcError, methods};
 use conduit_rpc::{
-    BoxFuture, CallError, Handler, HandlerResult, Peer, Request, Session, SessionConfig, to_raw,
+    BoxFuture, CallError, CallOptions, Handler, HandlerResult, Peer, Request, Session,
+    SessionConfig, to_raw,
 };
 use conduit_supervisor::process::{self, ChildCommand};
 use futures::StreamExt as _;
@@ -297,10 +298,12 @@ impl Conn for JsonConn {
 
     async fn cancel(&mut self) -> anyhow::Result<Duration> {
         let token = CancellationToken::new();
-        let params = serde_json::value::to_raw_value(&SleepParams { ms: 30_000 })?;
-        let call =
-            self.peer
-                .call_raw_cancellable(SLEEP, &params, Some(PHASE_TIMEOUT), Some(&token));
+        let params = serde_json::value::to_raw_value(&SleepParams::new(30_000))?;
+        let call = self.peer.request(
+            SLEEP,
+            &params,
+            CallOptions::within(Some(PHASE_TIMEOUT)).cancelled_by(&token),
+        );
         let sleeping = self.sleeping.clone();
         let cancel = async {
             sleeping.notified().await;
@@ -319,8 +322,11 @@ impl Conn for JsonConn {
 
     async fn crash(mut self) -> anyhow::Result<Duration> {
         let peer = self.peer.clone();
-        let params = serde_json::value::to_raw_value(&SleepParams { ms: 60_000 })?;
-        let pending = tokio::spawn(async move { peer.call_raw(SLEEP, &params, None).await });
+        let params = serde_json::value::to_raw_value(&SleepParams::new(60_000))?;
+        let pending = tokio::spawn(async move {
+            peer.request(SLEEP, &params, CallOptions::within(None))
+                .await
+        });
         tokio::time::timeout(PHASE_TIMEOUT, self.sleeping.notified())
             .await
             .context("the extension never said it was sleeping")?;
@@ -427,13 +433,14 @@ impl HostHandler {
                         tag,
                     },
                 );
-                to_raw(&ArtifactOpened {
-                    stream_id: id,
-                    max_chunk_bytes: conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
-                    window: conduit_protocol::ARTIFACT_WINDOW,
-                    bulk_tag: tag,
-                    sha256_optional: true,
-                })
+                let mut opened = ArtifactOpened::new(
+                    id,
+                    conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
+                    conduit_protocol::ARTIFACT_WINDOW,
+                )
+                .with_sha256_optional(true);
+                opened.bulk_tag = tag;
+                to_raw(&opened)
             }
             methods::ext::ARTIFACT_CHUNK => {
                 // Borrowed from the request rather than copied into an `ArtifactChunk`: the
@@ -455,9 +462,7 @@ impl HostHandler {
                 s.hasher.update(&data);
                 s.received += data.len() as u64;
                 s.next_seq += 1;
-                to_raw(&ChunkAck {
-                    received: s.received,
-                })
+                to_raw(&ChunkAck::new(s.received))
             }
             methods::ext::ARTIFACT_ABORT => {
                 let a: ArtifactAbort = req.params()?;

@@ -13,10 +13,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use conduit_protocol::message::{self, Message};
+use conduit_protocol::message::{self, Message, RequestParams};
 use conduit_protocol::{MAX_MESSAGE_BYTES, RequestId};
 use conduit_rpc::codec::{Frame, FrameReader};
-use conduit_rpc::{NoRequests, Peer, Session, SessionConfig};
+use conduit_rpc::{CallOptions, NoRequests, Peer, Session, SessionConfig};
 use hdrhistogram::Histogram;
 use jsonrpsee::core::client::{ClientBuilder, ClientT};
 use jsonrpsee::core::traits::ToRpcParams;
@@ -287,7 +287,9 @@ impl Caller for InlineCaller {
         let id = self.next_id;
         self.next_id += 1;
         self.out.clear();
-        message::write_request(&mut self.out, &RequestId::num(id), "echo", &self.params);
+        message::write_request(&mut self.out, &RequestId::num(id), "echo", |out| {
+            self.params.write_to(out)
+        })?;
         self.out.push(b'\n');
         self.stdin.write_all(&self.out).await?;
         loop {
@@ -317,7 +319,10 @@ struct SessionCaller {
 
 impl Caller for SessionCaller {
     async fn call(&mut self) -> anyhow::Result<()> {
-        let raw = self.peer.call_raw("echo", &self.params, None).await?;
+        let raw = self
+            .peer
+            .request("echo", &self.params, CallOptions::within(None))
+            .await?;
         ensure!(raw.get() == self.params.get(), "wrong echo {}", raw.get());
         Ok(())
     }

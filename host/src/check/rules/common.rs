@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use conduit_protocol::{ErrorCode, InitializeResult, RpcError, methods as names};
-use conduit_rpc::CallError;
+use conduit_rpc::{CallError, CallOptions};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -63,7 +63,11 @@ pub(crate) fn rpc_is(e: &CallError, code: ErrorCode) -> bool {
 /// Whether the session still answers: any answer to a probe within `wait` counts.
 pub(crate) async fn alive(peer: &conduit_rpc::Peer, wait: Duration) -> Result<(), String> {
     match peer
-        .call_raw(PROBE_METHOD, &raw(&serde_json::json!({})), Some(wait))
+        .request(
+            PROBE_METHOD,
+            &raw(&serde_json::json!({})),
+            CallOptions::within(Some(wait)),
+        )
         .await
     {
         Ok(_) | Err(CallError::Rpc { .. }) => Ok(()),

@@ -16,7 +16,7 @@ use conduit_protocol::methods::host::{CHECK_SLEEP, SHUTDOWN};
 use conduit_protocol::{
     ErrorCode, InitializeResult, MAX_CONCURRENT_REQUESTS, RequestId, SHUTDOWN_GRACE,
 };
-use conduit_rpc::CallError;
+use conduit_rpc::{CallError, CallOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::common::{
@@ -29,7 +29,7 @@ use crate::check::instance::{Instance, Seen, describe_exit};
 use crate::check::report::RuleResult;
 
 /// How long `check.sleep` is asked to hold a request: far longer than any rule waits.
-const HOLD: SleepParams = SleepParams { ms: 10_000 };
+const HOLD: SleepParams = SleepParams::new(10_000);
 
 /// When the checker sends `$/cancel`, after the request.
 const CANCEL_AFTER: Duration = Duration::from_millis(50);
@@ -59,11 +59,10 @@ pub(crate) async fn cancellation(
     });
     let t0 = Instant::now();
     let res = peer
-        .call_raw_cancellable(
+        .request(
             CHECK_SLEEP,
             &raw(&HOLD),
-            Some(CANCEL_AFTER + CANCEL_WITHIN),
-            Some(&token),
+            CallOptions::within(Some(CANCEL_AFTER + CANCEL_WITHIN)).cancelled_by(&token),
         )
         .await;
     let took = t0.elapsed();
@@ -157,11 +156,10 @@ pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance, judge_order: bo
         let token = CancellationToken::new();
         let (p, t) = (peer.clone(), token.clone());
         let task = tokio::spawn(async move {
-            p.call_raw_cancellable(
+            p.request(
                 CHECK_SLEEP,
                 &raw(&HOLD),
-                Some(Duration::from_secs(15)),
-                Some(&t),
+                CallOptions::within(Some(Duration::from_secs(15))).cancelled_by(&t),
             )
             .await
         });
@@ -180,7 +178,11 @@ pub(crate) async fn overload(ctx: &Ctx<'_>, inst: &mut Instance, judge_order: bo
 
     let t0 = Instant::now();
     let res = peer
-        .call_raw(CHECK_SLEEP, &raw(&HOLD), Some(REFUSE_WITHIN))
+        .request(
+            CHECK_SLEEP,
+            &raw(&HOLD),
+            CallOptions::within(Some(REFUSE_WITHIN)),
+        )
         .await;
     let took = t0.elapsed();
     // Still holding 64: the id of the hand-written one again.

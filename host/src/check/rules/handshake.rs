@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use conduit_protocol::handshake::VersionMismatchData;
 use conduit_protocol::methods::host::INITIALIZE;
 use conduit_protocol::{ErrorCode, InitializeParams, InitializeResult, PROTOCOL_VERSIONS};
-use conduit_rpc::CallError;
+use conduit_rpc::{CallError, CallOptions};
 
 use super::common::{call_failure, error_text, ms, raw};
 use super::ids::{CAPABILITIES_MATCH, HANDSHAKE, VERSION};
@@ -62,7 +62,11 @@ pub(crate) async fn handshake(ctx: &Ctx<'_>, inst: &mut Instance) -> Handshake {
     let t0 = Instant::now();
     let res = inst
         .peer()
-        .call_raw(INITIALIZE, &raw(&params), Some(ctx.opts.timeout))
+        .request(
+            INITIALIZE,
+            &raw(&params),
+            CallOptions::within(Some(ctx.opts.timeout)),
+        )
         .await;
     let took = t0.elapsed();
     let failed = |result| Handshake {
@@ -189,16 +193,18 @@ pub(crate) async fn handshake(ctx: &Ctx<'_>, inst: &mut Instance) -> Handshake {
 /// lists; what it says it speaks agrees with the manifest's `protocol`.
 pub(crate) async fn version(ctx: &Ctx<'_>, inst: &mut Instance, chosen: Option<u32>) -> RuleResult {
     let offered = vec![UNSPOKEN_VERSION];
-    let params = InitializeParams {
-        protocol_versions: offered.clone(),
-        ..offer()
-    };
+    let mut params = offer();
+    params.protocol_versions.clone_from(&offered);
     let manifest = &ctx.manifest.protocol;
     let fix_manifest =
         "make `protocol` in conduit-extension.toml list exactly the versions the extension speaks";
     let res = inst
         .peer()
-        .call_raw(INITIALIZE, &raw(&params), Some(ctx.opts.timeout))
+        .request(
+            INITIALIZE,
+            &raw(&params),
+            CallOptions::within(Some(ctx.opts.timeout)),
+        )
         .await;
     let fix_refuse = "when no version is in both lists, answer `initialize` with the error version_mismatch (-32003) and data {\"host_versions\": [the host's list], \"extension_versions\": [yours]} (docs/protocol.md §4.3)";
     match res {
@@ -360,14 +366,7 @@ mod tests {
     use conduit_protocol::handshake::{Software, WorkKind};
 
     fn init(caps: Capabilities) -> InitializeResult {
-        InitializeResult {
-            protocol_version: 1,
-            extension: Software {
-                name: "notes".into(),
-                version: "0.1.0".into(),
-            },
-            capabilities: caps,
-        }
+        InitializeResult::new(1, Software::new("notes", "0.1.0"), caps)
     }
 
     #[test]
@@ -389,14 +388,9 @@ mod tests {
             launch: crate::check::ctx::test_launch(),
             sandbox: std::sync::Mutex::new(None),
         };
-        let same = Capabilities {
-            work_kinds: vec![WorkKind {
-                name: "note".into(),
-                trigger: true,
-            }],
-            methods: vec!["check.sleep".into(), "echo".into()],
-            ..Capabilities::default()
-        };
+        let mut same = Capabilities::default();
+        same.work_kinds = vec![WorkKind::new("note", true)];
+        same.methods = vec!["check.sleep".into(), "echo".into()];
         assert_eq!(
             capabilities_match(&ctx, &init(same.clone())).status,
             Status::Pass

@@ -15,7 +15,7 @@ use conduit_protocol::calls::{
 };
 use conduit_protocol::methods::host;
 use conduit_protocol::{ErrorCode, IN_TRANSACTION_DEADLINE, InitializeResult};
-use conduit_rpc::{CallError, Peer};
+use conduit_rpc::{CallError, CallOptions, Peer};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
@@ -64,7 +64,11 @@ async fn ask<T: DeserializeOwned>(
 ) -> Option<T> {
     let t0 = Instant::now();
     let res = peer
-        .call_raw(method, &raw(params), Some(ctx.opts.timeout))
+        .request(
+            method,
+            &raw(params),
+            CallOptions::within(Some(ctx.opts.timeout)),
+        )
         .await;
     judge(tally, label, method, section, res, t0.elapsed())
 }
@@ -164,10 +168,7 @@ pub(crate) async fn declared_methods(
             break;
         }
         let label = format!("work_kind.trigger `{}`", kind.name);
-        let params = TriggerParams {
-            kind: kind.name.clone(),
-            inputs: events.clone(),
-        };
+        let params = TriggerParams::new(kind.name.clone(), events.clone());
         if let Some(r) = ask::<TriggerResult>(
             ctx,
             &peer,
@@ -196,12 +197,7 @@ pub(crate) async fn declared_methods(
             break;
         }
         let label = format!("recurrence.next `{name}`");
-        let params = RecurrenceParams {
-            recurrence: name.clone(),
-            timer_id: 1,
-            spec: "every 15m".into(),
-            fired_at_ms: ctx.now_ms,
-        };
+        let params = RecurrenceParams::new(name.clone(), 1, "every 15m", ctx.now_ms);
         if let Some(r) = ask::<RecurrenceResult>(
             ctx,
             &peer,
@@ -228,12 +224,7 @@ pub(crate) async fn declared_methods(
             break;
         }
         let label = format!("dependency.filter `{name}`");
-        let params = FilterParams {
-            filter: name.clone(),
-            wait_id: 1,
-            subject: "thread:t-1".into(),
-            event: events[0].clone(),
-        };
+        let params = FilterParams::new(name.clone(), 1, "thread:t-1", events[0].clone());
         ask::<FilterResult>(
             ctx,
             &peer,
@@ -250,12 +241,11 @@ pub(crate) async fn declared_methods(
             break;
         }
         let label = format!("emit.commit `{name}`");
-        let params = CommitParams {
-            emission: name.clone(),
-            commit_id: format!("conduit-check-commit-{name}"),
-            work_id: None,
-            payload: serde_json::json!({ "text": "conduit" }),
-        };
+        let params = CommitParams::new(
+            name.clone(),
+            format!("conduit-check-commit-{name}"),
+            serde_json::json!({ "text": "conduit" }),
+        );
         let Some(first) = ask::<CommitResult>(
             ctx,
             &peer,
@@ -300,14 +290,14 @@ pub(crate) async fn declared_methods(
             break;
         }
         let label = format!("ingress.poll `{source}`");
-        let params = IngressPollParams {
-            source: source.clone(),
-            cursor: None,
-            limit: POLL_LIMIT,
-        };
+        let params = IngressPollParams::new(source.clone(), POLL_LIMIT);
         let t0 = Instant::now();
         let res = peer
-            .call_raw(host::INGRESS_POLL, &raw(&params), Some(ctx.opts.timeout))
+            .request(
+                host::INGRESS_POLL,
+                &raw(&params),
+                CallOptions::within(Some(ctx.opts.timeout)),
+            )
             .await;
         match res {
             // The protocol allows it: the host then stops polling the source (§6.5).
@@ -347,7 +337,7 @@ pub(crate) async fn declared_methods(
                 &mut t,
                 &label,
                 method,
-                &SleepParams { ms: 1 },
+                &SleepParams::new(1),
                 "§6.7",
             )
             .await;
@@ -356,7 +346,11 @@ pub(crate) async fn declared_methods(
         let label = format!("`{method}`");
         let params = serde_json::json!({ "text": "conduit" });
         match peer
-            .call_raw(method, &raw(&params), Some(ctx.opts.timeout))
+            .request(
+                method,
+                &raw(&params),
+                CallOptions::within(Some(ctx.opts.timeout)),
+            )
             .await
         {
             Ok(_) => t.answered.push(label),
@@ -424,10 +418,10 @@ pub(crate) async fn unknown_method(ctx: &Ctx<'_>, inst: &mut Instance) -> RuleRe
         "answer a request for a method you do not serve with the error method_not_found (-32601)";
     let res = inst
         .peer()
-        .call_raw(
+        .request(
             PROBE_METHOD,
             &raw(&serde_json::json!({})),
-            Some(ctx.prompt().max(Duration::from_secs(1))),
+            CallOptions::within(Some(ctx.prompt().max(Duration::from_secs(1)))),
         )
         .await;
     match res {
@@ -471,16 +465,11 @@ mod tests {
     use conduit_protocol::calls::TriggerGroup;
 
     fn groups(gs: &[(&str, &[i64])]) -> TriggerResult {
-        TriggerResult {
-            groups: gs
-                .iter()
-                .map(|(k, ids)| TriggerGroup {
-                    key: (*k).into(),
-                    event_ids: ids.to_vec(),
-                    start: true,
-                })
+        TriggerResult::new(
+            gs.iter()
+                .map(|(k, ids)| TriggerGroup::new(*k, ids.to_vec()))
                 .collect(),
-        }
+        )
     }
 
     #[test]

@@ -216,13 +216,14 @@ impl Artifacts {
                 () = watcher.cancelled() => {}
             }
         });
-        Ok(ArtifactOpened {
-            stream_id: id,
-            max_chunk_bytes: conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
-            window: conduit_protocol::ARTIFACT_WINDOW,
-            bulk_tag: tag,
-            sha256_optional: true,
-        })
+        let mut opened = ArtifactOpened::new(
+            id,
+            conduit_protocol::MAX_ARTIFACT_CHUNK_BYTES,
+            conduit_protocol::ARTIFACT_WINDOW,
+        )
+        .with_sha256_optional(true);
+        opened.bulk_tag = tag;
+        Ok(opened)
     }
 
     /// Write one chunk, in its turn.
@@ -270,9 +271,7 @@ impl Artifacts {
                     return Err(e);
                 }
                 s.next_seq += 1;
-                return Ok(ChunkAck {
-                    received: s.received,
-                });
+                return Ok(ChunkAck::new(s.received));
             }
             // Not our turn yet: wait for the chunk before us.
             let turn = s.turn.clone();

@@ -137,11 +137,7 @@ pub(super) fn batch_of<'a, E: ?Sized>(
 /// The trigger's fallback: each input to a Work of its own, keyed `event:<id>`, started.
 pub fn fallback_groups(ids: &[i64]) -> Vec<TriggerGroup> {
     ids.iter()
-        .map(|id| TriggerGroup {
-            key: format!("event:{id}"),
-            event_ids: vec![*id],
-            start: true,
-        })
+        .map(|id| TriggerGroup::new(format!("event:{id}"), vec![*id]))
         .collect()
 }
 
@@ -184,24 +180,16 @@ mod tests {
     use super::*;
 
     fn group(key: &str, ids: &[i64]) -> TriggerGroup {
-        TriggerGroup {
-            key: key.into(),
-            event_ids: ids.to_vec(),
-            start: true,
-        }
+        TriggerGroup::new(key, ids.to_vec())
     }
 
     fn caps(kinds: &[(&str, bool)]) -> Capabilities {
-        Capabilities {
-            work_kinds: kinds
-                .iter()
-                .map(|(name, trigger)| WorkKind {
-                    name: (*name).into(),
-                    trigger: *trigger,
-                })
-                .collect(),
-            ..Capabilities::default()
-        }
+        let mut caps = Capabilities::default();
+        caps.work_kinds = kinds
+            .iter()
+            .map(|(name, trigger)| WorkKind::new(*name, *trigger))
+            .collect();
+        caps
     }
 
     fn facts(state: State, restarts: u32, handshaken: bool) -> StartFacts {

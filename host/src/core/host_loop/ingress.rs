@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use conduit_protocol::Capabilities;
-use conduit_protocol::methods::host;
 use conduit_supervisor::Extension;
 
 use crate::core::ops::IngressCursor;
@@ -53,7 +52,8 @@ pub(crate) fn start_polls<'a>(
 
 /// One `ingress.poll`: its events and new cursor are committed together.
 async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: Option<u32>) {
-    use conduit_protocol::calls::{IngressPollParams, IngressPollResult};
+    use conduit_protocol::calls::IngressPollParams;
+    use conduit_protocol::methods::IngressPoll;
     let (name, source) = key.clone();
     let (n, s) = (name.clone(), source.clone());
     let cursor = core
@@ -61,17 +61,9 @@ async fn poll_once(core: Arc<Core>, ext: Extension, key: (String, String), pid: 
         .await
         .ok()
         .flatten();
-    let params = IngressPollParams {
-        source: source.clone(),
-        cursor: cursor.clone(),
-        limit: INGRESS_LIMIT,
-    };
+    let params = IngressPollParams::new(source.clone(), INGRESS_LIMIT).with_cursor(cursor.clone());
     let res = ext
-        .call::<_, IngressPollResult>(
-            host::INGRESS_POLL,
-            &params,
-            Some(conduit_protocol::DEFAULT_CALL_DEADLINE),
-        )
+        .call::<IngressPoll>(&params, Some(conduit_protocol::DEFAULT_CALL_DEADLINE))
         .await;
     let mut declined = false;
     match res {

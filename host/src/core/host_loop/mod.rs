@@ -42,14 +42,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use conduit_protocol::IN_TRANSACTION_DEADLINE;
-use conduit_protocol::calls::{
-    CommitParams, CommitResult, Event, FilterParams, FilterResult, RecurrenceParams,
-    RecurrenceResult, TriggerParams, TriggerResult,
+use conduit_protocol::calls::{CommitParams, Event, FilterParams, RecurrenceParams, TriggerParams};
+use conduit_protocol::methods::{
+    DependencyFilter, EmitCommit, Method, RecurrenceNext, WorkKindTrigger, host,
 };
-use conduit_protocol::methods::host;
 use conduit_supervisor::{Extension, now_ms};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 pub use calls::failure_text;
@@ -78,7 +75,7 @@ pub const WAIT_EVENTS: u32 = 50;
 pub const STALL_FILE_VAR: &str = "CONDUIT_FAULT_STALL_HOST_LOOP";
 
 /// What one pass did, for tests and logs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PassReport {
     pub routed: usize,
     pub timers_fired: usize,
@@ -313,14 +310,14 @@ impl HostLoop {
     /// Make one in-transaction call and read its answer with `check` (the method's rule, and
     /// what the step takes from the answer). A failed call, or an answer `check` refuses
     /// (recorded against the method as a bad answer), gives the fallback and why.
-    fn in_tx_call<P: Serialize, R: DeserializeOwned, T>(
+    fn in_tx_call<M: Method, T>(
         &self,
         ext: Option<&Extension>,
-        method: &str,
-        params: &P,
-        check: impl FnOnce(R) -> Result<T, String>,
+        params: &M::Params,
+        check: impl FnOnce(M::Result) -> Result<T, String>,
     ) -> Outcome<T> {
-        match self.call::<P, R>(ext, method, params) {
+        let method = M::NAME;
+        match self.call::<M>(ext, params) {
             Ok(res) => match check(res) {
                 Ok(v) => Outcome::Answered(v),
                 Err(why) => {
@@ -339,12 +336,12 @@ impl HostLoop {
     /// Make one in-transaction call: the one place the loop talks to an extension (the
     /// in-transaction mark, the deadline, the stats and the health bookkeeping, degrading on a
     /// miss). `Err` carries why the fallback applies.
-    fn call<P: Serialize, R: DeserializeOwned>(
+    fn call<M: Method>(
         &self,
         ext: Option<&Extension>,
-        method: &str,
-        params: &P,
-    ) -> Result<R, String> {
+        params: &M::Params,
+    ) -> Result<M::Result, String> {
+        let method = M::NAME;
         let Some(ext) = ext else {
             return Err("no running extension serves it".into());
         };
@@ -355,7 +352,7 @@ impl HostLoop {
             .fetch_add(1, Ordering::Relaxed);
         let res = self
             .rt
-            .block_on(ext.call::<P, R>(method, params, Some(IN_TRANSACTION_DEADLINE)));
+            .block_on(ext.call::<M>(params, Some(IN_TRANSACTION_DEADLINE)));
         match &res {
             Ok(_) => self.record_answer(ext),
             Err(e) => match answered(e) {
@@ -453,19 +450,11 @@ impl HostLoop {
                         let mut fell_back = None;
                         self.core.store.write(|tx| {
                             let groups = if *trigger {
-                                let params = TriggerParams {
-                                    kind: kind.clone(),
-                                    inputs,
-                                };
+                                let params = TriggerParams::new(kind.clone(), inputs);
                                 let (groups, why) = self
-                                    .in_tx_call(
-                                        Some(*ext),
-                                        host::WORK_KIND_TRIGGER,
-                                        &params,
-                                        |res: TriggerResult| {
-                                            trigger_verdict(&res, &ids).map(|()| res.groups)
-                                        },
-                                    )
+                                    .in_tx_call::<WorkKindTrigger, _>(Some(*ext), &params, |res| {
+                                        trigger_verdict(&res, &ids).map(|()| res.groups)
+                                    })
                                     .or_fallback(|_| fallback_groups(&ids));
                                 fell_back = why;
                                 groups
@@ -519,19 +508,12 @@ impl HostLoop {
             let mut fell_back = None;
             self.core.store.write(|tx| {
                 let fired_at = now_ms();
-                let params = RecurrenceParams {
-                    recurrence: t.recurrence.clone(),
-                    timer_id: t.id,
-                    spec: t.spec.clone(),
-                    fired_at_ms: fired_at,
-                };
+                let params =
+                    RecurrenceParams::new(t.recurrence.clone(), t.id, t.spec.clone(), fired_at);
                 let (next, why) = self
-                    .in_tx_call(
-                        ext,
-                        host::RECURRENCE_NEXT,
-                        &params,
-                        |res: RecurrenceResult| res.check(fired_at).map_err(|e| e.0),
-                    )
+                    .in_tx_call::<RecurrenceNext, _>(ext, &params, |res| {
+                        res.check(fired_at).map_err(|e| e.0)
+                    })
                     .or_fallback(|_| decide::recurrence_fallback(fired_at));
                 fell_back = why;
                 tx.reschedule_timer(t.id, next, fired_at)
@@ -578,19 +560,9 @@ impl HostLoop {
                 let ev_id = ev.id;
                 let mut fell_back = None;
                 let satisfied = self.core.store.write(|tx| {
-                    let params = FilterParams {
-                        filter: w.filter.clone(),
-                        wait_id: w.id,
-                        subject: w.subject.clone(),
-                        event: ev,
-                    };
+                    let params = FilterParams::new(w.filter.clone(), w.id, w.subject.clone(), ev);
                     let (satisfied, why) = self
-                        .in_tx_call(
-                            ext,
-                            host::DEPENDENCY_FILTER,
-                            &params,
-                            |res: FilterResult| Ok(res.satisfied),
-                        )
+                        .in_tx_call::<DependencyFilter, _>(ext, &params, |res| Ok(res.satisfied))
                         .or_fallback(|_| decide::filter_fallback());
                     fell_back = why;
                     if satisfied {
@@ -632,14 +604,14 @@ impl HostLoop {
             let ext = exts.get(&em.extension).map(|(e, _)| e);
             let mut failed = None;
             self.core.store.write(|tx| {
-                let params = CommitParams {
-                    emission: em.emission.clone(),
-                    commit_id: em.commit_id.clone(),
-                    work_id: em.work_id,
-                    payload: em.payload.clone(),
-                };
+                let params = CommitParams::new(
+                    em.emission.clone(),
+                    em.commit_id.clone(),
+                    em.payload.clone(),
+                )
+                .with_work_id(em.work_id);
                 let (commit, why) = self
-                    .in_tx_call(ext, host::EMIT_COMMIT, &params, |res: CommitResult| {
+                    .in_tx_call::<EmitCommit, _>(ext, &params, |res| {
                         res.check().map_err(|e| e.0)?;
                         Ok(Commit::Records(res.records))
                     })

@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use conduit_supervisor::ExtensionSpec;
 use conduit_supervisor::backoff::RestartPolicy;
 use conduit_supervisor::process::ChildCommand;
+use conduit_supervisor::{ExtCallError, Extension, ExtensionSpec};
 
 /// How long a test waits for a condition before it gives up. Only a failing test waits this
 /// long; the suite runs on busy two-core machines.
@@ -60,4 +60,16 @@ pub async fn until(what: &str, f: impl Fn() -> bool) {
         assert!(t.elapsed() < PATIENCE, "timed out waiting until {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Call a fixture's custom method with JSON params, its answer read as `R`.
+pub async fn call<R: serde::de::DeserializeOwned>(
+    ext: &Extension,
+    method: &str,
+    params: serde_json::Value,
+    deadline: Option<Duration>,
+) -> Result<R, ExtCallError> {
+    let params = serde_json::value::to_raw_value(&params).unwrap();
+    let raw = ext.call_raw(method, &params, deadline).await?;
+    Ok(serde_json::from_str(raw.get()).expect("the fixture answers what the test reads"))
 }

@@ -23,6 +23,7 @@ pub type HandlerResult = Result<Box<RawValue>, RpcError>;
 
 /// An incoming request, as a handler sees it.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Request {
     pub id: RequestId,
     pub method: String,
@@ -36,6 +37,23 @@ pub struct Request {
 }
 
 impl Request {
+    /// A request as the session hands it to a handler, not yet cancelled: for tests that call
+    /// a handler directly.
+    pub fn new(
+        id: RequestId,
+        method: impl Into<String>,
+        params: Option<Box<RawValue>>,
+        peer: Peer,
+    ) -> Self {
+        Request {
+            id,
+            method: method.into(),
+            params,
+            cancel: CancellationToken::new(),
+            peer,
+        }
+    }
+
     /// The params as `T`. A mismatch is `invalid_params`.
     pub fn params<T: DeserializeOwned>(&self) -> Result<T, RpcError> {
         match self.params.as_deref() {

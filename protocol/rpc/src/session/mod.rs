@@ -62,7 +62,7 @@ use tokio_util::task::TaskTracker;
 pub use self::config::{SessionConfig, SessionCounters};
 pub use self::error::{CallError, CloseReason};
 pub use self::handler::{BoxFuture, Handler, HandlerResult, NoRequests, Request, to_raw};
-pub use self::peer::Peer;
+pub use self::peer::{CallOptions, Peer};
 use self::reader::read_loop;
 use self::shared::{Out, Shared, Tables};
 use self::writer::write_loop;

@@ -1,6 +1,8 @@
-//! [`Peer`], the cheap handle for calls, and the outgoing call path: an id, the held-bytes
-//! reservation, an outgoing slot, an entry of the pending table, the frame queued, the answer
-//! awaited.
+//! [`Peer`], the cheap handle for calls, and the outgoing call path: an id and the request's
+//! frame written once (`request_frame`, params straight into it, `_meta` placed by
+//! `conduit_protocol::meta`), the held-bytes reservation, an outgoing slot, an entry of the
+//! pending table, the frame sent, the answer awaited (`exchange`). [`Peer::request`] and the
+//! typed [`Peer::call`] are the two ways in; both take exactly that path.
 //!
 //! Invariant: a call that is dropped or times out before its answer removes its pending entry
 //! and sends `$/cancel` (`PendingGuard`).
@@ -10,8 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use conduit_protocol::RequestId;
-use conduit_protocol::message;
+use conduit_protocol::message::{self, RequestParams, Typed};
+use conduit_protocol::{RequestId, meta};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
@@ -20,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::{CallError, CloseReason};
 use super::shared::{Failure, Shared};
-use super::writer::{SendError, WrittenBy};
+use super::writer::WrittenBy;
 
 /// The other side of a session: make calls, send notifications. Cheap to clone.
 #[derive(Clone)]
@@ -41,9 +43,50 @@ impl std::fmt::Debug for Peer {
 /// is allocated once, not grown as it is written.
 const ENVELOPE_BYTES: usize = 46 + 20;
 
-/// Room for typed params before they are written (their size is known only then): most fit,
-/// and a larger one grows the buffer as it is written.
-const TYPED_PARAMS_BYTES: usize = 128;
+/// What `_meta` adds to params at most: `{"_meta":{"remaining_ms":N},` with the largest `N`
+/// in place of the params' own `{`.
+const META_BYTES: usize = 46;
+
+/// How a call is made, besides its method and params: how long to wait, whether that time
+/// travels with the request, and what cancels it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CallOptions<'a> {
+    deadline: Option<Duration>,
+    carry_deadline: bool,
+    cancel: Option<&'a CancellationToken>,
+}
+
+impl<'a> CallOptions<'a> {
+    /// Wait at most `deadline` for the answer (`None`: as long as the caller waits). Past it the
+    /// call fails with `deadline_exceeded` and the peer is sent `$/cancel`.
+    pub fn within(deadline: Option<Duration>) -> Self {
+        CallOptions {
+            deadline,
+            ..CallOptions::default()
+        }
+    }
+
+    /// Write the deadline into the params as `_meta.remaining_ms` (docs/protocol.md §11), so the
+    /// receiver knows when its answer stops mattering: what the host does on its calls.
+    pub fn carrying_deadline(mut self) -> Self {
+        self.carry_deadline = true;
+        self
+    }
+
+    /// When `token` fires, send `$/cancel` and go on waiting for the peer's answer (normally
+    /// `cancelled`, at once) within the deadline.
+    pub fn cancelled_by(mut self, token: &'a CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    /// The `_meta.remaining_ms` to write, if the deadline is carried.
+    fn remaining_ms(&self) -> Option<u64> {
+        self.deadline
+            .filter(|_| self.carry_deadline)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
 
 /// Removes a pending call and sends `$/cancel` if the call is dropped or times out before its
 /// answer arrives.
@@ -99,64 +142,67 @@ where
 }
 
 impl Peer {
-    /// Call `method` with raw params; wait at most `deadline` for the answer.
-    pub async fn call_raw(
+    /// Call `method` and wait for its answer, as `opts` says: the one call path. The request's
+    /// frame is written once, params straight into it (`_meta` placed by
+    /// `conduit_protocol::meta::write_params` when the deadline is carried), and sent from this
+    /// task when the writer is idle. [`Peer::call`] is the same with typed params and result.
+    pub async fn request<P: RequestParams + ?Sized>(
         &self,
         method: &str,
-        params: &RawValue,
-        deadline: Option<Duration>,
+        params: &P,
+        opts: CallOptions<'_>,
     ) -> Result<Box<RawValue>, CallError> {
-        self.call_raw_cancellable(method, params, deadline, None)
-            .await
-    }
-
-    /// Like [`Peer::call_raw`]; when `cancel` fires, `$/cancel` is sent and the call goes on
-    /// waiting for the peer's answer (normally `cancelled`, at once) within the deadline.
-    pub async fn call_raw_cancellable(
-        &self,
-        method: &str,
-        params: &RawValue,
-        deadline: Option<Duration>,
-        cancel: Option<&CancellationToken>,
-    ) -> Result<Box<RawValue>, CallError> {
-        let (id, frame) = self.request_frame_text(method, params.get())?;
-        within(method, deadline, || {
-            self.exchange(method, id, frame, cancel)
+        let (id, frame) = self.request_frame(method, params, opts.remaining_ms())?;
+        // The call's future is made inside the deadline's wrapper rather than passed to it (see
+        // `within`).
+        within(method, opts.deadline, || {
+            self.exchange(method, id, frame, opts.cancel)
         })
         .await
     }
 
-    /// Call `method` with params given as JSON text the caller built itself and vouches for —
-    /// a large payload written straight into one buffer, say — sent as is, without the parse a
-    /// [`RawValue`] would cost. Text that is not valid JSON makes the peer answer a parse
-    /// error (a call that then waits for its deadline): use it only for params you generate.
-    pub async fn call_prebuilt(
+    /// Call `method` with typed params and result, waiting at most `deadline`: [`Peer::request`]
+    /// with the params serialized straight into the frame and the answer read as `R`.
+    pub async fn call<P: Serialize + ?Sized, R: DeserializeOwned>(
         &self,
         method: &str,
-        params_json: &str,
+        params: &P,
         deadline: Option<Duration>,
-    ) -> Result<Box<RawValue>, CallError> {
-        let (id, frame) = self.request_frame_text(method, params_json)?;
-        within(method, deadline, || self.exchange(method, id, frame, None)).await
+    ) -> Result<R, CallError> {
+        // Not through `request`: an async fn awaited inside another makes every call's future
+        // larger (docs/perf-log/2026-12-04-method-table.md).
+        let (id, frame) = self.request_frame(method, &Typed(params), None)?;
+        let raw = within(method, deadline, || self.exchange(method, id, frame, None)).await?;
+        serde_json::from_str(raw.get()).map_err(|e| CallError::BadResult {
+            method: method.into(),
+            detail: e.to_string(),
+        })
     }
 
-    /// A new id, and the request's frame (with its `\n`) with params written by `params`
-    /// (`size` of them expected): refused past the message cap.
-    fn request_frame(
+    /// A new id, and the request's frame (with its `\n`), its params written by
+    /// `meta::write_params`: refused past the message cap.
+    fn request_frame<P: RequestParams + ?Sized>(
         &self,
         method: &str,
-        size: usize,
-        params: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
+        params: &P,
+        remaining_ms: Option<u64>,
     ) -> Result<(i64, Vec<u8>), CallError> {
         let shared = &*self.shared;
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut frame = Vec::with_capacity(ENVELOPE_BYTES + method.len() + size);
-        message::write_request_with(&mut frame, &RequestId::num(id), method, params).map_err(
-            |e| CallError::BadResult {
-                method: method.into(),
-                detail: format!("params do not serialize: {e}"),
-            },
-        )?;
+        let meta = if remaining_ms.is_some() {
+            META_BYTES
+        } else {
+            0
+        };
+        let mut frame =
+            Vec::with_capacity(ENVELOPE_BYTES + method.len() + meta + params.size_hint());
+        message::write_request(&mut frame, &RequestId::num(id), method, |out| {
+            meta::write_params(out, params, remaining_ms)
+        })
+        .map_err(|e| CallError::BadResult {
+            method: method.into(),
+            detail: format!("params do not serialize: {e}"),
+        })?;
         if frame.len() > shared.max_message_bytes {
             return Err(CallError::TooLarge {
                 method: method.into(),
@@ -169,14 +215,6 @@ impl Peer {
         }
         frame.push(b'\n');
         Ok((id, frame))
-    }
-
-    /// [`Peer::request_frame`] with params given as JSON text.
-    fn request_frame_text(&self, method: &str, params: &str) -> Result<(i64, Vec<u8>), CallError> {
-        self.request_frame(method, params.len(), |out| {
-            out.extend_from_slice(params.as_bytes());
-            Ok(())
-        })
     }
 
     /// Send the request `frame` (call `id`) and wait for its answer.
@@ -238,7 +276,10 @@ impl Peer {
         } else {
             WrittenBy::Sender
         };
-        shared.send_held(frame, held, by).await.map_err(closed)?;
+        shared
+            .send_held(frame, held, by, || {})
+            .await
+            .map_err(closed)?;
         let mut rx = rx;
         let answer = match cancel {
             None => (&mut rx).await,
@@ -269,25 +310,6 @@ impl Peer {
         }
     }
 
-    /// Call `method` with typed params and result.
-    pub async fn call<P: Serialize + ?Sized, R: DeserializeOwned>(
-        &self,
-        method: &str,
-        params: &P,
-        deadline: Option<Duration>,
-    ) -> Result<R, CallError> {
-        // Serialized straight into the request's frame: no buffer of their own to fill, shrink
-        // and copy.
-        let (id, frame) = self.request_frame(method, TYPED_PARAMS_BYTES, |out| {
-            serde_json::to_writer(&mut *out, params)
-        })?;
-        let raw = within(method, deadline, || self.exchange(method, id, frame, None)).await?;
-        serde_json::from_str(raw.get()).map_err(|e| CallError::BadResult {
-            method: method.into(),
-            detail: e.to_string(),
-        })
-    }
-
     /// Send a notification.
     pub async fn notify<P: Serialize + ?Sized>(
         &self,
@@ -308,18 +330,22 @@ impl Peer {
         }
         frame.push(b'\n');
         let size = frame.len();
-        self.shared.send(frame).await.map_err(|e| match e {
-            SendError::Closed(reason) => CallError::Closed {
-                method: method.into(),
-                reason,
-            },
-            SendError::Overloaded(held, limit) => CallError::Overloaded {
+        let held = self
+            .shared
+            .reserve(size)
+            .map_err(|(held, limit)| CallError::Overloaded {
                 method: method.into(),
                 size,
                 held,
                 limit,
-            },
-        })
+            })?;
+        self.shared
+            .send_held(frame, held, WrittenBy::Sender, || {})
+            .await
+            .map_err(|reason| CallError::Closed {
+                method: method.into(),
+                reason,
+            })
     }
 
     /// Whether `other` is a handle of the same session (not merely of the same extension).
@@ -357,7 +383,7 @@ mod tests {
     #[test]
     fn the_longest_envelope_fits_the_room_kept_for_it() {
         let mut frame = Vec::new();
-        message::write_request_with(&mut frame, &RequestId::num(i64::MIN), "", |out| {
+        message::write_request(&mut frame, &RequestId::num(i64::MIN), "", |out| {
             out.extend_from_slice(b"{}");
             Ok::<_, serde_json::Error>(())
         })

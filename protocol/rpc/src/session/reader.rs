@@ -22,7 +22,7 @@ use super::error::CloseReason;
 use super::handler::{Handler, HandlerResult, Request};
 use super::peer::Peer;
 use super::shared::{Failure, Shared};
-use super::writer::{Gathered, Held};
+use super::writer::{Gathered, Held, WrittenBy};
 use crate::codec::{Frame, FrameReader};
 use crate::head;
 
@@ -324,7 +324,9 @@ async fn send_answer(
     let size = frame.len();
     match shared.reserve(size) {
         Ok(held) => {
-            let _ = shared.send_held_then(frame, held, accepted).await;
+            let _ = shared
+                .send_held(frame, held, WrittenBy::Sender, accepted)
+                .await;
         }
         Err((held, limit)) => {
             drop(frame);
@@ -340,7 +342,9 @@ async fn send_answer(
             .with_data(&serde_json::json!({ "held_bytes_limit": limit }));
             let small = reply_frame(shared, id, &Err(err));
             let held = Held { shared, bytes: 0 };
-            let _ = shared.send_held_then(small, held, accepted).await;
+            let _ = shared
+                .send_held(small, held, WrittenBy::Sender, accepted)
+                .await;
         }
     }
 }

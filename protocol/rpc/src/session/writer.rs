@@ -2,16 +2,20 @@
 //! skips both when nothing is waiting.
 //!
 //! ```text
-//!   send / send_held ──(waits for queue room)──┐
-//!   try_send, try_gather_with, flush_gathered  │         nothing queued or being written:
-//!     (the reader: never waits) ───────────────┼──► write_or_queue ──► written here, at once
-//!   send_now ($/cancel: tiny, never waits) ────┘         │ otherwise, or the rest of a
-//!                                                        │ frame the pipe did not take, or
-//!                                                        │ a frame `WrittenBy::Task`
-//!                                                        ▼
-//!                                             queue ──► write_loop ──► W
-//!                                                  (batches up to 1 MiB per write)
+//!   send_held (a caller: waits for queue room) ─┐
+//!   try_send, try_gather_with, flush_gathered   │         nothing queued or being written:
+//!     (the reader: never waits) ────────────────┼──► write_or_queue ──► written here, at once
+//!   send_cancel ($/cancel: tiny, never waits) ──┘         │ otherwise, or the rest of a
+//!                                                         │ frame the pipe did not take, or
+//!                                                         │ a frame `WrittenBy::Task`
+//!                                                         ▼
+//!                                              queue ──► write_loop ──► W
+//!                                                   (batches up to 1 MiB per write)
 //! ```
+//!
+//! So a frame goes out by one of three doors, each for a reason: a caller that may wait for
+//! room (`send_held`), the reader, which must never wait for the writer (`try_send`, and its
+//! gathered answers), and `$/cancel`, which is never held back by a full queue.
 //!
 //! The write half lives in `Shared::out` while nobody writes. A sender that finds it there
 //! with nothing queued or being written (`Out::queued == 0`) writes its frame from its own
@@ -96,13 +100,6 @@ pub(super) fn close_reason_for(e: &std::io::Error) -> CloseReason {
     } else {
         CloseReason::Broken(e.to_string())
     }
-}
-
-/// Why a frame was not queued.
-pub(super) enum SendError {
-    Closed(CloseReason),
-    /// The held-bytes bound would be passed: (held before, limit).
-    Overloaded(usize, usize),
 }
 
 /// Who writes a frame that finds nothing queued and nothing being written.
@@ -196,47 +193,21 @@ impl Shared {
         })
     }
 
-    /// Queue a frame (with its `\n`), waiting for room; refused at once past the held bound.
-    pub(super) async fn send(&self, bytes: Vec<u8>) -> Result<(), SendError> {
-        let held = self
-            .reserve(bytes.len())
-            .map_err(|(h, l)| SendError::Overloaded(h, l))?;
-        self.send_held(bytes, held, WrittenBy::Sender)
-            .await
-            .map_err(SendError::Closed)
-    }
-
-    /// Queue a frame already counted against the held bound, waiting for room; `by` says who
-    /// writes it when nothing is queued or being written.
+    /// Send a frame (with its `\n`) already counted against the held bound, waiting for queue
+    /// room; `by` says who writes it when nothing is queued or being written. `accepted` is
+    /// called once there is room and before the frame can reach the peer (an answer frees its
+    /// request's id there, since a peer may reuse an id as soon as it has the answer); not called
+    /// if the session ends first. The one way a sender that may wait sends.
     pub(super) async fn send_held(
         &self,
         bytes: Vec<u8>,
         held: Held<'_>,
         by: WrittenBy,
-    ) -> Result<(), CloseReason> {
-        // Not through `send_held_then`: one async fn more inside every call's future makes that
-        // future larger (measured: 968 bytes for a typed call against 912).
-        let permits = self.acquire_room(bytes.len()).await?;
-        self.write_or_queue(ToWrite::Owned(bytes), permits, held.into_queued(), by)
-    }
-
-    /// [`Shared::send_held`], calling `accepted` once there is room and before the frame can
-    /// reach the peer: an answer frees its request's id there, since a peer may reuse an id as
-    /// soon as it has the answer. Not called if the session ends first.
-    pub(super) async fn send_held_then(
-        &self,
-        bytes: Vec<u8>,
-        held: Held<'_>,
         accepted: impl FnOnce(),
     ) -> Result<(), CloseReason> {
         let permits = self.acquire_room(bytes.len()).await?;
         accepted();
-        self.write_or_queue(
-            ToWrite::Owned(bytes),
-            permits,
-            held.into_queued(),
-            WrittenBy::Sender,
-        )
+        self.write_or_queue(ToWrite::Owned(bytes), permits, held.into_queued(), by)
     }
 
     /// Wait for the queue permits a frame of `len` bytes takes, or for the session's end.
@@ -351,12 +322,8 @@ impl Shared {
         }
     }
 
-    /// Queue a frame without waiting: only for `$/cancel`, which is tiny and at most one per
-    /// call, so it cannot grow the queue without bound.
-    pub(super) fn send_now(&self, bytes: Vec<u8>) {
-        let _ = self.write_or_queue(ToWrite::Owned(bytes), 0, 0, WrittenBy::Sender);
-    }
-
+    /// Send `$/cancel` for the call `id` without waiting and without counting it against the
+    /// queue: it is tiny and at most one per call, so it cannot grow the queue without bound.
     pub(super) fn send_cancel(&self, id: i64) {
         let params = serde_json::value::to_raw_value(&CancelParams {
             id: RequestId::num(id),
@@ -365,7 +332,7 @@ impl Shared {
         let mut frame = Vec::with_capacity(64);
         message::write_notification(&mut frame, methods::notify::CANCEL, &params);
         frame.push(b'\n');
-        self.send_now(frame);
+        let _ = self.write_or_queue(ToWrite::Owned(frame), 0, 0, WrittenBy::Sender);
     }
 
     fn out(&self) -> std::sync::MutexGuard<'_, Out> {

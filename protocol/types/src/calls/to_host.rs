@@ -1,161 +1,30 @@
-//! Params and results of every method after the handshake, in both directions.
+//! The params and results of the callbacks an extension makes (§7, §8).
 //!
-//! Times are Unix milliseconds (`*_ms`), sizes are bytes, binary data is standard base64 with
-//! padding. Inbound types ignore unknown fields and outbound ones skip empty optionals, so
-//! fields can be added without a new protocol version.
+//! Invariant: imports only `event.rs` of its siblings.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// An event as the host stores it and shows it to extensions.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Event {
-    pub id: i64,
-    pub source: String,
-    pub delivery_id: String,
-    pub kind: String,
-    pub payload: Value,
-    /// When the host accepted it.
-    #[serde(default)]
-    pub accepted_at_ms: i64,
-}
-
-// ---- host → extension: the four in-transaction calls -------------------------------------
-
-/// `work_kind.trigger` params: a batch of pending inputs for one work kind.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct TriggerParams {
-    pub kind: String,
-    pub inputs: Vec<Event>,
-}
-
-/// `work_kind.trigger` result: which Work each input goes to.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct TriggerResult {
-    pub groups: Vec<TriggerGroup>,
-}
-
-/// Inputs that go to the same Work, named by `key` within the kind.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct TriggerGroup {
-    pub key: String,
-    pub event_ids: Vec<i64>,
-    /// Whether these inputs make the Work ready to run (false: queue them only).
-    #[serde(default = "yes")]
-    pub start: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// `recurrence.next` params: a timer fired.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct RecurrenceParams {
-    pub recurrence: String,
-    pub timer_id: i64,
-    /// The timer's spec, as written when it was created (for `digest`: `every 15m`, or a
-    /// cron-like `M H * * *`).
-    pub spec: String,
-    pub fired_at_ms: i64,
-}
-
-/// `recurrence.next` result: when the timer fires next, or `null` to stop it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct RecurrenceResult {
-    pub next_at_ms: Option<i64>,
-}
-
-/// `dependency.filter` params: does `event` satisfy the wait?
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct FilterParams {
-    pub filter: String,
-    pub wait_id: i64,
-    /// What the wait is for, as written when it was created.
-    pub subject: String,
-    pub event: Event,
-}
-
-/// `dependency.filter` result.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct FilterResult {
-    pub satisfied: bool,
-}
-
-/// `emit.commit` params: a planned emission is being committed.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct CommitParams {
-    pub emission: String,
-    /// Unique per emission: a commit with the same id is the same commit.
-    pub commit_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub work_id: Option<i64>,
-    pub payload: Value,
-}
-
-/// `emit.commit` result: the records the host writes in the same transaction.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct CommitResult {
-    pub records: Vec<Record>,
-}
-
-/// One record written with an emission.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Record {
-    pub kind: String,
-    pub body: Value,
-}
-
-// ---- host → extension: ingress and the conformance method ---------------------------------
-
-/// `ingress.poll` params: what has the source seen since `cursor`?
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct IngressPollParams {
-    pub source: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cursor: Option<String>,
-    pub limit: u32,
-}
-
-/// `ingress.poll` result.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct IngressPollResult {
-    pub events: Vec<NewEvent>,
-    /// Where the next poll starts; unchanged (or absent) when nothing is new.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cursor: Option<String>,
-}
-
-/// An event being pushed or polled, before the host gave it an id.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct NewEvent {
-    pub delivery_id: String,
-    pub kind: String,
-    pub payload: Value,
-}
-
-/// `check.sleep` params: hold the request for `ms` milliseconds, or until cancelled.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct SleepParams {
-    pub ms: u64,
-}
-
-/// `check.sleep` result.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct SleepResult {
-    pub slept_ms: u64,
-}
+use super::event::Event;
 
 // ---- extension → host: callbacks ----------------------------------------------------------
 
 /// `state.event` params.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EventRef {
     pub event_id: i64,
 }
 
+impl EventRef {
+    pub const fn new(event_id: i64) -> Self {
+        EventRef { event_id }
+    }
+}
+
 /// `state.events` params: a page of events, oldest first.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EventsQuery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
@@ -167,20 +36,57 @@ pub struct EventsQuery {
     pub limit: Option<u32>,
 }
 
+impl EventsQuery {
+    /// The oldest events of every source, a page of the default size.
+    pub fn new() -> Self {
+        EventsQuery::default()
+    }
+
+    pub fn with_source(mut self, source: impl Into<String>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    pub fn with_after_id(mut self, after_id: i64) -> Self {
+        self.after_id = Some(after_id);
+        self
+    }
+
+    pub fn with_limit(mut self, limit: u32) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+}
+
 /// `state.events` result.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[non_exhaustive]
 pub struct EventsPage {
     pub events: Vec<Event>,
 }
 
+impl EventsPage {
+    pub fn new(events: Vec<Event>) -> Self {
+        EventsPage { events }
+    }
+}
+
 /// `state.work` params.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WorkRef {
     pub work_id: i64,
 }
 
+impl WorkRef {
+    pub const fn new(work_id: i64) -> Self {
+        WorkRef { work_id }
+    }
+}
+
 /// A Work as extensions see it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Work {
     pub id: i64,
     pub kind: String,
@@ -190,8 +96,27 @@ pub struct Work {
     pub event_ids: Vec<i64>,
 }
 
+impl Work {
+    pub fn new(
+        id: i64,
+        kind: impl Into<String>,
+        key: impl Into<String>,
+        state: impl Into<String>,
+        event_ids: Vec<i64>,
+    ) -> Self {
+        Work {
+            id,
+            kind: kind.into(),
+            key: key.into(),
+            state: state.into(),
+            event_ids,
+        }
+    }
+}
+
 /// `operation.emit` params: plan an emission for the host to commit.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[non_exhaustive]
 pub struct EmitParams {
     pub emission: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -199,15 +124,41 @@ pub struct EmitParams {
     pub payload: Value,
 }
 
+impl EmitParams {
+    pub fn new(emission: impl Into<String>, payload: Value) -> Self {
+        EmitParams {
+            emission: emission.into(),
+            work_id: None,
+            payload,
+        }
+    }
+
+    pub fn with_work_id(mut self, work_id: i64) -> Self {
+        self.work_id = Some(work_id);
+        self
+    }
+}
+
 /// `operation.emit` result.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EmitResult {
     pub emission_id: i64,
     pub commit_id: String,
 }
 
+impl EmitResult {
+    pub fn new(emission_id: i64, commit_id: impl Into<String>) -> Self {
+        EmitResult {
+            emission_id,
+            commit_id: commit_id.into(),
+        }
+    }
+}
+
 /// `ingress.push` params.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[non_exhaustive]
 pub struct PushParams {
     pub source: String,
     pub delivery_id: String,
@@ -215,16 +166,43 @@ pub struct PushParams {
     pub payload: Value,
 }
 
+impl PushParams {
+    pub fn new(
+        source: impl Into<String>,
+        delivery_id: impl Into<String>,
+        kind: impl Into<String>,
+        payload: Value,
+    ) -> Self {
+        PushParams {
+            source: source.into(),
+            delivery_id: delivery_id.into(),
+            kind: kind.into(),
+            payload,
+        }
+    }
+}
+
 /// `ingress.push` result: sent only after the event is committed.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PushResult {
     pub event_id: i64,
     /// True when this delivery was accepted before; no second event was made.
     pub duplicate: bool,
 }
 
+impl PushResult {
+    pub const fn new(event_id: i64, duplicate: bool) -> Self {
+        PushResult {
+            event_id,
+            duplicate,
+        }
+    }
+}
+
 /// `artifact.open` params.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ArtifactOpen {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -238,8 +216,34 @@ pub struct ArtifactOpen {
     pub bulk: bool,
 }
 
+impl ArtifactOpen {
+    pub fn new(name: impl Into<String>) -> Self {
+        ArtifactOpen {
+            name: name.into(),
+            ..ArtifactOpen::default()
+        }
+    }
+
+    pub fn with_media_type(mut self, media_type: impl Into<String>) -> Self {
+        self.media_type = Some(media_type.into());
+        self
+    }
+
+    pub fn with_size(mut self, size: u64) -> Self {
+        self.size = Some(size);
+        self
+    }
+
+    /// Ask for the bulk pipe (§8.1).
+    pub fn with_bulk(mut self, bulk: bool) -> Self {
+        self.bulk = bulk;
+        self
+    }
+}
+
 /// `artifact.open` result.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ArtifactOpened {
     pub stream_id: String,
     /// Largest chunk the host accepts, before base64.
@@ -257,8 +261,33 @@ pub struct ArtifactOpened {
     pub sha256_optional: bool,
 }
 
+impl ArtifactOpened {
+    /// An answer without a bulk tag that requires the close's `sha256` (as an older host's).
+    pub fn new(stream_id: impl Into<String>, max_chunk_bytes: usize, window: usize) -> Self {
+        ArtifactOpened {
+            stream_id: stream_id.into(),
+            max_chunk_bytes,
+            window,
+            bulk_tag: None,
+            sha256_optional: false,
+        }
+    }
+
+    pub fn with_bulk_tag(mut self, bulk_tag: u32) -> Self {
+        self.bulk_tag = Some(bulk_tag);
+        self
+    }
+
+    /// Say whether the close may leave `sha256` out (the host hashes what it receives).
+    pub fn with_sha256_optional(mut self, optional: bool) -> Self {
+        self.sha256_optional = optional;
+        self
+    }
+}
+
 /// `artifact.chunk` params: chunk `seq` (0, 1, 2, … in order) of a stream.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ArtifactChunk {
     pub stream_id: String,
     pub seq: u64,
@@ -266,15 +295,33 @@ pub struct ArtifactChunk {
     pub data: String,
 }
 
+impl ArtifactChunk {
+    pub fn new(stream_id: impl Into<String>, seq: u64, data: impl Into<String>) -> Self {
+        ArtifactChunk {
+            stream_id: stream_id.into(),
+            seq,
+            data: data.into(),
+        }
+    }
+}
+
 /// `artifact.chunk` result.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ChunkAck {
     /// Bytes received so far on this stream.
     pub received: u64,
 }
 
+impl ChunkAck {
+    pub const fn new(received: u64) -> Self {
+        ChunkAck { received }
+    }
+}
+
 /// `artifact.close` params: the sender's claim, checked by the host.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ArtifactClose {
     pub stream_id: String,
     pub size: u64,
@@ -284,8 +331,26 @@ pub struct ArtifactClose {
     pub sha256: Option<String>,
 }
 
+impl ArtifactClose {
+    /// A close claiming `size` bytes and no digest (the host computes it).
+    pub fn new(stream_id: impl Into<String>, size: u64) -> Self {
+        ArtifactClose {
+            stream_id: stream_id.into(),
+            size,
+            sha256: None,
+        }
+    }
+
+    /// Claim the content's SHA-256 (lower-case hex), which the host then checks.
+    pub fn with_sha256(mut self, sha256: impl Into<String>) -> Self {
+        self.sha256 = Some(sha256.into());
+        self
+    }
+}
+
 /// `artifact.close` result: what the host stored, under the digest it computed.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ArtifactStored {
     /// `sha256:<hex>`.
     pub artifact_id: String,
@@ -299,7 +364,8 @@ pub struct ArtifactStored {
 
 impl ArtifactStored {
     /// The answer for content of `size` bytes whose SHA-256 is `sha256` (lower-case hex).
-    pub fn new(sha256: String, size: u64) -> Self {
+    pub fn new(sha256: impl Into<String>, size: u64) -> Self {
+        let sha256 = sha256.into();
         ArtifactStored {
             artifact_id: format!("sha256:{sha256}"),
             size,
@@ -319,10 +385,15 @@ impl ArtifactStored {
 
 /// `artifact.abort` params.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ArtifactAbort {
     pub stream_id: String,
 }
 
-/// An empty object, the result of methods with nothing to say (`shutdown`, `artifact.abort`).
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Empty {}
+impl ArtifactAbort {
+    pub fn new(stream_id: impl Into<String>) -> Self {
+        ArtifactAbort {
+            stream_id: stream_id.into(),
+        }
+    }
+}

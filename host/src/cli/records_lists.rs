@@ -1,4 +1,5 @@
-//! `conduit timers|waits|emissions list` and `… show ID`: what was created, and how it went.
+//! `conduit timers|waits|emissions list` and `… show ID`: what was created, and how it went
+//! (`GET /v1/<records>` and `GET /v1/<records>/{id}` of `api/records.rs`).
 //!
 //! Like `events list`, these ask the daemon when it runs and read `conduit.db` directly when it
 //! does not.

@@ -1,5 +1,7 @@
 //! `conduit events …`, `conduit work …`, `conduit timers add`, `conduit waits add`,
-//! `conduit emissions add`, `conduit artifacts get`: the coordination core from the command line.
+//! `conduit emissions add`, `conduit artifacts get`: the coordination core from the command line,
+//! the client of the records' endpoints (`api/records.rs`); `records_lists.rs` lists and shows
+//! timers, waits and emissions.
 //!
 //! Writes go through the running daemon (it owns the database's one writer); lists come from
 //! the daemon when it runs and straight from the database when it does not.
