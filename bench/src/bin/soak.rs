@@ -514,7 +514,7 @@ async fn soak(
         .clone()
         .into_iter()
         .collect();
-    failures.sort_by(|a, b| b.1.cmp(&a.1));
+    failures.sort_by_key(|f| std::cmp::Reverse(f.1));
     for (why, n) in failures.iter().take(8) {
         println!("  failed echo calls: {n} × {why}");
     }
