@@ -79,11 +79,13 @@ test-python:
 	scripts/stage-examples.sh dev $(PACKAGES) python-echo
 	python3 -B -m unittest discover -s $(PACKAGES)/python-echo -p 'test_*.py'
 
-# The SDKs' own tests (extensions/python, extensions/node) and the Node examples' tests.
+# The SDKs' own tests (extensions/python, extensions/node, their test kits among them) and the
+# Node examples' tests (written with the kit).
 test-sdks:
 	scripts/stage-examples.sh dev $(PACKAGES) node-notes
 	python3 -m unittest discover -s extensions/python/tests -p 'test_*.py'
-	node --test extensions/node/test/sdk.test.mjs $(PACKAGES)/node-notes/test.mjs
+	scripts/stage-examples.sh dev $(PACKAGES) node-echo
+	node --test extensions/node/test/sdk.test.mjs extensions/node/test/testing.test.mjs $(PACKAGES)/node-notes/test.mjs $(PACKAGES)/node-notes/kit.test.mjs $(PACKAGES)/node-echo/echo.test.mjs
 
 fmt-check:
 	$(CARGO) fmt --all -- --check

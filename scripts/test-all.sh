@@ -2,10 +2,12 @@
 # `make test`: runs every suite even when one fails, then prints one line per suite and fails
 # if any failed. Suites: rust (every crate's unit and integration tests, the drills among
 # them; not the benchmarks), doc (the doc tests), python (the Python example's own tests),
-# python-sdk (extensions/python's tests), layout (scripts/layout: the source layout's rules) and
-# node-sdk (extensions/node's and the Node examples'). The examples' own tests run in their
-# staged folders ($CARGO_TARGET_DIR/packages, as `make stage` leaves them), where staging put
-# their SDK.
+# python-sdk (extensions/python's tests, its test kit's among them), layout (scripts/layout: the
+# source layout's rules) and node-sdk (extensions/node's, its test kit's, and the Node examples').
+# The examples' own tests (written with the kit) run in their staged folders
+# ($CARGO_TARGET_DIR/packages, as `make stage` leaves them), where staging put their SDK and its
+# kit. The Rust examples' kit tests are in the rust suite, and so is the run of each generated
+# skeleton's own tests (host/tests/sdks.rs).
 # Failure output is printed as it happens and again at the end, never under a progress bar.
 #
 # Usage: scripts/test-all.sh            (CARGO and CARGO_TARGET_DIR are honoured)
@@ -88,7 +90,8 @@ run_suite python-sdk python3 -m unittest discover -s extensions/python/tests -p 
 # reason): the checker's own tests and its run over this checkout.
 run_suite layout python3 -m unittest discover -s scripts/layout -p 'test_*.py'
 if command -v node >/dev/null; then
-  run_suite node-sdk node --test extensions/node/test/sdk.test.mjs "$packages/node-notes/test.mjs"
+  run_suite node-sdk node --test extensions/node/test/sdk.test.mjs extensions/node/test/testing.test.mjs \
+    "$packages/node-notes/test.mjs" "$packages/node-notes/kit.test.mjs" "$packages/node-echo/echo.test.mjs"
 else
   echo "node is not installed: the node-sdk suite is not run (.ci/run installs it)" >&2
   names+=(node-sdk) times+=(0) results+=("FAILED (node is not installed)")

@@ -5,7 +5,7 @@
 // protocol: framing, exact ids, the handshake, cancellation, the 64-request limit, shutdown.
 import { Extension, RpcError } from "conduit-extension";
 
-const ext = new Extension("node-echo", "0.1.0");
+export const ext = new Extension("node-echo", "0.1.0");
 
 ext.method("echo", async (ctx, params) => {
   if (typeof params.text !== "string") {
@@ -14,4 +14,5 @@ ext.method("echo", async (ctx, params) => {
   return params;
 });
 
-ext.run();
+// Served when run (`node echo.mjs`), not when a test imports it.
+if (import.meta.url === `file://${process.argv[1]}`) ext.run();

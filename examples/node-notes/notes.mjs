@@ -9,6 +9,7 @@
 // | dependency.filter | node-mentions   | satisfied when the note's text mentions `@<subject>`  |
 // | emit.commit       | node-annotation | one annotation record built from the payload          |
 // | ingress.poll      | node-inbox      | notes from the JSON-lines file $CONDUIT_NOTES_INBOX   |
+// | custom            | export          | every note (or one thread's) as a JSON-lines artifact |
 //
 // The names carry a `node-` prefix so that this package and examples/notes can be installed
 // side by side (`make run` installs every example): the same work kind declared by two
@@ -17,7 +18,7 @@
 // Invariant: the four in-transaction handlers compute their answer from their params alone, so
 // the same params always get the same answer (§6) and each answers in microseconds.
 import { readFile } from "node:fs/promises";
-import { Extension, RpcError } from "conduit-extension";
+import { ErrorCode, Extension, RpcError } from "conduit-extension";
 
 const POSTED = "node-note.posted";
 const UNIT_MS = { s: 1000, m: 60000, h: 3600000, d: 86400000 };
@@ -141,6 +142,37 @@ export async function poll(path, p) {
   return n === cursor ? { events } : { events, cursor: String(n) };
 }
 
+/**
+ * `export`: every note the host holds (or only those of `p.thread`), one JSON line each, as the
+ * artifact `notes.jsonl`, paging through `state.events` 200 at a time. Answers what the host
+ * stored (its digest), how many notes went in and which way the bytes went. A failed callback
+ * fails the export with the host's error, and a cancelled request stops it; the stream is then
+ * aborted and nothing is stored.
+ */
+export async function exportNotes(ctx, p) {
+  const w = await ctx.host.artifact("notes.jsonl", { mediaType: "application/jsonl", verify: p.verify === true, jsonChunks: p.json_chunks === true });
+  let notes = 0;
+  try {
+    for (let after;;) {
+      const page = await ctx.host.events(after === undefined ? { limit: 200 } : { after_id: after, limit: 200 });
+      // Cancelled (the host gave up, or is shutting down): stop, keeping nothing.
+      if (ctx.cancelled) throw new RpcError(ErrorCode.CANCELLED, "export cancelled");
+      for (const e of page.events) {
+        if (typeof p.thread === "string" && threadOf(e.payload) !== p.thread) continue;
+        await w.write(JSON.stringify(e) + "\n");
+        notes++;
+      }
+      if (page.events.length < 200) break;
+      after = page.events[page.events.length - 1].id;
+    }
+  } catch (e) {
+    w.abort();
+    throw e;
+  }
+  const stored = await w.finish();
+  return { ...stored, notes, transport: w.isBulk ? "bulk-pipe" : "json-chunks" };
+}
+
 export function extension(inbox = process.env.CONDUIT_NOTES_INBOX || null) {
   return new Extension("node-notes", "0.1.0")
     .workKind("node-note", (ctx, p) => group(p.inputs))
@@ -157,7 +189,8 @@ export function extension(inbox = process.env.CONDUIT_NOTES_INBOX || null) {
     .method("echo", (ctx, params) => {
       if (typeof params.text !== "string") throw RpcError.invalidParams('echo needs params {"text": string}');
       return params;
-    });
+    })
+    .method("export", exportNotes);
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) extension().run();

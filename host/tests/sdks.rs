@@ -5,7 +5,9 @@
 //! report a handler's exception as a non-retryable error. The examples get their SDK when
 //! staged (`scripts/stage-examples.sh`, through `scripts/vendor-sdk.sh`), the repository keeps
 //! no copy of it, and `conduit ext new` skeletons carry exactly what staging copies; skeletons
-//! of every language pass `ext check` as generated.
+//! of every language pass `ext check` as generated, and their own test commands (`python3 -B -m
+//! unittest`, `node --test`, `cargo test`: tests written with the SDK's test kit) pass in the
+//! scratch folder they were generated into.
 //!
 //! A test whose interpreter (`python3`, `node`) is missing says so on stderr and passes without
 //! checking; `.ci/run` installs both.
@@ -50,6 +52,25 @@ fn passes_check(pkg: &Path) {
         run.stdout().contains(": every rule passed"),
         "{}",
         run.context()
+    );
+}
+
+/// Runs a generated project's own test command in its folder; it must pass.
+#[track_caller]
+fn own_tests_pass(dir: &Path, program: &str, args: &[&str], env: &[(&str, &Path)]) {
+    let mut cmd = Command::new(program);
+    cmd.args(args).current_dir(dir).env_remove("CONDUIT_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the test command runs");
+    assert!(
+        out.status.success(),
+        "`{program} {}` failed in {}:\n{}\n{}",
+        args.join(" "),
+        dir.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -169,6 +190,70 @@ fn a_skeleton_carries_exactly_the_sdk_that_staging_copies() {
             &format!(
                 "the {lang} skeleton's SDK (host/src/cli/ext_new.rs) against scripts/vendor-sdk.sh {lang}"
             ),
+        );
+    }
+}
+
+// ---- the test kits name the checker's rules -------------------------------------------------
+
+/// Every rule id a test kit reports (the Rust kit's `rules`, the Python and Node kits' `RULES`)
+/// is one of `conduit ext check`'s, with the same section of docs/protocol.md.
+#[test]
+fn the_test_kits_name_the_checkers_rules() {
+    let root = workspace_root();
+    let checker: std::collections::HashSet<&str> = conduit_host::check::RULES
+        .iter()
+        .map(|(id, _)| *id)
+        .collect();
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    let mut named: Vec<(String, String, &str)> = Vec::new();
+    // Rust: `id: "handshake",` then `section: "§4, §4.2",`.
+    let rust = read("extensions/sdk-testing/src/error.rs");
+    let mut lines = rust.lines().map(str::trim);
+    while let Some(l) = lines.next() {
+        if let Some(id) = l.strip_prefix("id: \"").and_then(|r| r.strip_suffix("\",")) {
+            let sec = lines.next().unwrap_or_default();
+            let sec = sec
+                .trim_start_matches("section: \"")
+                .trim_end_matches("\",");
+            named.push((id.to_owned(), sec.to_owned(), "the Rust kit"));
+        }
+    }
+    // Python and Node: `"handshake": "§4, §4.2",` inside RULES.
+    for (path, who) in [
+        (
+            "extensions/python/conduit_extension/testing.py",
+            "the Python kit",
+        ),
+        ("extensions/node/testing.js", "the Node kit"),
+    ] {
+        let text = read(path);
+        let table = text
+            .split("RULES = ")
+            .nth(1)
+            .unwrap()
+            .split('}')
+            .next()
+            .unwrap();
+        for l in table.lines().map(str::trim) {
+            if let Some((id, sec)) = l.split_once(": \"§") {
+                let id = id.trim_matches('"');
+                let sec = format!("§{}", sec.trim_end_matches("\",").trim_end_matches('"'));
+                named.push((id.to_owned(), sec, who));
+            }
+        }
+    }
+    assert!(named.len() >= 17, "{named:?}");
+    let doc = std::fs::read_to_string(root.join("docs/protocol.md")).unwrap();
+    for (id, sec, who) in &named {
+        assert!(
+            checker.contains(id.as_str()),
+            "{who} names `{id}`, which `conduit ext check` does not have"
+        );
+        let row = format!("| `{id}` | {sec} |");
+        assert!(
+            doc.contains(&row),
+            "{who}: `{id}` is {sec}, but docs/protocol.md's table has no row {row}"
         );
     }
 }
@@ -594,6 +679,8 @@ fn a_python_skeleton_passes_the_check_as_generated() {
     passes_check(&dir);
     // -B: checking it wrote no bytecode into the package folder.
     assert!(!dir.join("conduit_extension/__pycache__").exists());
+    own_tests_pass(&dir, "python3", &["-B", "-m", "unittest", "-v"], &[]);
+    assert!(!dir.join("__pycache__").exists(), "the tests ran with -B");
 }
 
 #[test]
@@ -622,6 +709,7 @@ fn a_node_skeleton_passes_the_check_as_generated() {
             .is_file()
     );
     passes_check(&dir);
+    own_tests_pass(&dir, "node", &["--test"], &[]);
 }
 
 /// Builds the crate against the SDK of this checkout (offline, with the workspace's lock file
@@ -651,6 +739,12 @@ fn a_rust_skeleton_passes_the_check_once_staged() {
         String::from_utf8_lossy(&out.stderr)
     );
     passes_check(&dir.join("package"));
+    own_tests_pass(
+        &dir,
+        "cargo",
+        &["test", "--offline"],
+        &[("CARGO_TARGET_DIR", &target)],
+    );
 }
 
 #[test]

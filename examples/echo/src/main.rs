@@ -30,13 +30,9 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use conduit_extension::protocol::handshake::{Capabilities, InitializeResult};
-    use conduit_extension::protocol::methods;
-    use conduit_rpc::{CallError, NoRequests, Session, SessionConfig};
+    use conduit_extension::protocol::handshake::Capabilities;
+    use conduit_extension_testing::ScriptedHost;
     use serde_json::{Value, json};
-    use std::time::Duration;
-
-    const T: Option<Duration> = Some(Duration::from_secs(10));
 
     #[derive(Deserialize)]
     struct Manifest {
@@ -59,38 +55,23 @@ mod tests {
         assert_eq!(m.capabilities, ext.capabilities());
     }
 
+    /// With the kit (`conduit-extension-testing`): the extension behind a scripted host, its
+    /// handshake held to the manifest.
     #[tokio::test]
     async fn echo_answers_its_params_and_wants_text() {
-        let (a, b) = tokio::io::duplex(64 * 1024);
-        let (ar, aw) = tokio::io::split(a);
-        let (br, bw) = tokio::io::split(b);
-        let served = tokio::spawn(extension().serve(br, bw));
-        let host = Session::new(ar, aw, NoRequests, SessionConfig::named("echo"));
-        let peer = host.peer();
-        let init: InitializeResult = peer
-            .call(
-                methods::host::INITIALIZE,
-                &InitializeParams::current("test"),
-                T,
-            )
+        let host = ScriptedHost::builder()
+            .manifest(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/conduit-extension.toml"
+            ))
+            .start(extension())
             .await
             .unwrap();
-        assert_eq!(init.capabilities.methods, ["echo", "check.sleep"]);
-
         let params = json!({ "text": "hello", "n": 1 });
-        let v: Value = peer.call("echo", &params, T).await.unwrap();
+        let v: Value = host.call("echo", &params).await.unwrap();
         assert_eq!(v, params);
-        match peer.call::<_, Value>("echo", &json!({}), T).await {
-            Err(CallError::Rpc { error, .. }) => {
-                assert!(error.is(ErrorCode::InvalidParams), "{error}")
-            }
-            other => panic!("expected invalid_params, got {other:?}"),
-        }
-
-        let _: Value = peer
-            .call(methods::host::SHUTDOWN, &json!({}), T)
-            .await
-            .unwrap();
-        assert_eq!(served.await.unwrap().code(), 0);
+        let e = host.call::<_, Value>("echo", &json!({})).await.unwrap_err();
+        assert!(e.is(ErrorCode::InvalidParams), "{e}");
+        host.finish().await.unwrap();
     }
 }

@@ -25,6 +25,7 @@ pub(super) fn routes() -> Router<Arc<Daemon>> {
         .route("/v1/extensions/{name}/restart", post(restart))
         .route("/v1/extensions/{name}/logs", get(logs))
         .route("/v1/extensions/{name}/call", post(call))
+        .route("/v1/extensions/{name}/calls", get(calls))
         .route("/v1/reload", post(reload))
 }
 
@@ -42,6 +43,7 @@ async fn health(State(d): State<Arc<Daemon>>) -> ApiResult {
         "host_loop": d.core().stats.snapshot(),
         "store": { "panics": d.core().store_panics() },
         "telemetry": crate::telemetry::otlp::STATS.snapshot(),
+        "service": crate::service::under::current(),
     }))
     .into_response())
 }
@@ -112,6 +114,51 @@ async fn logs(
         .last_lines(n)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", log.path().display()))?;
     Ok(Json(json!({ "name": name, "lines": lines })).into_response())
+}
+
+#[derive(Deserialize)]
+struct CallsQuery {
+    after: Option<u64>,
+    limit: Option<usize>,
+}
+
+/// The most journal entries one answer holds.
+const MAX_CALLS_PAGE: usize = 1024;
+
+/// The last calls of a journaled extension (a development install), oldest first, after a
+/// sequence number: `{"name", "journaled", "calls": [{seq, at_ms, method, took_us, outcome,
+/// error_code?, error?}], "missed", "next"}`. Not journaled, or not running: no calls.
+async fn calls(
+    State(d): State<Arc<Daemon>>,
+    UrlPath(name): UrlPath<String>,
+    Query(q): Query<CallsQuery>,
+) -> ApiResult {
+    if d.extension(&name)?.is_none() {
+        return Err(ApiError::not_installed(&name));
+    }
+    let limit = q.limit.unwrap_or(MAX_CALLS_PAGE);
+    if !(1..=MAX_CALLS_PAGE).contains(&limit) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            format!("limit must be 1 to {MAX_CALLS_PAGE}, not {limit}"),
+        ));
+    }
+    let after = q.after.unwrap_or(0);
+    let (journaled, page) = match d.supervisor().get(&name) {
+        Some(ext) => (
+            ext.journal().is_enabled(),
+            ext.journal().after(after, limit),
+        ),
+        None => (
+            false,
+            conduit_supervisor::journal::JournalPage {
+                next: after,
+                ..Default::default()
+            },
+        ),
+    };
+    Ok(Json(json!({ "name": name, "journaled": journaled, "calls": page.calls, "missed": page.missed, "next": page.next })).into_response())
 }
 
 #[derive(Deserialize)]

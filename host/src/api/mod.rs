@@ -8,6 +8,9 @@
 //! POST /v1/extensions/{name}/restart      restart it now
 //! GET  /v1/extensions/{name}/logs?lines=N the last N lines of its stderr log (default 100)
 //! POST /v1/extensions/{name}/call         {"method", "params", "timeout_ms"}: call it (diagnostics)
+//! GET  /v1/extensions/{name}/calls?after=&limit=
+//!                                         its last calls (method, latency, outcome) after a
+//!                                         sequence number; kept for dev installs only
 //! POST /v1/reload                         apply the package registry (the CLI sends this)
 //! POST /v1/events                         push an event {source, delivery_id, kind, payload}
 //!                                         (body ≤ 1 MiB, payload ≤ 64 levels deep); answered

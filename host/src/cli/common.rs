@@ -225,6 +225,19 @@ pub(crate) fn need_daemon(
     })
 }
 
+/// [`need_daemon`] from inside a runtime.
+pub(crate) async fn need_daemon_async(state: &StateDir) -> Result<Client, CliError> {
+    Client::connect(&conduit_host::daemon::socket_path(state))
+        .await
+        .ok_or_else(|| CliError {
+            code: 3,
+            error: anyhow::anyhow!(
+                "no daemon is running on {}; start it with `conduit daemon run`, or pass --standalone for a scratch one",
+                state.path().display()
+            ),
+        })
+}
+
 /// An API error answer as a CLI error: a 4xx is the caller's input (exit 2), anything else a
 /// failure (exit 1); the message is the API's own.
 pub(crate) fn api_error(status: hyper::StatusCode, body: &serde_json::Value) -> CliError {

@@ -76,22 +76,53 @@ pub(crate) fn run(args: Args, state: &StateArgs) -> Result<ExitCode, CliError> {
     if !args.follow {
         return Ok(ExitCode::SUCCESS);
     }
-    let mut pos = std::fs::metadata(log.path()).map(|m| m.len()).unwrap_or(0);
+    let mut follow = Follow::from_end(log.path());
     loop {
         std::thread::sleep(Duration::from_millis(250));
-        let Ok(mut f) = std::fs::File::open(log.path()) else {
-            continue;
+        let new = follow.read_new();
+        if !new.is_empty() {
+            print(&String::from_utf8_lossy(&new))?;
+        }
+    }
+}
+
+/// What a log file gained since the last look, from where it ended when following began; a
+/// rotation (the file getting shorter) starts again from its top. Shared by `--follow` and
+/// `conduit ext dev`.
+#[derive(Debug)]
+pub(super) struct Follow {
+    path: std::path::PathBuf,
+    pos: u64,
+}
+
+/// The most one look reads, so a log written faster than it is followed is read in bounded
+/// steps.
+const MAX_READ: u64 = 1 << 20;
+
+impl Follow {
+    pub(super) fn from_end(path: &std::path::Path) -> Follow {
+        Follow {
+            path: path.to_owned(),
+            pos: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+        }
+    }
+
+    /// The bytes written since the last call (at most 1 MiB; the rest on the next call).
+    pub(super) fn read_new(&mut self) -> Vec<u8> {
+        let Ok(mut f) = std::fs::File::open(&self.path) else {
+            return Vec::new();
         };
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        if len < pos {
-            pos = 0; // rotated
+        if len < self.pos {
+            self.pos = 0; // rotated
         }
-        if len > pos {
-            let mut buf = Vec::new();
-            if f.seek(SeekFrom::Start(pos)).is_ok() && f.read_to_end(&mut buf).is_ok() {
-                pos += buf.len() as u64;
-                print(&String::from_utf8_lossy(&buf))?;
-            }
+        let mut buf = Vec::new();
+        if len > self.pos
+            && f.seek(SeekFrom::Start(self.pos)).is_ok()
+            && (&mut f).take(MAX_READ).read_to_end(&mut buf).is_ok()
+        {
+            self.pos += buf.len() as u64;
         }
+        buf
     }
 }

@@ -6,9 +6,14 @@
 //! - python: `main.py` on the Python SDK, the SDK vendored as `conduit_extension/`;
 //! - node: `main.mjs` on the Node SDK, the SDK vendored as `node_modules/conduit-extension/`.
 //!
+//! Each comes with tests written with its SDK's test kit, run by the project's own test command
+//! (`cargo test`, `python3 -B -m unittest`, `node --test`), and states its name and version once:
+//! in the manifest, which the code reads (the Rust crate at build time).
+//!
 //! The vendored SDKs are the files of `extensions/python` and `extensions/node` that
-//! `scripts/vendor-sdk.sh` copies into a package, built into this binary, so a skeleton always
-//! carries the SDK of the `conduit` that made it (host/tests/sdks.rs compares the two). The
+//! `scripts/vendor-sdk.sh` copies into a package (the test kits among them), built into this
+//! binary, so a skeleton always carries the SDK of the `conduit` that made it (host/tests/sdks.rs
+//! compares the two). The
 //! manifest is checked by the same parser `ext install` uses before anything is written.
 
 use std::path::{Path, PathBuf};
@@ -60,18 +65,19 @@ macro_rules! sdk_files {
 /// The Python SDK as a package carries it: what `scripts/vendor-sdk.sh python` copies.
 const PY_SDK: &[(&str, &str)] = sdk_files!("conduit_extension/" from "python/conduit_extension/":
     "__init__.py", "artifacts.py", "context.py", "extension.py", "messages.py", "protocol.py",
-    "session.py", "wire.py", "py.typed");
+    "session.py", "testing.py", "wire.py", "py.typed");
 
 /// The Node SDK as a package carries it: what `scripts/vendor-sdk.sh node` copies.
 const NODE_SDK: &[(&str, &str)] = sdk_files!("node_modules/conduit-extension/" from "node/":
-    "index.js", "index.d.ts", "package.json", "lib/artifacts.js", "lib/bulk.js",
+    "index.js", "index.d.ts", "package.json", "testing.js", "testing.d.ts", "lib/artifacts.js", "lib/bulk.js",
     "lib/context.js", "lib/extension.js", "lib/protocol.js", "lib/session.js", "lib/wire.js");
 
 /// The files of a skeleton: (path inside the folder, content, executable).
 fn files(name: &str, lang: Lang) -> Vec<(&'static str, String, bool)> {
     let fill = |t: &str| {
         t.replace("{{name}}", name)
-            .replace("{{sdk_path}}", &sdk_path())
+            .replace("{{sdk_path}}", &sdk_path("sdk"))
+            .replace("{{kit_path}}", &sdk_path("sdk-testing"))
     };
     let (command, methods_note) = match lang {
         Lang::Rust => (format!("[\"./conduit-{name}\"]"), "the staged binary"),
@@ -121,6 +127,11 @@ fn files(name: &str, lang: Lang) -> Vec<(&'static str, String, bool)> {
                 fill(include_str!("templates/python/main.py")),
                 false,
             ));
+            out.push((
+                "test_main.py",
+                fill(include_str!("templates/python/test_main.py")),
+                false,
+            ));
             out.extend(PY_SDK.iter().map(|(p, c)| (*p, (*c).to_owned(), false)));
             out.push((
                 "README.md",
@@ -132,6 +143,11 @@ fn files(name: &str, lang: Lang) -> Vec<(&'static str, String, bool)> {
             out.push((
                 "main.mjs",
                 fill(include_str!("templates/node/main.mjs")),
+                false,
+            ));
+            out.push((
+                "main.test.mjs",
+                fill(include_str!("templates/node/main.test.mjs")),
                 false,
             ));
             out.push((
@@ -150,9 +166,12 @@ fn files(name: &str, lang: Lang) -> Vec<(&'static str, String, bool)> {
     out
 }
 
-/// The Rust SDK of the checkout this binary was built from.
-fn sdk_path() -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../extensions/sdk");
+/// A crate under `extensions/` (the Rust SDK, its test kit) of the checkout this binary was
+/// built from.
+fn sdk_path(dir: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../extensions")
+        .join(dir);
     p.canonicalize()
         .unwrap_or(p)
         .to_string_lossy()
@@ -204,9 +223,14 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
     let d = dir.display();
     let next = match args.lang {
         Lang::Rust => format!(
-            "  {d}/stage.sh                      build, and stage {d}/package\n  conduit ext check {d}/package\n  conduit ext install {d}/package\n"
+            "  (cd {d} && cargo test)            its tests, with the SDK's test kit\n  {d}/stage.sh                      build, and stage {d}/package\n  conduit ext check {d}/package\n  conduit ext install {d}/package\n"
         ),
-        _ => format!("  conduit ext check {d}\n  conduit ext install {d}\n"),
+        Lang::Python => format!(
+            "  (cd {d} && python3 -B -m unittest)  its tests, with the SDK's test kit\n  conduit ext check {d}\n  conduit ext install {d}\n"
+        ),
+        Lang::Node => format!(
+            "  (cd {d} && node --test)           its tests, with the SDK's test kit\n  conduit ext check {d}\n  conduit ext install {d}\n"
+        ),
     };
     print(&format!(
         "created {d}: a {:?} extension `{}` serving `echo` ({} files; see {d}/README.md)\nnext:\n{next}",
@@ -243,6 +267,25 @@ mod tests {
             for (p, content, _) in &f {
                 assert!(!content.contains("{{"), "{p} has an unfilled placeholder");
             }
+        }
+    }
+
+    #[test]
+    fn the_version_is_stated_once_in_the_manifest() {
+        for (lang, code) in [
+            (Lang::Rust, "src/main.rs"),
+            (Lang::Python, "main.py"),
+            (Lang::Node, "main.mjs"),
+        ] {
+            let f = files("my-ext", lang);
+            let src = &f.iter().find(|x| x.0 == code).unwrap().1;
+            assert!(!src.contains("0.1.0"), "{code} states a version: {src}");
+            assert!(src.contains("manifest(\"version\")"), "{code} reads it");
+            assert!(
+                f.iter()
+                    .any(|x| x.0.contains("test") || x.1.contains("conduit_extension_testing")),
+                "{lang:?} comes with tests"
+            );
         }
     }
 

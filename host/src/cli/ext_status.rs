@@ -38,7 +38,8 @@ pub(crate) struct StatusArgs {
     /// least name, version, state, pid, restarts, last_exit, recent_exits (newest first: at_ms,
     /// pid, cause, reason, exit, summary, in_flight [{method, age_ms}]), descendants, and
     /// resources (limits, mechanism, sandbox, usage {rss_bytes, cpu, tasks, processes,
-    /// throttled, throttles}, limit_stops, notes).
+    /// throttled, throttles}, limit_stops, notes), and for a development install `dev`, the
+    /// folder it runs from unchecked (`conduit ext dev`).
     #[arg(long)]
     json: bool,
 }
@@ -112,7 +113,11 @@ fn table(list: &[ExtensionView]) -> String {
             let s = &v.status;
             vec![
                 s.name.clone(),
-                s.version.clone(),
+                if v.dev.is_some() {
+                    format!("{} (dev)", s.version)
+                } else {
+                    s.version.clone()
+                },
                 state_text(v),
                 s.pid.map_or("-".to_owned(), |p| p.to_string()),
                 s.restarts.to_string(),
@@ -197,6 +202,13 @@ fn detail(out: &mut String, v: &ExtensionView) {
     let _ = writeln!(out, "{} {} — {}", s.name, s.version, state_text(v));
     if let Some(d) = &v.description {
         let _ = writeln!(out, "  {d}");
+    }
+    if let Some(src) = &v.dev {
+        let _ = writeln!(
+            out,
+            "  dev install   from {} (`conduit ext dev`): runs from that folder; its files are not checked",
+            src.display()
+        );
     }
     if let Some(pid) = s.pid {
         let _ = writeln!(out, "  pid           {pid}");

@@ -27,6 +27,7 @@ mod daemon_run;
 mod docs_gen;
 mod doctor;
 mod ext_check;
+mod ext_dev;
 mod ext_logs;
 mod ext_manage;
 mod ext_new;
@@ -62,6 +63,7 @@ Quick start:
   conduit ext status                    what runs, with pids, restarts and call latencies
   conduit ext check ./my-package        check a package against the protocol's rules
   conduit ext new NAME --lang python    a new package (rust, python or node) that passes the check
+  conduit ext dev ./my-package          rebuild and restart it on every change (Ctrl-C ends)
   conduit doctor                        is this installation healthy? each check with its fix
 
 Exit codes: 0 success; 1 the command found a failure; 2 usage error or unusable input;
@@ -210,6 +212,7 @@ enum ExtCommand {
     Call(ext_status::CallArgs),
     New(ext_new::Args),
     Set(ext_set::Args),
+    Dev(ext_dev::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -272,6 +275,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Ext(ExtCommand::Call(args)) => ext_status::call(args, &state),
         Command::Ext(ExtCommand::New(args)) => ext_new::run(args),
         Command::Ext(ExtCommand::Set(args)) => ext_set::run(args, &state),
+        Command::Ext(ExtCommand::Dev(args)) => ext_dev::run(args, &state, quiet),
         Command::Daemon(DaemonCommand::Run(args)) => daemon_run::run(args, &state),
         Command::Events(EventsCommand::Push(args)) => records::push(args, &state),
         Command::Events(EventsCommand::List(args)) => records::list_events(args, &state),

@@ -48,6 +48,10 @@ pub struct ExtensionView {
     /// daemon does not run it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<crate::core::health::HealthView>,
+    /// For a development install (`conduit ext dev`), the folder it runs from; its files are
+    /// not checked (`packages::Checked::DevInstall`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev: Option<PathBuf>,
 }
 
 impl ExtensionView {
@@ -71,6 +75,7 @@ impl ExtensionView {
             installed_at_ms: rec.installed_at_ms,
             description: rec.manifest.description.clone(),
             health: None,
+            dev: rec.dev.then(|| rec.source.clone()),
         }
     }
 }
@@ -214,6 +219,7 @@ impl Daemon {
                 installed_at_ms: rec.installed_at_ms,
                 description: rec.manifest.description.clone(),
                 health: Some(self.core.health_view(&rec.name)),
+                dev: rec.dev.then(|| rec.source.clone()),
             },
             _ => {
                 let mut v = ExtensionView::offline(rec, true);
@@ -324,7 +330,7 @@ impl Daemon {
     }
 
     fn spec(&self, rec: &PackageRecord) -> anyhow::Result<ExtensionSpec> {
-        let dir = packages::package_dir(&self.state, &rec.name);
+        let dir = packages::files_dir(&self.state, rec);
         let data_dir = self.state.path().join("data").join(&rec.name);
         // A command that does not resolve is reported by the preflight (state `refused`, with
         // the reason) rather than here, so that it shows in the status like any other refusal.
@@ -352,6 +358,7 @@ impl Daemon {
         spec.limit_notes = plan.notes;
         spec.limit_sources = plan.limits.sources;
         spec.bulk = Some(self.core.artifacts.bulk_sink(&rec.name));
+        spec.development = rec.dev;
         let state = self.state.clone();
         let name = rec.name.clone();
         let resolve_error = resolved.err().map(|e| e.to_string());
@@ -364,7 +371,9 @@ impl Daemon {
             if let Some(e) = &resolve_error {
                 return Err(e.clone());
             }
-            packages::verify(&state, &name).map_err(|e| e.to_string())
+            packages::verify(&state, &name)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
         }));
         Ok(spec)
     }

@@ -216,6 +216,7 @@ mod tests {
             installed_at_ms: 0,
             description: None,
             health: None,
+            dev: None,
         }
     }
 

@@ -312,7 +312,21 @@ pub(super) fn packages(state: &StateDir) -> Vec<Check> {
     for rec in &records {
         let name = format!("package {}", rec.name);
         match packages::verify_read_only(state, &rec.name) {
-            Ok(()) => {}
+            Ok(packages::Checked::Files) => {}
+            // Not a failure, but not what a production daemon should run either: code that
+            // changes under it, unchecked.
+            Ok(packages::Checked::DevInstall { source }) => out.push(Check::warn(
+                name,
+                format!(
+                    "a development install from {} (`conduit ext dev`): its files are the author's and are not checked",
+                    source.display()
+                ),
+                format!(
+                    "conduit ext remove {}   # then, when it is ready: conduit ext install {}",
+                    rec.name,
+                    sh(&source)
+                ),
+            )),
             Err(packages::VerifyError::Tampered(t)) => {
                 let changes: Vec<String> =
                     t.changes.iter().take(5).map(|c| c.to_string()).collect();

@@ -15,6 +15,9 @@
 //! [sandbox]                  # optional; paths beyond the defaults, granted by the operator
 //! read = ["~/.config/notes"] # absolute, or under the home folder with `~/`
 //! write = ["/var/cache/notes"]
+//! [dev]                      # optional; read by `conduit ext dev` only
+//! build = "cargo build --release"   # run by `sh -c` in the package folder after a change
+//! ignore = ["dist"]          # names whose changes do not count (beside target, .*, …)
 //! ```
 //!
 //! Unlike the wire types, which ignore unknown fields so the protocol can grow, the manifest
@@ -27,10 +30,11 @@
 //!
 //! Layout, each part importing only the ones listed before it: `types.rs` (the [`Manifest`]
 //! value and the limits), `error.rs` ([`ManifestError`]), `validate.rs` (one check per field)
-//! and `limits.rs` (the `[limits]` and `[sandbox]` asks), `parse.rs` ([`Manifest::load`] and
+//! and `limits.rs` (the `[limits]` and `[sandbox]` asks), `dev.rs` (`[dev]`), `parse.rs` ([`Manifest::load`] and
 //! [`Manifest::parse`]), `command.rs` ([`Manifest::resolve_command`]).
 
 mod command;
+mod dev;
 mod error;
 mod limits;
 mod parse;
@@ -39,9 +43,10 @@ mod validate;
 
 pub use error::ManifestError;
 pub use types::{
-    CAPABILITY_KEYS, LIMIT_KEYS, MANIFEST_FILE, MAX_DESCRIPTION_CHARS, MAX_MANIFEST_BYTES,
-    MAX_NAME_LEN, Manifest, RESERVED_NAMES, ResolvedCommand, SANDBOX_KEYS, SandboxAsk,
-    TOP_LEVEL_KEYS, WORK_KIND_KEYS, read_capped,
+    CAPABILITY_KEYS, DEV_KEYS, DevAsk, LIMIT_KEYS, MANIFEST_FILE, MAX_DESCRIPTION_CHARS,
+    MAX_DEV_BUILD_BYTES, MAX_DEV_IGNORE, MAX_MANIFEST_BYTES, MAX_NAME_LEN, Manifest,
+    RESERVED_NAMES, ResolvedCommand, SANDBOX_KEYS, SandboxAsk, TOP_LEVEL_KEYS, WORK_KIND_KEYS,
+    read_capped,
 };
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use conduit_supervisor::limits::LimitSet;
 
 use super::error::ManifestError;
 use super::types::{
-    MANIFEST_FILE, MAX_MANIFEST_BYTES, Manifest, SandboxAsk, TOP_LEVEL_KEYS, read_capped,
+    DevAsk, MANIFEST_FILE, MAX_MANIFEST_BYTES, Manifest, SandboxAsk, TOP_LEVEL_KEYS, read_capped,
 };
 use super::validate::Validator;
 
@@ -77,6 +77,10 @@ impl Manifest {
             None => SandboxAsk::default(),
             Some(sb) => v.sandbox(sb)?,
         };
+        let dev = match table.get("dev") {
+            None => DevAsk::default(),
+            Some(d) => v.dev(d)?,
+        };
         Ok(Manifest {
             name,
             version,
@@ -86,6 +90,7 @@ impl Manifest {
             capabilities,
             limits,
             sandbox,
+            dev,
         })
     }
 }

@@ -501,3 +501,53 @@ fn sandbox_paths_are_absolute_or_under_home_and_the_sandbox_cannot_be_turned_off
     let msg = refused(&with("sandbox", "\"off\""), "sandbox", "must be a table");
     assert!(msg.contains("only the operator can"), "{msg}");
 }
+
+#[test]
+fn the_dev_table_says_how_to_build_and_what_to_ignore() {
+    use super::{MAX_DEV_BUILD_BYTES, MAX_DEV_IGNORE};
+    assert!(parse(GOOD).unwrap().dev.is_empty());
+    let table = |body: &str| format!("{GOOD}\n[dev]\n{body}\n");
+    let m = parse(&table(
+        "build = \"cargo build --release\"\nignore = [\"dist\"]",
+    ))
+    .unwrap();
+    assert_eq!(m.dev.build.as_deref(), Some("cargo build --release"));
+    assert_eq!(m.dev.ignore, vec!["dist".to_owned()]);
+    // The build at its edge: the most bytes taken, one more refused.
+    let long = |n: usize| table(&format!("build = \"{}\"", "x".repeat(n)));
+    assert!(parse(&long(MAX_DEV_BUILD_BYTES)).is_ok());
+    refused(
+        &long(MAX_DEV_BUILD_BYTES + 1),
+        "dev.build",
+        "more than the most, 4096",
+    );
+    refused(&table("build = \"  \""), "dev.build", "is empty");
+    refused(
+        &table("build = [\"cargo\"]"),
+        "dev.build",
+        "must be a string",
+    );
+    // The ignore list at its edge.
+    let names = |n: usize| {
+        let list: Vec<String> = (0..n).map(|i| format!("\"d{i}\"")).collect();
+        table(&format!("ignore = [{}]", list.join(", ")))
+    };
+    assert_eq!(
+        parse(&names(MAX_DEV_IGNORE)).unwrap().dev.ignore.len(),
+        MAX_DEV_IGNORE
+    );
+    refused(
+        &names(MAX_DEV_IGNORE + 1),
+        "dev.ignore",
+        "more than the most",
+    );
+    refused(
+        &table("ignore = [\"a/b\"]"),
+        "dev.ignore[0]",
+        "not a file or folder name",
+    );
+    refused(&table("ignore = [\"..\"]"), "dev.ignore[0]", "not a file");
+    refused(&table("ignore = \"dist\""), "dev.ignore", "must be a list");
+    refused(&table("watch = []"), "dev.watch", "build, ignore");
+    refused(&with("dev", "true"), "dev", "must be a table");
+}

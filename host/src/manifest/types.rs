@@ -45,6 +45,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "capabilities",
     "limits",
     "sandbox",
+    "dev",
 ];
 
 /// The keys of `[limits]` (see `conduit_supervisor::limits`).
@@ -52,6 +53,15 @@ pub const LIMIT_KEYS: &[&str] = &["memory", "cpu", "tasks", "open_files"];
 
 /// The keys of `[sandbox]`.
 pub const SANDBOX_KEYS: &[&str] = &["read", "write"];
+
+/// The keys of `[dev]` (read only by `conduit ext dev`).
+pub const DEV_KEYS: &[&str] = &["build", "ignore"];
+
+/// The longest `[dev] build` command, in bytes.
+pub const MAX_DEV_BUILD_BYTES: usize = 4096;
+
+/// The most names `[dev] ignore` may list.
+pub const MAX_DEV_IGNORE: usize = 64;
 
 /// The keys of `[capabilities]`.
 pub const CAPABILITY_KEYS: &[&str] = &[
@@ -85,6 +95,8 @@ pub struct Manifest {
     pub limits: LimitSet,
     /// Paths beyond the sandbox's defaults the package asks for, as written (`/abs` or `~/rel`).
     pub sandbox: SandboxAsk,
+    /// How `conduit ext dev` builds and watches the package (`[dev]`); the daemon ignores it.
+    pub dev: DevAsk,
 }
 
 /// What a package's `[sandbox]` asks for; nothing is granted until the operator says so.
@@ -113,6 +125,24 @@ impl SandboxAsk {
             self.read.iter().filter_map(one).collect(),
             self.write.iter().filter_map(one).collect(),
         )
+    }
+}
+
+/// What `[dev]` says to `conduit ext dev`: the command that rebuilds the package after a change
+/// (run by `sh -c` in the package folder), and names of files or folders whose changes do not
+/// count (beside the defaults: `target`, `node_modules`, `__pycache__` and every name starting
+/// with `.`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DevAsk {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignore: Vec<String>,
+}
+
+impl DevAsk {
+    pub fn is_empty(&self) -> bool {
+        self.build.is_none() && self.ignore.is_empty()
     }
 }
 

@@ -188,6 +188,15 @@ pub enum InstallError {
         changes: Vec<String>,
     },
     #[error(
+        "`{name}` is a development install from {} (`conduit ext dev`); stop that session (Ctrl-C), or remove it with `conduit ext remove {name}`, first",
+        source_dir.display()
+    )]
+    DevInstalled { name: String, source_dir: PathBuf },
+    #[error(
+        "`{name}` {version} is installed from the package store, not in development; `conduit ext dev` does not replace it: remove it first (`conduit ext remove {name}`), or give the package under development another name"
+    )]
+    NotDev { name: String, version: String },
+    #[error(
         "cannot install {}: cannot write {}: {source}; check that the state directory is writable and the disk is not full",
         origin.display(), path.display()
     )]
@@ -345,6 +354,7 @@ pub fn install(
         source: PathBuf::from(origin.to_string_lossy().into_owned()),
         manifest,
         files,
+        dev: false,
     };
     swap(state, registry, staging, &root, &record, &origin)?;
     // Installed read-only (see `readonly`); a failure here leaves a working, writable package,
@@ -436,7 +446,7 @@ fn source_kind(origin: &Path) -> Result<SourceKind, InstallError> {
 }
 
 /// Copying a folder that holds the state directory would copy staging into itself.
-fn refuse_state_inside(state: &StateDir, origin: &Path) -> Result<(), InstallError> {
+pub(crate) fn refuse_state_inside(state: &StateDir, origin: &Path) -> Result<(), InstallError> {
     let (Ok(real_state), Ok(real_origin)) = (state.path().canonicalize(), origin.canonicalize())
     else {
         return Ok(());
@@ -505,6 +515,12 @@ fn plan(
     let Some(old) = registry.packages.get(&manifest.name) else {
         return Ok(InstallChange::Installed);
     };
+    if old.dev {
+        return Err(InstallError::DevInstalled {
+            name: old.name.clone(),
+            source_dir: old.source.clone(),
+        });
+    }
     let (from, to) = (old.version.clone(), manifest.version.clone());
     match compare_versions(&from, &to) {
         Ordering::Equal => Ok(InstallChange::Reinstalled),

@@ -35,10 +35,14 @@
 //!   A crash (not a failure) between the swap's renames can leave a package folder missing or
 //!   newer than its record; [`verify`] then refuses the package and says to reinstall it.
 //!
+//! A development install (`conduit ext dev`, `dev.rs`) is a record without a folder here: the
+//! daemon runs it from the author's folder ([`files_dir`]) and its files are not checked.
+//!
 //! This module does not start, stop or talk to packages, and it does not know whether a daemon is
 //! running: a caller that replaces or removes a running package stops it first.
 
 mod archive;
+mod dev;
 mod install;
 pub mod launch;
 mod layout;
@@ -52,6 +56,7 @@ mod verify;
 #[cfg(test)]
 mod tests;
 
+pub use dev::{check_dev, files_dir, install_dev};
 pub use install::{
     DEFAULT_MAX_ENTRIES, DEFAULT_MAX_TOTAL_BYTES, InstallChange, InstallError, InstallOptions,
     InstallOutcome, install,
@@ -62,7 +67,7 @@ pub use registry::{
     FileRecord, PackageError, PackageRecord, RECORDS_DIR, REGISTRY_FILE, get, list, set_enabled,
 };
 pub use tree::UnsafeEntry;
-pub use verify::{FileChange, TamperError, VerifyError, verify, verify_read_only};
+pub use verify::{Checked, FileChange, TamperError, VerifyError, verify, verify_read_only};
 
 /// Entry points for the fuzz targets in `fuzz/`, compiled only under `--cfg fuzzing` (which
 /// `cargo fuzz` sets), so the crate's API stays as it is.

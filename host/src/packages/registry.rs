@@ -56,6 +56,11 @@ pub struct PackageRecord {
     pub manifest: Manifest,
     /// Every regular file of the package folder, by path relative to it (`/`-separated).
     pub files: BTreeMap<String, FileRecord>,
+    /// A development install (`conduit ext dev`): nothing was copied, the daemon runs the
+    /// package from `source` as it is now, and `files` is empty — the files are the author's,
+    /// changing on purpose, so they are not checked (see `verify.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dev: bool,
 }
 
 impl PackageRecord {
@@ -525,7 +530,7 @@ mod manifest_serde {
     use conduit_protocol::Capabilities;
     use serde::{Deserialize, Serialize};
 
-    use crate::manifest::{Manifest, SandboxAsk};
+    use crate::manifest::{DevAsk, Manifest, SandboxAsk};
     use conduit_supervisor::limits::LimitSet;
 
     #[derive(Serialize, Deserialize)]
@@ -542,6 +547,8 @@ mod manifest_serde {
         limits: LimitSet,
         #[serde(default, skip_serializing_if = "SandboxAsk::is_empty")]
         sandbox: SandboxAsk,
+        #[serde(default, skip_serializing_if = "DevAsk::is_empty")]
+        dev: DevAsk,
     }
 
     pub(super) fn serialize<S: serde::Serializer>(m: &Manifest, s: S) -> Result<S::Ok, S::Error> {
@@ -554,6 +561,7 @@ mod manifest_serde {
             capabilities: m.capabilities.clone(),
             limits: m.limits.clone(),
             sandbox: m.sandbox.clone(),
+            dev: m.dev.clone(),
         }
         .serialize(s)
     }
@@ -571,6 +579,7 @@ mod manifest_serde {
             capabilities: s.capabilities,
             limits: s.limits,
             sandbox: s.sandbox,
+            dev: s.dev,
         })
     }
 }

@@ -102,3 +102,58 @@ fn a_registry_write_failure_rolls_back_an_upgrade() {
     install(&state, &v2, &InstallOptions::default()).unwrap();
     assert_eq!(get(&state, "notes").unwrap().version, "0.2.0");
 }
+
+/// A development install copies nothing, is not checked, never replaces (or is replaced by) an
+/// install from the store or a dev install of another folder, and its remove takes the record
+/// alone.
+#[test]
+fn a_dev_install_points_at_the_folder_and_never_touches_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = StateDir::open(tmp.path().join("state")).unwrap();
+    let src = tmp.path().join("src");
+    write_package(&src, "1.0.0");
+    let before = snapshot(&src);
+    let rec = install_dev(&state, &src).unwrap();
+    assert!(rec.dev && rec.files.is_empty() && rec.enabled);
+    assert_eq!(rec.source, src.canonicalize().unwrap());
+    assert_eq!(files_dir(&state, &rec), rec.source);
+    assert!(!package_dir(&state, "notes").exists(), "nothing copied");
+    assert_eq!(
+        verify(&state, "notes").unwrap(),
+        Checked::DevInstall {
+            source: rec.source.clone()
+        }
+    );
+    // Edited on purpose: still not a tamper.
+    fs::write(src.join("bin/run"), "#!/bin/sh\n# edited\n").unwrap();
+    assert!(matches!(
+        verify_read_only(&state, "notes"),
+        Ok(Checked::DevInstall { .. })
+    ));
+    // Again from the same folder: a later install time (the daemon restarts it).
+    let again = install_dev(&state, &src).unwrap();
+    assert!(again.installed_at_ms > rec.installed_at_ms);
+    // Another folder, or an install from the store, is refused while it is there.
+    let other = tmp.path().join("other");
+    write_package(&other, "1.0.0");
+    let err = install_dev(&state, &other).unwrap_err().to_string();
+    assert!(err.contains("development install from"), "{err}");
+    let err = install(&state, &other, &InstallOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is a development install"), "{err}");
+    // Removed: the record goes, the author's folder stays as it is.
+    let after_edit = snapshot(&src);
+    assert_ne!(after_edit, before);
+    remove(&state, "notes").unwrap();
+    assert!(matches!(
+        get(&state, "notes"),
+        Err(PackageError::NotInstalled { .. })
+    ));
+    assert_eq!(snapshot(&src), after_edit);
+    // An install from the store is not replaced by a dev install.
+    install(&state, &other, &InstallOptions::default()).unwrap();
+    let err = install_dev(&state, &src).unwrap_err().to_string();
+    assert!(err.contains("installed from the package store"), "{err}");
+    assert!(!get(&state, "notes").unwrap().dev);
+}

@@ -35,6 +35,16 @@ use super::registry::{FileRecord, PackageError, PackageRecord, Registry, StoreLo
 use super::tree::scan;
 use crate::state_dir::StateDir;
 
+/// What a check that passed found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked {
+    /// Every file is as installed.
+    Files,
+    /// A development install (`conduit ext dev`): it runs from the author's folder, `source`,
+    /// whose files change on purpose, so none was checked.
+    DevInstall { source: PathBuf },
+}
+
 /// How many changes a [`TamperError`] message lists before summarising the rest.
 const SHOWN_CHANGES: usize = 5;
 
@@ -150,7 +160,7 @@ pub enum VerifyError {
 /// (see the module documentation).
 ///
 /// Waits for a running install or remove to finish, so it never sees half of one.
-pub fn verify(state: &StateDir, name: &str) -> Result<(), VerifyError> {
+pub fn verify(state: &StateDir, name: &str) -> Result<Checked, VerifyError> {
     let _lock = StoreLock::shared(state)?;
     check(state, name, true)
 }
@@ -158,7 +168,7 @@ pub fn verify(state: &StateDir, name: &str) -> Result<(), VerifyError> {
 /// [`verify`] that writes nothing (the stats of a full check are not kept) and waits for
 /// nothing: while an install or remove holds the store, it fails at once with
 /// [`VerifyError::Busy`]. For `conduit doctor`, which must change nothing.
-pub fn verify_read_only(state: &StateDir, name: &str) -> Result<(), VerifyError> {
+pub fn verify_read_only(state: &StateDir, name: &str) -> Result<Checked, VerifyError> {
     let Some(_lock) = StoreLock::try_shared(state)? else {
         return Err(VerifyError::Busy {
             name: name.to_owned(),
@@ -169,7 +179,7 @@ pub fn verify_read_only(state: &StateDir, name: &str) -> Result<(), VerifyError>
 
 /// The check itself, under the caller's shared lock; `remember` keeps the stats of a full
 /// check that passed.
-fn check(state: &StateDir, name: &str, remember: bool) -> Result<(), VerifyError> {
+fn check(state: &StateDir, name: &str, remember: bool) -> Result<Checked, VerifyError> {
     let registry = Registry::load_one(state, name)?;
     let Some(record) = registry.packages.get(name) else {
         return Err(PackageError::NotInstalled {
@@ -177,13 +187,18 @@ fn check(state: &StateDir, name: &str, remember: bool) -> Result<(), VerifyError
         }
         .into());
     };
+    if record.dev {
+        return Ok(Checked::DevInstall {
+            source: record.source.clone(),
+        });
+    }
     let dir = package_dir(state, name);
     let before = stat_tree(&dir);
     if let (Some(seen), Some(now)) = (read_seen(state, name), &before)
         && seen.record == record_identity(record)
         && *now == seen.files
     {
-        return Ok(());
+        return Ok(Checked::Files);
     }
     hash_and_compare(&dir, record)?;
     // Kept only if nothing changed while the files were being hashed.
@@ -192,7 +207,7 @@ fn check(state: &StateDir, name: &str, remember: bool) -> Result<(), VerifyError
     {
         keep(state, record, before);
     }
-    Ok(())
+    Ok(Checked::Files)
 }
 
 /// The full check: every file hashed and compared with the record.

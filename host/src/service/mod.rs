@@ -6,12 +6,14 @@
 //! (`systemd-analyze verify`, `plutil`) without installing anything. Installing writes that file, and only that file; it never runs
 //! `systemctl` or `launchctl` itself: it says the command to run next, so an operator sees
 //! (and a script decides) when the service manager acts. What the daemon says to the service
-//! manager while it runs (readiness, status, watchdog) is `notify.rs`.
+//! manager while it runs (readiness, status, watchdog) is `notify.rs`; whether it runs under one
+//! at all is `under.rs`.
 
 mod config;
 pub mod launchd;
 pub mod notify;
 pub mod systemd;
+pub mod under;
 
 use std::path::Path;
 

@@ -110,6 +110,21 @@ pub(crate) async fn actor(
                     Cmd::Stop => break,
                 }
             }
+            Outcome::Failed { error, .. } if spec.development => {
+                let why = format!(
+                    "{} (a development install is not restarted after a failure; the next change, or `conduit ext restart {}`, starts it again)",
+                    error.as_deref().unwrap_or("exited"),
+                    spec.name
+                );
+                tracing::warn!(extension = %spec.name, error = %why, "development install failed; held stopped");
+                match hold(&ext, State::Stopped, why, &mut cmds, &shutdown).await {
+                    Cmd::Restart(req) => {
+                        forget_failures(&ext, &spec, &mut tracker, &req);
+                        continue;
+                    }
+                    Cmd::Stop => break,
+                }
+            }
             Outcome::Failed { ready_at, error } => {
                 let decision = spec.policy.on_failure(
                     &mut tracker,

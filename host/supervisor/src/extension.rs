@@ -76,6 +76,8 @@ struct Inner {
     next_call: std::sync::atomic::AtomicU64,
     peer: watch::Sender<Option<Peer>>,
     stats: stats::Stats,
+    /// The last calls, when journaled (development installs).
+    journal: crate::journal::Journal,
     /// Every session's bytes and refusals, across the extension's restarts.
     traffic: Arc<SessionCounters>,
     /// Host calls that failed with `overloaded` (not sent, or refused by the extension).
@@ -123,6 +125,7 @@ impl Extension {
                 next_call: std::sync::atomic::AtomicU64::new(0),
                 peer: watch::Sender::new(None),
                 stats: stats::Stats::default(),
+                journal: crate::journal::Journal::default(),
                 traffic: Arc::default(),
                 overloaded_calls: std::sync::atomic::AtomicU64::new(0),
                 tail: Mutex::new(Tail::default()),
@@ -134,6 +137,11 @@ impl Extension {
 
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// Its last calls, if journaled ([`ExtensionSpec::development`](crate::ExtensionSpec)).
+    pub fn journal(&self) -> &crate::journal::Journal {
+        &self.inner.journal
     }
 
     /// The status without its call statistics and stderr tail: cheap enough for a caller that
@@ -316,6 +324,7 @@ impl Extension {
             std::mem::forget(done);
         }
         self.inner.stats.record(method, took, res.is_ok());
+        self.inner.journal.record(method, took, res.as_ref().err());
         if let Err(e) = &res
             && e.is(ErrorCode::Overloaded)
         {

@@ -20,7 +20,8 @@
 //! Where things are: `supervisor.rs` holds the registry ([`Supervisor`]), `extension.rs` the
 //! handle on one extension and its calls ([`Extension`]), `status.rs` what an operator sees
 //! ([`Status`], [`ExitRecord`]), `actor.rs` the run loop, `run.rs` how one run ends, `rest.rs`
-//! the one task that watches every resting (idle) extension by its CPU clock, and `spec.rs`
+//! the one task that watches every resting (idle) extension by its CPU clock, `journal.rs` the
+//! last calls of a development install (method, latency, outcome), and `spec.rs`
 //! what the daemon hands in ([`ExtensionSpec`], [`CallbackHandlers`]). This file only declares
 //! and re-exports, so no module imports it.
 //!
@@ -34,6 +35,7 @@ pub mod child;
 mod enforce;
 mod extension;
 mod forker;
+pub mod journal;
 pub mod limits;
 pub mod log;
 pub mod process;

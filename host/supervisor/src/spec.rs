@@ -45,6 +45,11 @@ pub struct ExtensionSpec {
     /// pipe whose write end is its descriptor 3, `initialize` offers it, and this is handed the
     /// read end with the run's session; `None`, no pipe and no offer.
     pub bulk: Option<BulkSink>,
+    /// A development install (`conduit ext dev`): every call is journaled
+    /// ([`crate::journal`]), and a run that fails is not restarted but held `stopped` with its
+    /// cause until the next restart (the author's next change), so a broken edit shows its
+    /// error once instead of crash-looping.
+    pub development: bool,
 }
 
 /// Takes the read end of a run's bulk pipe, with the peer of the run's session (which ends when
@@ -85,6 +90,7 @@ impl ExtensionSpec {
             limit_sources: BTreeMap::new(),
             host_version: env!("CARGO_PKG_VERSION").into(),
             bulk: None,
+            development: false,
         }
     }
 }

@@ -141,6 +141,9 @@ impl Supervisor {
             status.carry_history(e);
         }
         let ext = Extension::new(spec.name.clone(), status, cmds);
+        if spec.development {
+            ext.journal().enable();
+        }
         let handler = (self.handlers)(&spec.name);
         let mut running = self.lock();
         let previous = running.remove(&spec.name);

@@ -2,14 +2,25 @@
 //
 // It serves `echo`. Add handlers with ext.method, ext.workKind, ext.recurrence,
 // ext.dependencyFilter, ext.emission and ext.ingress, and declare each in
-// conduit-extension.toml's [capabilities] too.
+// conduit-extension.toml's [capabilities] too. Its name and version are stated once, in
+// conduit-extension.toml, and read from there.
+import { readFileSync } from "node:fs";
 import { Extension, RpcError } from "conduit-extension";
 
-const ext = new Extension("{{name}}", "0.1.0");
+/** A top-level `key = "value"` of conduit-extension.toml (before its first [table]). */
+function manifest(key) {
+  const top = readFileSync(new URL("conduit-extension.toml", import.meta.url), "utf8").split(/^\[/m)[0];
+  const m = new RegExp(`^${key}\\s*=\\s*"([^"]*)"`, "m").exec(top);
+  if (!m) throw new Error(`conduit-extension.toml: no top-level ${key} = "..." line`);
+  return m[1];
+}
+
+export const ext = new Extension(manifest("name"), manifest("version"));
 
 ext.method("echo", async (ctx, params) => {
   if (typeof params.text !== "string") throw RpcError.invalidParams('echo needs params {"text": string}');
   return params;
 });
 
-ext.run();
+// Served when run (`node main.mjs`), not when a test imports it.
+if (import.meta.url === `file://${process.argv[1]}`) ext.run();

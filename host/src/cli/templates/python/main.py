@@ -2,11 +2,28 @@
 
 It serves `echo`. Add handlers with the decorators of `Extension` (`method`, `work_kind`,
 `recurrence`, `dependency_filter`, `emission`, `ingress`), and declare each in
-conduit-extension.toml's `[capabilities]` too.
+conduit-extension.toml's `[capabilities]` too. Its name and version are stated once, in
+conduit-extension.toml, and read from there.
 """
+import os
+import re
+
 from conduit_extension import Extension, RpcError
 
-ext = Extension("{{name}}", "0.1.0")
+MANIFEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conduit-extension.toml")
+
+
+def manifest(key):
+    """A top-level `key = "value"` of conduit-extension.toml (before its first [table])."""
+    with open(MANIFEST, encoding="utf-8") as f:
+        top = re.split(r"^\[", f.read(), maxsplit=1, flags=re.M)[0]
+    m = re.search(r'^%s\s*=\s*"([^"]*)"' % key, top, re.M)
+    if m is None:
+        raise SystemExit('%s: no top-level %s = "..." line' % (MANIFEST, key))
+    return m.group(1)
+
+
+ext = Extension(manifest("name"), manifest("version"))
 
 
 @ext.method("echo")
