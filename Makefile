@@ -14,6 +14,11 @@
 #   make man                 man pages for every command into target/man (`man -l target/man/conduit.1`)
 #   make bench-extension     the budget gate in release, both regimes, with its numbers
 #   make bench-roundtrip     the session's echo round trip beside this machine's pipe floor
+#   make soak                one release daemon with 100 extensions (Rust, Python, Node) for
+#                            SOAK_MINUTES (default 10) under ingress, calls, artifacts, crashes,
+#                            a hung extension and a restart; RSS, threads, descriptors, CPU and
+#                            the state directory's sizes every 10 s; fails when one grows past
+#                            its bound (target/soak/report.json, target/soak/soak.svg)
 #   make protocol-prototype  the transport comparison: JSON-RPC on stdio against gRPC on a
 #                            Unix socket, beside this machine's floors (about a minute)
 #   make bench-scale         one daemon with 10 and with 1,000 release echo extensions: install
@@ -25,7 +30,11 @@
 #                            top's CPU; results in target/bench-views/results.json (minutes the
 #                            first time: the fixture is kept for the next run)
 #   make bench-history       the host loop's store reads at 1,000 / 50,000 / 1,000,000 retained
-#                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes)
+#                            events (CONDUIT_HISTORY_SIZES=1000,50000 picks sizes), then
+#                            bench-retention
+#   make bench-retention     the retention sweep at 1,000 / 100,000 / 1,000,000 retained events:
+#                            its duration and the longest time it holds the writer
+#                            (CONDUIT_RETENTION_SIZES=1000,100000 picks sizes)
 #   make bench-ingress       pushes through the management socket with 1, 8 and 64 keep-alive
 #                            clients, a fixed 2,000 events/s, list reads idle and beside pushes,
 #                            beside a server that only answers (about 2 minutes; writes
@@ -54,7 +63,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 PACKAGES := $(TARGET_DIR)/packages
 NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-scale-on-demand bench-views bench-ingress drill-backlog bench-burst-memory
+.PHONY: semver man fuzz fuzz-short drill build test test-bench test-python test-sdks check fmt-check clippy run stage doc bench-roundtrip bench-extension gate bench-history protocol-prototype bench-telemetry bench-scale bench-scale-on-demand bench-views bench-ingress drill-backlog bench-burst-memory bench-retention soak
 
 build:
 	$(CARGO) build --workspace --bins
@@ -165,6 +174,10 @@ bench-burst-memory:
 
 bench-history:
 	$(CARGO) bench -p conduit-store --bench history
+	$(MAKE) bench-retention
+
+bench-retention:
+	$(CARGO) bench -p conduit-host --bench retention
 
 # Ingress throughput, acknowledgement latency, acknowledgement-to-routing, the writer's wait and
 # hold, and list reads beside pushes, on a release daemon with notes (docs/performance.md).
@@ -205,3 +218,10 @@ drill: build
 	rm -rf $(TARGET_DIR)/tmp/drills
 	CONDUIT_DRILL_ROUNDS=20 $(CARGO) test -p conduit-host --test 'drill_*' -- --test-threads 2
 	scripts/drill-report.sh $(TARGET_DIR)
+
+# Not part of `make test`: it takes SOAK_MINUTES. bench/src/bin/soak.rs says what runs and what
+# fails it; SOAK_ARGS passes options (e.g. --rate 100 --extensions 30).
+SOAK_MINUTES ?= 10
+soak:
+	$(CARGO) build --release -p conduit-host -p conduit-example-echo -p conduit-example-notes -p conduit-bench --bin conduit --bin conduit-echo --bin conduit-notes --bin soak
+	$(TARGET_DIR)/release/soak --minutes $(SOAK_MINUTES) --out $(TARGET_DIR)/soak $(SOAK_ARGS)

@@ -12,6 +12,7 @@ pub mod doctor;
 pub mod error_chain;
 pub mod manifest;
 pub mod packages;
+pub mod retention;
 pub mod service;
 pub mod state_dir;
 pub mod telemetry;

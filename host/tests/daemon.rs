@@ -530,3 +530,53 @@ fn the_spawner_run_by_hand_says_what_it_is_and_exits_1() {
         "{err}"
     );
 }
+
+/// 64 clients pushing at once: store work waits for a connection on the async side, so the
+/// burst takes a blocking thread per store connection (one writer, four readers), not one per
+/// caller that the runtime would then keep (it wakes its idle threads in turn, so under steady
+/// load none ever ends).
+#[test]
+fn a_burst_of_pushes_takes_a_thread_per_store_connection_not_per_caller() {
+    let mut f = Fixture::new();
+    f.start_daemon();
+    let pid = f.daemon_pid();
+    let sock = f.state().join("run/conduit.sock");
+    let threads = || -> usize { proc_status(pid, "Threads").parse().unwrap_or(0) };
+    // One push first, so the blocking pool has its first thread.
+    let push = |sock: &Path, d: String| {
+        let body =
+            serde_json::json!({"source": "burst", "delivery_id": d, "kind": "b", "payload": {}});
+        support::http::request(sock, "POST", "/v1/events", Some(&body))
+    };
+    assert_eq!(push(&sock, "first".into()).0, 201);
+    let before = threads();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pushers: Vec<_> = (0..64)
+        .map(|c| {
+            let (sock, stop) = (sock.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 40 {
+                    let (code, v) = push(&sock, format!("c{c}-{i}"));
+                    assert_eq!(code, 201, "{v}");
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let mut peak = before;
+    while pushers.iter().any(|p| !p.is_finished()) {
+        peak = peak.max(threads());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for p in pushers {
+        p.join().unwrap();
+    }
+    // One writer and four readers, and a few for the daemon's other blocking work.
+    assert!(
+        peak <= before + 8,
+        "{before} threads before the burst, {peak} during it{}",
+        f.context()
+    );
+}

@@ -23,7 +23,12 @@
 //! GET  /v1/timers/{id}, /v1/waits/{id}, /v1/emissions/{id}
 //! GET  /v1/timers?after=&limit=           timers, waits, emissions (without records): oldest
 //!      /v1/waits, /v1/emissions           first, in any state, the same paging as events
-//! GET  /v1/artifacts/{id}                 the content (id: `sha256:<hex>`)
+//! GET  /v1/artifacts?after=&limit=        artifacts, oldest first, kept or removed, same paging
+//! GET  /v1/artifacts?before=&limit=       the same newest first (the web view's order)
+//! GET  /v1/artifacts/{id}                 one (id: `sha256:<hex>`): size, creator, state,
+//!                                         whether a live record needs it, its references
+//! GET  /v1/artifacts/{id}/content         the content (410 `removed` once retention removed it)
+//! POST /v1/gc?dry_run=                    a retention sweep now; answers its report
 //! POST /v1/timers/{id}/delete             end by hand, kept: a timer deleted, a wait
 //! POST /v1/waits/{id}/cancel              cancelled, a Work closed ({"reason"?}); answered
 //! POST /v1/work/{id}/close                {"<record>": …, "changed"} (`manual.rs`)
@@ -38,7 +43,6 @@
 //! GET  /v1/work/recent?state=&kind=&before=&limit=
 //!                                         Work newest first, from indexes, with counts
 //! GET  /v1/work/{id}/events?after=&limit= one Work and a page of its events
-//! GET  /v1/artifacts?before=&limit=       artifacts, newest first
 //! ```
 //!
 //! Access: the socket is 0600 inside a 0700 folder, and each connection's peer uid (read once
@@ -56,13 +60,15 @@
 //! cap, the header timeout, the peer check), `error.rs` the error answers (`ApiError`, the
 //! store's and the core's errors as answers, the envelope of the framework's rejections),
 //! `extensions.rs` the daemon's own endpoints (health, metrics, extensions, reload),
-//! `records.rs` the events, Work, timers, waits, emissions and artifacts, whose rules are the
+//! `records.rs` the events, Work, timers, waits and emissions, whose rules are the
 //! core's operations (`core::ops`): each handler parses, calls one, and shapes the answer,
-//! `manual.rs` what an operator ends by hand (`core::manual`), and `views.rs` what the operator
-//! views read (the overview, pages from indexes) and do.
+//! `artifacts.rs` the artifacts (a page either way, one with its references, its content) and
+//! the retention sweep on demand, `manual.rs` what an operator ends by hand (`core::manual`),
+//! and `views.rs` what the operator views read (the overview, pages from indexes) and do.
 //!
 //! Of the daemon, only this module knows HTTP (its clients — `client.rs`, the views — speak it too).
 
+mod artifacts;
 mod error;
 mod extensions;
 mod manual;
@@ -90,6 +96,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .merge(extensions::routes())
         .merge(records::routes(daemon.core().clone()))
+        .merge(artifacts::routes())
         .merge(views::routes())
         .merge(manual::routes())
         .fallback(|req: Request| async move {

@@ -1,5 +1,5 @@
-//! The records' endpoints: events (push and list), Work, timers, waits, emissions and
-//! artifacts. The rules (who owns a name, what a wait may see, when the host loop is nudged)
+//! The records' endpoints: events (push and list), Work, timers, waits and emissions (artifacts
+//! are `artifacts.rs`'s). The rules (who owns a name, what a wait may see, when the host loop is nudged)
 //! are the core's operations (`core::ops`); a handler parses the request, calls one, and shapes
 //! the answer.
 //!
@@ -35,7 +35,6 @@ pub(super) fn routes(core: Arc<Core>) -> Router<Arc<Daemon>> {
         .route("/v1/waits/{id}", get(one_wait))
         .route("/v1/emissions", post(create_emission).get(list_emissions))
         .route("/v1/emissions/{id}", get(one_emission))
-        .route("/v1/artifacts/{id}", get(get_artifact))
         .with_state(core);
     Router::new()
         .route(
@@ -262,40 +261,4 @@ async fn create_emission(State(core): State<Arc<Core>>, Body(b): Body<EmissionBo
         .plan_emission(ext, b.emission, b.work_id, payload)
         .await?;
     Ok((StatusCode::CREATED, Json(planned)).into_response())
-}
-
-async fn get_artifact(State(core): State<Arc<Core>>, UrlPath(id): UrlPath<String>) -> ApiResult {
-    let sha = id
-        .strip_prefix("sha256:")
-        .unwrap_or(&id)
-        .to_ascii_lowercase();
-    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(bad_request("an artifact id is `sha256:` and 64 hex digits"));
-    }
-    let sha2 = sha.clone();
-    let meta = core.read(move |r| r.artifact_by_sha256(&sha2)).await?;
-    let Some(meta) = meta else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no artifact sha256:{sha}"),
-        ));
-    };
-    let path = core.artifacts.content_path(&sha);
-    let file = tokio::fs::File::open(&path)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
-    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(file));
-    Ok((
-        [
-            (
-                axum::http::header::CONTENT_TYPE,
-                meta.media_type
-                    .unwrap_or_else(|| "application/octet-stream".into()),
-            ),
-            (axum::http::header::CONTENT_LENGTH, meta.size.to_string()),
-        ],
-        body,
-    )
-        .into_response())
 }

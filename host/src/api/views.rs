@@ -1,6 +1,7 @@
 //! The endpoints the operator views read and act through (`conduit top`, `conduit web`): the
 //! overview, enable and disable, an extension's latency histogram, recent Work by state and
-//! kind, one Work's events, and the artifacts list. Every list is a page read from indexes
+//! kind, and one Work's events (the artifacts list, newest first with `before`, is
+//! `artifacts.rs`'s). Every list is a page read from indexes
 //! (`conduit_store::views`), so what a view costs does not grow with the history retained.
 
 use std::sync::Arc;
@@ -27,7 +28,6 @@ pub(super) fn routes() -> Router<Arc<Daemon>> {
         .route("/v1/extensions/{name}/latency", get(latency))
         .route("/v1/work/recent", get(recent_work))
         .route("/v1/work/{id}/events", get(work_events))
-        .route("/v1/artifacts", get(list_artifacts))
 }
 
 /// `limit` as every list takes it: 1 to 200, 50 when absent.
@@ -217,22 +217,4 @@ async fn work_events(
     }
     let next = events.last().map(|e| e.event.id);
     Ok(Json(json!({ "work": work, "events": events, "next_after": next })).into_response())
-}
-
-#[derive(Deserialize)]
-struct BeforeQuery {
-    before: Option<i64>,
-    limit: Option<u32>,
-}
-
-async fn list_artifacts(State(d): State<Arc<Daemon>>, Query(q): Query<BeforeQuery>) -> ApiResult {
-    let limit = limit(q.limit)?;
-    let rows = d
-        .core()
-        .read(move |r| r.list_artifacts(q.before, limit))
-        .await?;
-    let next = (rows.len() == limit as usize)
-        .then(|| rows.last().map(|a| a.id))
-        .flatten();
-    Ok(Json(json!({ "artifacts": rows, "next_before": next })).into_response())
 }

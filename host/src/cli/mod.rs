@@ -19,7 +19,9 @@ macro_rules! note {
     };
 }
 
+mod artifacts;
 mod common;
+mod config;
 mod core_end;
 mod daemon_run;
 mod docs_gen;
@@ -33,6 +35,7 @@ mod ext_pending;
 mod ext_set;
 mod ext_status;
 mod ext_wait;
+mod gc;
 mod metrics;
 mod outcome;
 mod records;
@@ -113,9 +116,14 @@ enum Command {
     /// Plan and list emissions (committed with an extension's emit.commit).
     #[command(subcommand)]
     Emissions(EmissionsCommand),
-    /// Read stored artifacts.
+    /// List and read stored artifacts.
     #[command(subcommand)]
     Artifacts(ArtifactsCommand),
+    /// Show and change the daemon's settings (retention).
+    #[command(subcommand)]
+    Config(config::Command),
+    /// Remove what retention allows now (artifact content, logs of earlier runs), or list it.
+    Gc(gc::Args),
     /// Run the daemon under systemd or launchd: install, uninstall, status.
     #[command(subcommand)]
     Service(ServiceCommand),
@@ -183,6 +191,9 @@ enum EmissionsCommand {
 #[derive(Debug, Subcommand)]
 enum ArtifactsCommand {
     Get(records::ArtifactArgs),
+    /// List artifacts, oldest first, whether their content is kept or was removed by retention.
+    List(records_lists::ListArgs),
+    Show(artifacts::ShowArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -291,6 +302,10 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, CliError> {
             records_lists::show(Kind::Emissions, args, &state)
         }
         Command::Artifacts(ArtifactsCommand::Get(args)) => records::get_artifact(args, &state),
+        Command::Artifacts(ArtifactsCommand::List(args)) => artifacts::list(args, &state),
+        Command::Artifacts(ArtifactsCommand::Show(args)) => artifacts::show(args, &state),
+        Command::Config(cmd) => config::run(cmd, &state),
+        Command::Gc(args) => gc::run(args, &state),
         Command::Service(ServiceCommand::Install(args)) => service::install(args, &state),
         Command::Service(ServiceCommand::Uninstall(args)) => service::uninstall(args, &state),
         Command::Service(ServiceCommand::Status(args)) => service::status(args, &state),

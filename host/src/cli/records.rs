@@ -332,24 +332,33 @@ pub(crate) struct ArtifactArgs {
 
 pub(crate) fn get_artifact(args: ArtifactArgs, state: &StateArgs) -> Result<ExitCode, CliError> {
     let state = state.open_read_only()?;
-    let sha = args
-        .id
-        .strip_prefix("sha256:")
-        .unwrap_or(&args.id)
-        .to_ascii_lowercase();
-    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let Some(sha) = conduit_protocol::artifact_id::parse(&args.id) else {
         return Err(CliError::usage(anyhow::anyhow!(
             "an artifact id is `sha256:` and 64 hex digits, not `{}`",
             args.id
         )));
-    }
+    };
     // Content is addressed by digest in the state directory, so it is read directly.
     let path = state.artifacts_dir().join("sha256").join(&sha);
     let mut file = std::fs::File::open(&path).map_err(|e| {
-        CliError::usage(anyhow::anyhow!(
-            "no artifact sha256:{sha} ({}: {e})",
-            path.display()
-        ))
+        // Gone: say whether retention removed it (the store keeps its row) or it never was.
+        let db = conduit_host::retention::sweep::db_path(&state);
+        let removed = db
+            .exists()
+            .then(|| conduit_store::read_only(&db, |r| r.artifact_by_sha256(&sha)).ok())
+            .flatten()
+            .flatten()
+            .and_then(|a| a.removed_at_ms);
+        match removed {
+            Some(at) => CliError::usage(anyhow::anyhow!(
+                "{}",
+                conduit_host::retention::view::removed_message(&sha, at)
+            )),
+            None => CliError::usage(anyhow::anyhow!(
+                "no artifact sha256:{sha} ({}: {e})",
+                path.display()
+            )),
+        }
     })?;
     match &args.output {
         Some(out) => {

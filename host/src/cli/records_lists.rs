@@ -47,13 +47,14 @@ Exit codes: 0 listed (with or without a daemon); 1 the store or the daemon faile
 pub(crate) struct ListArgs {
     /// Only those with a larger id (for paging: the previous page's last id).
     #[arg(long)]
-    after: Option<i64>,
+    pub(crate) after: Option<i64>,
     /// How many, 1 to 200.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=200))]
-    limit: u32,
-    /// Print {"timers" (or "waits", "emissions"): [...], "next_after"} as the API answers it.
+    pub(crate) limit: u32,
+    /// Print the page as the API answers it: {"timers" (or "waits", "emissions",
+    /// "artifacts"): [...], "next_after"}.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 /// Show one, with everything recorded about it.

@@ -181,19 +181,28 @@ impl HostCallbacks for Daemon {
     async fn artifact_close(&self, p: ArtifactClose) -> Reply<Close> {
         let done = self.core.artifacts.close(&self.ext, p).await?;
         let (sha, size) = (done.sha256.clone(), done.size);
+        // The creator is the extension that stored it first. The content is checked inside
+        // the recording transaction: the retention sweep sets files aside only inside its own.
+        let path = self.core.artifacts.content_path(&sha);
         self.core
             .write(move |tx| {
-                tx.record_artifact(
+                tx.record_stored_artifact(
                     &done.sha256,
                     done.size,
                     &done.name,
                     done.media_type.as_deref(),
                     &done.ext,
                     now_ms(),
+                    || path.exists(),
                 )
             })
             .await
-            .map_err(store_fault)?;
+            .map_err(|e| match e {
+                e @ conduit_store::StoreError::ContentMissing { .. } => {
+                    RpcError::new(ErrorCode::ArtifactInvalid, e.to_string())
+                }
+                e => store_fault(e),
+            })?;
         Ok(ArtifactStored::new(sha, size))
     }
 

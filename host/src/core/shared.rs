@@ -6,7 +6,9 @@
 //! `fault.rs`, `host_loop/poll.rs`, `group_commit.rs`, `timings.rs`); the operations on it live
 //! in `ops.rs` and `callbacks.rs`, which import `Core` from here.
 //!
-//! Invariant: no lock here is held across an await; store work runs off the async runtime.
+//! Invariant: no lock here is held across an await; store work runs off the async runtime, on
+//! at most as many blocking threads at once as the store has connections to give them (one
+//! writer, `MAX_READERS` readers): the others wait here, on the async side.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -16,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use conduit_protocol::Capabilities;
 use conduit_store::{Store, StoreError};
 use conduit_supervisor::{Extension, Supervisor};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 
 use super::fault::{DiskFullLog, panic_text};
 use super::group_commit::GroupCommit;
@@ -61,6 +63,18 @@ pub struct Core {
     pub(crate) group: GroupCommit,
     /// The writer's wait and hold, acknowledgement-to-routing, the group commit's counters.
     pub timings: Arc<Timings>,
+    /// Permits for store work on a blocking thread (`store_slots`).
+    write_slots: Arc<Semaphore>,
+    read_slots: Arc<Semaphore>,
+}
+
+/// How many store operations of a kind may hold a blocking thread at once: as many as there are
+/// connections for them. Past that a thread would only park on the store's own lock or pool,
+/// and the runtime keeps every thread a burst made for as long as work keeps coming (its idle
+/// threads are woken in turn, so none stays idle long enough to end): a burst of 64 pushes
+/// left 64 threads for good.
+fn store_slots(connections: usize) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(connections))
 }
 
 impl std::fmt::Debug for Core {
@@ -101,6 +115,8 @@ impl Core {
             dropped: super::pending::DroppedCounts::default(),
             group: GroupCommit::default(),
             timings,
+            write_slots: store_slots(1),
+            read_slots: store_slots(conduit_store::MAX_READERS),
         }
     }
 
@@ -214,9 +230,15 @@ impl Core {
         f: impl FnOnce(&mut conduit_store::WriteTx<'_>) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let store = self.store.clone();
-        let res = tokio::task::spawn_blocking(move || store.write(f))
-            .await
-            .unwrap_or_else(|e| Err(self.panicked("write", e)));
+        // The permit goes with the blocking task: a caller that stops waiting frees no slot
+        // while its work still runs.
+        let permit = self.write_slots.clone().acquire_owned().await.ok(); // never closed
+        let res = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            store.write(f)
+        })
+        .await
+        .unwrap_or_else(|e| Err(self.panicked("write", e)));
         self.disk_full.note(&res);
         res
     }
@@ -228,9 +250,13 @@ impl Core {
         f: impl FnOnce(&conduit_store::ReadTx<'_>) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.read(f))
-            .await
-            .unwrap_or_else(|e| Err(self.panicked("read", e)))
+        let permit = self.read_slots.clone().acquire_owned().await.ok(); // never closed
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            store.read(f)
+        })
+        .await
+        .unwrap_or_else(|e| Err(self.panicked("read", e)))
     }
 
     /// A store operation's task that did not finish: counted and logged as the bug it is.

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::reload::{self, Launch};
 use crate::core::Core;
 use crate::packages::{self, PackageRecord};
+use crate::retention::Sweeper;
 use crate::state_dir::StateDir;
 
 /// How often the host loop makes a pass when nothing nudges it.
@@ -144,6 +145,8 @@ pub struct Daemon {
     reloads_done: std::sync::atomic::AtomicU64,
     /// Numbers the temporary folders of versions started beside a running one.
     overlaps: std::sync::atomic::AtomicU64,
+    /// The retention sweeps (periodic, and `POST /v1/gc`).
+    sweeper: Arc<Sweeper>,
     /// The registry's records as last read for an overview, with the stamp of the files they
     /// were read from (see [`Daemon::records`]).
     records: Mutex<Option<(RegistryStamp, Arc<Vec<PackageRecord>>)>>,
@@ -177,6 +180,7 @@ impl Daemon {
         supervisor: Arc<Supervisor>,
         core: Arc<Core>,
         reloads: mpsc::Sender<oneshot::Sender<ReloadReport>>,
+        sweeper: Arc<Sweeper>,
     ) -> Daemon {
         Daemon {
             state,
@@ -186,8 +190,14 @@ impl Daemon {
             started_at_ms: now_ms(),
             reloads_done: std::sync::atomic::AtomicU64::new(0),
             overlaps: std::sync::atomic::AtomicU64::new(0),
+            sweeper,
             records: Mutex::new(None),
         }
+    }
+
+    /// The retention sweeper (its counters, and a sweep on demand).
+    pub fn sweeper(&self) -> &Arc<Sweeper> {
+        &self.sweeper
     }
 
     pub fn state_dir(&self) -> &StateDir {
@@ -305,6 +315,8 @@ impl Daemon {
     /// and changed is replaced without a gap ([`Supervisor::replace`]). Only the reconciler
     /// task calls it, one request at a time.
     pub(crate) async fn reconcile(&self) -> ReloadReport {
+        // The same file holds the retention settings: the sweeper reads them again.
+        self.sweeper.settings_changed();
         *self.records.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let mut report = ReloadReport::default();
         let records = match packages::list(&self.state) {

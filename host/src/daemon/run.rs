@@ -1,6 +1,7 @@
 //! The startup and shutdown wiring of `conduit daemon run`: signals first, the state lock, the
-//! store, the supervisor and the core, the host loop thread, the reconciler task, the memory trimmer, the
-//! management API and (under systemd) the notifier; then, on SIGTERM or SIGINT, each stopped in
+//! store, the supervisor and the core, the host loop thread, the reconciler task, the memory
+//! trimmer, the retention sweeper, the management API and (under systemd) the notifier; then, on
+//! SIGTERM or SIGINT, each stopped in
 //! turn, every wait bounded.
 //!
 //! This is the one part of the daemon that imports the API, the telemetry export and the
@@ -107,11 +108,16 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
             "removed artifact streams an earlier daemon left unfinished"
         );
     }
+    let sweeper = Arc::new(crate::retention::Sweeper::new(
+        state.clone(),
+        core.store.clone(),
+    ));
     let daemon = Arc::new(Daemon::new(
         state.clone(),
         supervisor.clone(),
         core.clone(),
         reloads,
+        sweeper.clone(),
     ));
     // The metrics export (when configured) gathers from this daemon from now on.
     crate::telemetry::metrics::export_from(&daemon);
@@ -141,6 +147,8 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
     };
     // Free memory given back after bursts (`memory.rs`).
     let trimmer = tokio::spawn(super::memory::trim(shutdown.clone()));
+    // Retention: every `retention.interval`, the first a minute after the start.
+    let sweeps = sweeper.clone().spawn(shutdown.clone());
     let api = tokio::spawn(crate::api::serve_with(
         listener,
         daemon.clone(),
@@ -178,8 +186,16 @@ pub async fn run(state: StateDir, stop: CancellationToken) -> anyhow::Result<()>
         })
     });
     shutdown.cancel();
+    sweeper.stop();
     if let Some(t) = notify_task {
         let _ = t.await;
+    }
+    // A sweep in progress ends after its current transaction (each is a few milliseconds).
+    if tokio::time::timeout(Duration::from_secs(5), sweeps)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the retention sweep did not end within 5 s of the stop");
     }
     let _ = reconciler.await;
     let _ = trimmer.await;

@@ -48,8 +48,8 @@ pub use error::ManifestError;
 pub use types::{
     CAPABILITY_KEYS, DEV_KEYS, DevAsk, LIFECYCLE_KEYS, LIMIT_KEYS, MANIFEST_FILE,
     MAX_DESCRIPTION_CHARS, MAX_DEV_BUILD_BYTES, MAX_DEV_IGNORE, MAX_MANIFEST_BYTES, MAX_NAME_LEN,
-    Manifest, ResolvedCommand, SANDBOX_KEYS, SandboxAsk, TOP_LEVEL_KEYS, WORK_KIND_KEYS,
-    read_capped,
+    Manifest, RESERVED_NAMES, ResolvedCommand, SANDBOX_KEYS, SandboxAsk, TOP_LEVEL_KEYS,
+    WORK_KIND_KEYS, read_capped,
 };
 
 #[cfg(test)]

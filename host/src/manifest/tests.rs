@@ -92,6 +92,9 @@ fn name_characters() {
         "must be a string, not an integer",
     );
     refused(&without("name"), "name", "is required");
+    // The daemon's own table in settings.toml keeps its name; a longer one is fine.
+    refused(&with("name", "\"retention\""), "name", "is reserved");
+    assert!(parse(&with("name", "\"retention-tool\"")).is_ok());
 }
 
 #[test]

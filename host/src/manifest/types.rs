@@ -29,6 +29,10 @@ pub fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
 /// The longest package name (it becomes a folder name, a log file name and a label).
 pub const MAX_NAME_LEN: usize = 63;
 
+/// Names no package may take: `settings.toml` keeps the daemon's own tables beside the
+/// packages' tables, under these names (`retention`: `conduit config`).
+pub const RESERVED_NAMES: &[&str] = &["retention"];
+
 /// The longest description, in characters.
 pub const MAX_DESCRIPTION_CHARS: usize = 200;
 

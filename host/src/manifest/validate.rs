@@ -11,7 +11,9 @@ use conduit_protocol::Capabilities;
 use conduit_protocol::handshake::WorkKind;
 
 use super::error::ManifestError;
-use super::types::{CAPABILITY_KEYS, MAX_DESCRIPTION_CHARS, MAX_NAME_LEN, WORK_KIND_KEYS};
+use super::types::{
+    CAPABILITY_KEYS, MAX_DESCRIPTION_CHARS, MAX_NAME_LEN, RESERVED_NAMES, WORK_KIND_KEYS,
+};
 
 /// Shared context for the field checks: the path every error names.
 pub(super) struct Validator<'a> {
@@ -94,6 +96,15 @@ impl Validator<'_> {
                     name.len()
                 ),
                 fix,
+            ));
+        }
+        if RESERVED_NAMES.contains(&name) {
+            return Err(self.invalid(
+                "name",
+                format!(
+                    "\"{name}\" is reserved: settings.toml holds the daemon's own [{name}] table under it"
+                ),
+                "give the package another name (e.g. \"{name}-tool\")",
             ));
         }
         Ok(())

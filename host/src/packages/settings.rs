@@ -13,6 +13,11 @@
 //!
 //! Written by `conduit ext set NAME KEY=VALUE` (aside, then renamed, so a reader never sees half
 //! a file) and readable by hand; every value goes through the same parser as the manifest's.
+//!
+//! The same file holds the daemon's own `[retention]` table (`conduit config set`), whose keys
+//! and values are `retention::settings`'s; this module reads and writes the file as a whole,
+//! so each writer keeps what the other wrote. No package can be named `retention` (the
+//! manifest's name rule), so the table is never taken for a package's.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +28,7 @@ use conduit_supervisor::Lifecycle;
 use conduit_supervisor::lifecycle::{StartMode, format_idle_stop_after, parse_idle_stop_after};
 use conduit_supervisor::limits::{LimitKey, LimitSet, LimitValue, format_bytes, parse_value};
 
+use crate::retention::settings::{RetentionSettings, TABLE as RETENTION_TABLE};
 use crate::state_dir::StateDir;
 
 /// The file's name in the state directory.
@@ -110,10 +116,29 @@ pub fn for_package(state: &StateDir, name: &str) -> Result<PackageSettings, Sett
     Ok(load(state)?.remove(name).unwrap_or_default())
 }
 
+/// The daemon's retention settings (every default when the file or its table is absent).
+pub fn retention(state: &StateDir) -> Result<RetentionSettings, SettingsError> {
+    Ok(read(&path(state))?.1)
+}
+
+/// Replaces the `[retention]` table with `r`, keeping every package's settings.
+pub fn save_retention(state: &StateDir, r: &RetentionSettings) -> Result<(), SettingsError> {
+    let p = path(state);
+    let (packages, _) = read(&p)?;
+    write(&p, &packages, r)
+}
+
 fn load_from(p: &Path) -> Result<BTreeMap<String, PackageSettings>, SettingsError> {
+    Ok(read(p)?.0)
+}
+
+/// The whole file: every package's settings and the retention table.
+fn read(p: &Path) -> Result<(BTreeMap<String, PackageSettings>, RetentionSettings), SettingsError> {
     let text = match std::fs::read_to_string(p) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((BTreeMap::new(), RetentionSettings::default()));
+        }
         Err(source) => {
             return Err(SettingsError::Io {
                 action: "read",
@@ -131,7 +156,21 @@ fn load_from(p: &Path) -> Result<BTreeMap<String, PackageSettings>, SettingsErro
         invalid(format!("not valid TOML: {}", e.to_string().trim()))
     })?;
     let mut out = BTreeMap::new();
+    let mut retention = RetentionSettings::default();
     for (name, v) in table {
+        if name == RETENTION_TABLE {
+            let t = v.as_table().ok_or_else(|| {
+                invalid(format!(
+                    "`{RETENTION_TABLE}` must be a table ([{RETENTION_TABLE}]) of settings"
+                ))
+            })?;
+            retention = RetentionSettings::from_table(t).map_err(|problem| SettingsError::Invalid {
+                path: p.to_owned(),
+                problem,
+                fix: "fix it by hand or change it with `conduit config set KEY=VALUE` (`conduit config show` lists the keys)".into(),
+            })?;
+            continue;
+        }
         let t = v
             .as_table()
             .ok_or_else(|| invalid(format!("`{name}` must be a table of settings")))?;
@@ -178,10 +217,26 @@ fn load_from(p: &Path) -> Result<BTreeMap<String, PackageSettings>, SettingsErro
         }
         out.insert(name, s);
     }
-    Ok(out)
+    Ok((out, retention))
 }
 
-fn render(all: &BTreeMap<String, PackageSettings>) -> String {
+/// Writes the whole file aside, then renames it into place.
+fn write(
+    p: &Path,
+    all: &BTreeMap<String, PackageSettings>,
+    retention: &RetentionSettings,
+) -> Result<(), SettingsError> {
+    let io = |action, source| SettingsError::Io {
+        action,
+        path: p.to_owned(),
+        source,
+    };
+    let tmp = p.with_extension("toml.tmp");
+    std::fs::write(&tmp, render(all, retention)).map_err(|e| io("write", e))?;
+    std::fs::rename(&tmp, p).map_err(|e| io("replace", e))
+}
+
+fn render(all: &BTreeMap<String, PackageSettings>, retention: &RetentionSettings) -> String {
     let mut out = String::from(
         "# The operator's settings per package; `conduit ext set NAME KEY=VALUE` changes them.\n",
     );
@@ -220,6 +275,14 @@ fn render(all: &BTreeMap<String, PackageSettings>) -> String {
                 }
             }
         }
+    }
+    if let Some(t) = retention.to_table() {
+        let doc = toml::Table::from_iter([(RETENTION_TABLE.to_owned(), toml::Value::Table(t))]);
+        out.push_str(
+            "\n# The daemon's retention; `conduit config set retention.KEY=VALUE` changes it.\n",
+        );
+        // A table of strings and tables of strings always serialises.
+        out.push_str(&toml::to_string(&doc).unwrap_or_default());
     }
     out
 }
@@ -278,18 +341,11 @@ pub fn set(
     value: &str,
 ) -> Result<PackageSettings, SettingsError> {
     let p = path(state);
-    let mut all = load_from(&p)?;
+    let (mut all, retention) = read(&p)?;
     let mut s = all.remove(name).unwrap_or_default();
     apply(&mut s, key, value)?;
     all.insert(name.to_owned(), s.clone());
-    let io = |action, source| SettingsError::Io {
-        action,
-        path: p.clone(),
-        source,
-    };
-    let tmp = p.with_extension("toml.tmp");
-    std::fs::write(&tmp, render(&all)).map_err(|e| io("write", e))?;
-    std::fs::rename(&tmp, &p).map_err(|e| io("replace", e))?;
+    write(&p, &all, &retention)?;
     Ok(s)
 }
 
@@ -308,7 +364,7 @@ mod tests {
         apply(&mut s, "sandbox", "off").unwrap();
         apply(&mut s, "sandbox.grant", "yes").unwrap();
         all.insert("notes".to_owned(), s.clone());
-        std::fs::write(&p, render(&all)).unwrap();
+        std::fs::write(&p, render(&all, &RetentionSettings::default())).unwrap();
         assert_eq!(load_from(&p).unwrap(), all);
         std::fs::write(&p, "[x.limits]\nmemory = \"1GiB\"\ntasks = 12\n").unwrap();
         let x = &load_from(&p).unwrap()["x"];
@@ -328,7 +384,7 @@ mod tests {
         apply(&mut off, "idle_stop_after", "off").unwrap();
         let all: BTreeMap<String, PackageSettings> =
             [("a".to_owned(), s.clone()), ("b".to_owned(), off.clone())].into();
-        std::fs::write(&p, render(&all)).unwrap();
+        std::fs::write(&p, render(&all, &RetentionSettings::default())).unwrap();
         assert_eq!(load_from(&p).unwrap(), all);
         let package = Lifecycle {
             start: StartMode::Always,
@@ -353,6 +409,34 @@ mod tests {
             .to_string();
         assert!(e.contains("below the least, 1s"), "{e}");
         assert_eq!(s, PackageSettings::default());
+    }
+
+    #[test]
+    fn package_and_retention_settings_share_the_file_and_each_writer_keeps_the_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(SETTINGS_FILE);
+        let mut all = BTreeMap::new();
+        let mut s = PackageSettings::default();
+        apply(&mut s, "limits.tasks", "12").unwrap();
+        all.insert("notes".to_owned(), s.clone());
+        let mut r = RetentionSettings::default();
+        r.apply("retention.artifacts.max_bytes", "10GiB").unwrap();
+        write(&p, &all, &r).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            text.contains("[notes.limits]") && text.contains("[retention.artifacts]"),
+            "{text}"
+        );
+        assert_eq!(read(&p).unwrap(), (all.clone(), r.clone()));
+        // A hand-written bad retention value is refused naming the file, the key and the fix.
+        std::fs::write(&p, text.replace("10GiB", "ten")).unwrap();
+        let e = read(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("settings.toml")
+                && e.contains("`retention.artifacts.max_bytes` cannot be \"ten\"")
+                && e.contains("conduit config set"),
+            "{e}"
+        );
     }
 
     #[test]

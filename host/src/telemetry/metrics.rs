@@ -70,7 +70,7 @@ pub fn gather(d: &Daemon) -> anyhow::Result<Snapshot> {
         timings: &core.timings,
         queued: core.group_queued(),
     };
-    Ok(build(
+    let mut s = build(
         &exts,
         &live,
         &core.stats,
@@ -79,7 +79,9 @@ pub fn gather(d: &Daemon) -> anyhow::Result<Snapshot> {
         counts.as_ref(),
         d.started_at_ms(),
         now,
-    ))
+    );
+    super::storage::families(&mut s, d);
+    Ok(s)
 }
 
 /// What the writer and ingress report: their timings and counters, and the submissions

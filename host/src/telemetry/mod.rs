@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod otlp;
 pub mod otlp_metrics;
 pub mod snapshot;
+mod storage;
 
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;

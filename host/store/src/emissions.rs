@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::error::SqlContext;
 use crate::error::StoreError;
+use crate::refs::{Referrer, note_refs};
 use crate::rows::{col, collect, first, page, parse_json};
 use crate::tx::{ReadTx, WriteTx};
 
@@ -234,6 +235,8 @@ impl WriteTx<'_> {
                 })
             })
             .with_context(|| format!("plan emission {extension}/{emission}"))?;
+        // An artifact the payload names is kept while the Emission is planned.
+        note_refs(self, Referrer::Emission, id, &body, now)?;
         Ok(Planned {
             emission_id: id,
             commit_id: commit_id(id, &nonce),
@@ -271,6 +274,9 @@ impl WriteTx<'_> {
             insert
                 .execute(params![id, seq as i64, record.kind, body])
                 .with_context(what)?;
+            // Records are history: they keep an artifact's id, not its content, but the
+            // reference is recorded so an artifact's answer can show them.
+            note_refs(self, Referrer::EmissionRecord, id, &body, now)?;
         }
         Ok(())
     }

@@ -123,6 +123,14 @@ pub enum StoreError {
         size: u64,
     },
 
+    /// Content recorded as stored was no longer on disk inside the recording transaction: the
+    /// retention sweep deleted the file of the same digest between its storing and its record.
+    /// Nothing was recorded; storing it again succeeds.
+    #[error(
+        "the content of artifact sha256:{sha256} was removed by the retention sweep while it was being stored; nothing was recorded, send it again"
+    )]
+    ContentMissing { sha256: String },
+
     /// The code run inside a store operation panicked: a bug in the host, not a fault of the
     /// caller's request or of the file. A write's transaction was rolled back. `what` names the
     /// operation (`write`, `read`), `reason` is the panic's message.
@@ -171,7 +179,8 @@ impl StoreError {
             | StoreError::Sql { .. }
             | StoreError::WrongState { .. }
             | StoreError::Decode { .. }
-            | StoreError::ArtifactMismatch { .. } => Fault::Store,
+            | StoreError::ArtifactMismatch { .. }
+            | StoreError::ContentMissing { .. } => Fault::Store,
         }
     }
 
@@ -255,6 +264,9 @@ impl StoreError {
                 sha256: sha256.clone(),
                 recorded: *recorded,
                 size: *size,
+            },
+            StoreError::ContentMissing { sha256 } => StoreError::ContentMissing {
+                sha256: sha256.clone(),
             },
             StoreError::Panicked { what, reason } => StoreError::Panicked {
                 what,

@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use crate::error::SqlContext;
 use crate::error::StoreError;
+use crate::refs::{Referrer, note_refs};
 use crate::rows::{col, collect, first, page, parse_json};
 use crate::tx::{ReadTx, WriteTx};
 
@@ -263,6 +264,8 @@ impl WriteTx<'_> {
             |row| col::<i64>(row, 0),
         )?;
         if let Some(event_id) = inserted {
+            // An artifact the payload names is kept while the Event is live.
+            note_refs(self, Referrer::Event, event_id, &body, now)?;
             return Ok(Accepted {
                 event_id,
                 duplicate: false,

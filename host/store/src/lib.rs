@@ -24,6 +24,9 @@
 //!   `planned_emissions`) go through partial indexes over the live set, so their cost follows
 //!   what is live, not the history retained (see `schema.rs`).
 //! - Every page is 1 to [`MAX_PAGE`] rows; anything else is [`StoreError::InvalidLimit`].
+//! - Artifact content is removed only by the retention sweep (`retention.rs`), in
+//!   transactions of at most [`SWEEP_BATCH`] rows that hold the writer about
+//!   [`SWEEP_TX_BUDGET`]; coordination rows are never deleted.
 
 mod artifacts;
 mod conn;
@@ -37,6 +40,8 @@ mod inspect;
 mod limits;
 mod pending;
 mod pool;
+mod refs;
+mod retention;
 mod rows;
 mod schema;
 mod store;
@@ -54,9 +59,15 @@ pub use error::{Fault, StoreError};
 pub use events::{Accepted, EventRecord};
 pub use inspect::{Inspection, QuickCheck, inspect, read_only};
 pub use limits::{
-    BUSY_TIMEOUT, MAX_PAGE, MAX_READERS, READER_CHECKOUT_TIMEOUT, TEST_MAX_PAGE_COUNT_ENV,
+    BUSY_TIMEOUT, JOURNAL_SIZE_LIMIT, MAX_PAGE, MAX_READERS, READER_CHECKOUT_TIMEOUT,
+    TEST_MAX_PAGE_COUNT_ENV,
 };
 pub use pending::Owned;
+pub use refs::{ArtifactRef, ArtifactTotals, References, Referrer};
+pub use retention::{
+    ArtifactPolicy, ArtifactSweep, Checkpoint, Removal, RemovalReason, SWEEP_BATCH,
+    SWEEP_TX_BUDGET, TRUNCATE_WAIT, TxStats, Verdict, verdict,
+};
 pub use schema::MIGRATIONS;
 pub use store::{Durability, Store, WriteTimes};
 pub use timers::Timer;

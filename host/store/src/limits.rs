@@ -23,3 +23,8 @@ pub const READER_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// that need room fail with `SQLITE_FULL`, exactly as on a full disk. Never set it in
 /// production.
 pub const TEST_MAX_PAGE_COUNT_ENV: &str = "CONDUIT_TEST_MAX_PAGE_COUNT";
+
+/// The size (bytes) SQLite truncates the WAL file to when a checkpoint resets it
+/// (`PRAGMA journal_size_limit`): 64 MiB, so a burst of large transactions leaves at most this
+/// much WAL behind while the store is busy.
+pub const JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;

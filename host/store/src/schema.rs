@@ -13,6 +13,8 @@
 //! `timers_due`, `waits_active`, `emissions_planned`) whose `WHERE` clause names the live set, so
 //! an idle pass reads nothing of the retained history. The queries repeat each index's `WHERE`
 //! term literally, because SQLite uses a partial index only when the query's `WHERE` implies it.
+//! The retention sweep reads the same way (`artifacts_retained`, `artifacts_purging`), so a sweep
+//! with nothing to remove reads nothing of the history either.
 //! All times are Unix milliseconds chosen by the caller. State columns are plain text without
 //! `CHECK` constraints, so that adding a state is an append-only change and not a table rebuild;
 //! the Rust enums are the check.
@@ -126,6 +128,52 @@ CREATE TABLE ingress_cursors (
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (extension, source)
 ) STRICT, WITHOUT ROWID;
+"#,
+    // 3: retention. An artifact's content may be removed by the sweep (`retention.rs`); its row
+    // stays, marked, so its id keeps its meaning and the sweep can finish after a crash.
+    r#"
+-- When the content was last stored or mentioned by a new record, or found needed by a live one.
+ALTER TABLE artifacts ADD COLUMN touched_at INTEGER NOT NULL DEFAULT 0;
+-- Set when the sweep decides to remove the content (committed before any file is deleted).
+ALTER TABLE artifacts ADD COLUMN removed_at INTEGER;
+-- Set once the content file is gone.
+ALTER TABLE artifacts ADD COLUMN purged_at INTEGER;
+UPDATE artifacts SET touched_at = created_at;
+-- The sweep's candidates, oldest first: only content still kept.
+CREATE INDEX artifacts_retained ON artifacts (touched_at, id) WHERE removed_at IS NULL;
+-- Content whose removal was decided but not finished (a crash between the two).
+CREATE INDEX artifacts_purging ON artifacts (id) WHERE removed_at IS NOT NULL AND purged_at IS NULL;
+
+-- Which records mention which artifact id (by digest; the artifact may not exist yet).
+CREATE TABLE artifact_refs (
+    sha256    TEXT    NOT NULL,
+    record    TEXT    NOT NULL,  -- event | emission | emission_record | wait
+    record_id INTEGER NOT NULL,
+    PRIMARY KEY (sha256, record, record_id)
+) STRICT, WITHOUT ROWID;
+
+-- How much content is kept, maintained by triggers so nothing reads every row to know.
+CREATE TABLE artifact_totals (
+    id    INTEGER PRIMARY KEY CHECK (id = 1),
+    count INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+) STRICT;
+INSERT INTO artifact_totals (id, count, bytes)
+    SELECT 1, count(*), coalesce(sum(size), 0) FROM artifacts;
+CREATE TRIGGER artifact_totals_insert AFTER INSERT ON artifacts WHEN NEW.removed_at IS NULL
+BEGIN
+    UPDATE artifact_totals SET count = count + 1, bytes = bytes + NEW.size WHERE id = 1;
+END;
+CREATE TRIGGER artifact_totals_removed AFTER UPDATE OF removed_at ON artifacts
+    WHEN OLD.removed_at IS NULL AND NEW.removed_at IS NOT NULL
+BEGIN
+    UPDATE artifact_totals SET count = count - 1, bytes = bytes - OLD.size WHERE id = 1;
+END;
+CREATE TRIGGER artifact_totals_revived AFTER UPDATE OF removed_at ON artifacts
+    WHEN OLD.removed_at IS NOT NULL AND NEW.removed_at IS NULL
+BEGIN
+    UPDATE artifact_totals SET count = count + 1, bytes = bytes + NEW.size WHERE id = 1;
+END;
 "#,
     // 4 (it follows retention's 3; on a branch without that one, it is the third entry): what
     // an operator ended by hand, kept rather than erased. A deleted timer has no `next_at` and

@@ -17,7 +17,9 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use crate::conn::{configure_statements, persist_wal};
 use crate::error::{SqlContext, StoreError};
-use crate::limits::{BUSY_TIMEOUT, MAX_READERS, READER_CHECKOUT_TIMEOUT, TEST_MAX_PAGE_COUNT_ENV};
+use crate::limits::{
+    BUSY_TIMEOUT, JOURNAL_SIZE_LIMIT, MAX_READERS, READER_CHECKOUT_TIMEOUT, TEST_MAX_PAGE_COUNT_ENV,
+};
 use crate::tx::{ReadTx, WriteTx};
 use crate::{pool, schema};
 
@@ -108,6 +110,11 @@ impl Store {
             .map_err(open_err("setting synchronous=FULL"))?;
         conn.pragma_update(None, "foreign_keys", true)
             .map_err(open_err("setting foreign_keys=ON"))?;
+        // After a checkpoint resets the WAL, SQLite truncates the file to this size, so a
+        // burst of writes does not leave a large WAL behind for good (the retention sweep
+        // truncates it to nothing when the store is idle).
+        conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)
+            .map_err(open_err("setting journal_size_limit"))?;
         configure_statements(&conn)
             .map_err(open_err("enabling the query planner stability guarantee"))?;
         persist_wal(&conn).map_err(open_err("keeping the WAL files across restarts"))?;
@@ -257,6 +264,30 @@ impl Store {
         // A read has nothing to commit; ending it with a rollback releases the snapshot.
         tx.rollback().context("end a read transaction")?;
         out
+    }
+
+    /// Runs `f` on a reader connection outside any transaction (a passive WAL checkpoint,
+    /// which readers may run: it changes no data). Waits for a reader as [`Store::read`] does.
+    pub(crate) fn with_reader<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let conn = self.readers.checkout(READER_CHECKOUT_TIMEOUT)?;
+        f(&conn)
+    }
+
+    /// Runs `f` on the writer connection outside any transaction (a WAL checkpoint), holding
+    /// the writer so that no write runs meanwhile.
+    pub(crate) fn with_writer<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if !conn.is_autocommit() {
+            tracing::warn!("writer connection was left inside a transaction; rolling it back");
+            conn.execute_batch("ROLLBACK").map_err(StoreError::Begin)?;
+        }
+        f(&conn)
     }
 }
 

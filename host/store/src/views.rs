@@ -96,8 +96,7 @@ pub(crate) const SQL_WORK_EVENTS: &str = "SELECT e.id, e.source, e.delivery_id, 
      e.payload, e.accepted_at, e.routed_at, e.work_id \
      FROM work_inputs AS i JOIN events AS e ON e.id = i.event_id \
      WHERE i.work_id = ?1 AND i.event_id > ?2 ORDER BY i.event_id LIMIT ?3";
-pub(crate) const SQL_ARTIFACTS: &str = "SELECT id, sha256, size, name, media_type, extension, \
-     created_at FROM artifacts WHERE id < ?1 ORDER BY id DESC LIMIT ?2";
+pub(crate) const SQL_ARTIFACTS: &str = artifacts::SQL_NEWEST;
 
 fn decode_summary(row: &Row<'_>) -> Result<WorkSummary, StoreError> {
     let id: i64 = col(row, 0)?;

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::ended::Ended;
 use crate::error::SqlContext;
 use crate::error::StoreError;
+use crate::refs::{Referrer, note_refs};
 use crate::rows::{col, collect, first, page};
 use crate::tx::{ReadTx, WriteTx};
 
@@ -177,7 +178,8 @@ impl WriteTx<'_> {
         after_event_id: i64,
         now: i64,
     ) -> Result<i64, StoreError> {
-        self.conn()
+        let id = self
+            .conn()
             .prepare_cached(
                 "INSERT INTO waits (extension, filter, subject, work_id, cursor_event_id, state, \
                  created_at) VALUES (?1, ?2, ?3, ?4, ?5, 'active', ?6) RETURNING id",
@@ -188,7 +190,10 @@ impl WriteTx<'_> {
                     |row| row.get(0),
                 )
             })
-            .with_context(|| format!("create wait {extension}/{filter}"))
+            .with_context(|| format!("create wait {extension}/{filter}"))?;
+        // An artifact named in the subject is kept while the Wait is active.
+        note_refs(self, Referrer::Wait, id, subject, now)?;
+        Ok(id)
     }
 
     /// Records that an active Wait's filter has considered every Event up to

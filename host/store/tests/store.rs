@@ -718,18 +718,26 @@ fn artifact_lifecycle() {
     assert_eq!(first.size, 42);
     assert_eq!(first.media_type.as_deref(), Some("text/plain"));
 
-    // Idempotent on the digest: the first row stays.
+    // Idempotent on the digest: the first row stays (name, media type, creator), and it
+    // counts as stored again now for retention.
+    assert_eq!(first.touched_at_ms, 1);
     let again = store
         .write(|tx| tx.record_artifact(&sha, 42, "copy.txt", None, "echo", 2))
         .unwrap();
-    assert_eq!(again, first);
+    assert_eq!(
+        again,
+        conduit_store::Artifact {
+            touched_at_ms: 2,
+            ..first.clone()
+        }
+    );
     assert_eq!(
         store.read(|r| r.artifact(first.id)).unwrap(),
-        Some(first.clone())
+        Some(again.clone())
     );
     assert_eq!(
         store.read(|r| r.artifact_by_sha256(&sha)).unwrap(),
-        Some(first.clone())
+        Some(again.clone())
     );
 
     let err = store

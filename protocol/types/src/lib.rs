@@ -9,6 +9,7 @@
 //! Invariant: no I/O and no async runtime. Framing and the session live in `conduit-rpc`; the
 //! meaning of a call (what the host does with an answer) lives in the host.
 
+pub mod artifact_id;
 pub mod bulk;
 pub mod calls;
 pub mod depth;
