@@ -265,7 +265,7 @@ impl WriteTx<'_> {
         )?;
         if let Some(event_id) = inserted {
             // An artifact the payload names is kept while the Event is live.
-            note_refs(self, Referrer::Event, event_id, &body, now)?;
+            note_refs(self, Referrer::Event, event_id, body, now)?;
             return Ok(Accepted {
                 event_id,
                 duplicate: false,
