@@ -387,3 +387,45 @@ fn a_pass_that_leaves_a_full_page_of_due_timers_or_emissions_asks_for_the_next_a
         ]
     );
 }
+
+#[test]
+fn every_active_wait_is_reached_a_page_a_pass_however_many_there_are() {
+    use super::host_loop::{HostLoop, PASS_LIMIT};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _entered = rt.enter();
+    let (core, _dir) = core();
+    let limit = PASS_LIMIT as usize;
+    // Two pages and a half of active waits, then one event after them all: each wait has one
+    // event to match (no extension runs, so each gets the filter's fallback and moves past it).
+    rt.block_on(async {
+        for i in 0..limit * 5 / 2 {
+            core.create_wait("notes".into(), "f".into(), format!("s{i}"), None)
+                .await
+                .unwrap();
+        }
+        core.accept_event("src".into(), event("after-the-waits"))
+            .await
+            .unwrap();
+    });
+    let host_loop = HostLoop::new(
+        core.clone(),
+        rt.handle().clone(),
+        std::time::Duration::from_secs(3600),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let passes: Vec<_> = (0..4)
+        .map(|_| {
+            let r = host_loop.pass();
+            assert!(r.errors.is_empty(), "{r:?}");
+            (r.waits_checked, r.more)
+        })
+        .collect();
+    // Before: every pass read the same first page, and waits past it never saw the event.
+    assert_eq!(
+        passes,
+        [(limit, true), (limit, true), (limit / 2, false), (0, false)]
+    );
+}

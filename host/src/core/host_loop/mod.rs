@@ -122,6 +122,9 @@ pub struct HostLoop {
     skip: RefCell<HashSet<String>>,
     /// Installed but disabled extensions and what they declare (their work is held).
     dormant: RefCell<Arc<super::shared::Dormant>>,
+    /// The id of the last active wait the previous pass matched: each pass takes the next page
+    /// of active waits, back to the first after a short page, so every wait is reached.
+    waits_after: std::cell::Cell<i64>,
 }
 
 impl HostLoop {
@@ -138,6 +141,7 @@ impl HostLoop {
             shutdown,
             skip: RefCell::new(HashSet::new()),
             dormant: RefCell::new(Arc::default()),
+            waits_after: std::cell::Cell::new(0),
         }
     }
 

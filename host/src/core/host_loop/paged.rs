@@ -5,8 +5,9 @@
 //!
 //! What this does not do: decide anything itself (`decide.rs` has the fallbacks), or wait for the
 //! next page: a pass that read a full page of due timers or planned emissions it could act on
-//! sets `PassReport::more`, and the loop starts the next pass at once. Waits do not: their page
-//! is the same first active waits every pass.
+//! sets `PassReport::more`, and the loop starts the next pass at once. Waits are read a page
+//! after the last one matched (back to the first after a short page), so every active wait is
+//! reached however many there are; a full page with new events to match sets `more` too.
 //!
 //! Invariant: each step reads at most [`PASS_LIMIT`] records (and [`WAIT_EVENTS`] events per
 //! wait), and skips what a settling or degraded extension would be called for.
@@ -68,10 +69,19 @@ impl HostLoop {
         settling: &Exts,
         r: &mut PassReport,
     ) -> Result<(), conduit_store::StoreError> {
+        let after = self.waits_after.get();
         let waits = self
             .core
             .store
-            .read(|rd| rd.active_waits(None, PASS_LIMIT))?;
+            .read(|rd| rd.active_waits(Some(after), PASS_LIMIT))?;
+        // The next pass takes the next page; after a short one, the first page again.
+        let full = waits.len() == PASS_LIMIT as usize;
+        self.waits_after.set(if full {
+            waits.last().map_or(0, |w| w.id)
+        } else {
+            0
+        });
+        let checked_before = r.waits_checked;
         for w in waits {
             if self.shutdown.is_cancelled() {
                 return Ok(());
@@ -119,6 +129,8 @@ impl HostLoop {
                 }
             }
         }
+        // A full page that had new events to match: the next page may too.
+        r.more |= full && r.waits_checked > checked_before;
         Ok(())
     }
 
