@@ -186,12 +186,13 @@ fn the_unit_gets_a_clean_path_and_a_binary_in_a_build_folder_is_warned_about() {
         unit.contains("\nEnvironment=PATH=/opt/x/bin:/usr/bin\n"),
         "{unit}"
     );
-    // The tests' binary lies in the build folder: said in the answer and on stderr.
+    // The tests' binary lies in the build folder (`target/`, or wherever CARGO_TARGET_DIR
+    // put it: the folder holding cargo's CACHEDIR.TAG): said in the answer and on stderr.
     let target = Path::new(CONDUIT)
         .canonicalize()
         .unwrap()
         .ancestors()
-        .find(|p| p.ends_with("target"))
+        .find(|p| p.join("CACHEDIR.TAG").is_file())
         .unwrap()
         .to_owned();
     let warning = v["warnings"][0].as_str().unwrap_or("");

@@ -362,7 +362,10 @@ impl Daemon {
         for (name, launch) in plan.launch {
             let rec = enabled[name.as_str()];
             let origin = wanted[&name].clone();
-            if launch == Launch::Restart {
+            // A development install is replaced in place: its author's change is what runs
+            // next, and a broken one is shown held stopped with its cause (`conduit ext dev`),
+            // not hidden behind the version it replaces.
+            if launch == Launch::Restart && !rec.dev {
                 // Running and ready: the new version starts beside it, and takes over once its
                 // handshake is done.
                 let replaced = match self.spec(rec, origin.clone(), why, true) {

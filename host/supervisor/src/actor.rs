@@ -19,6 +19,7 @@ use crate::backoff::{Jitter, RestartTracker, RunFacts};
 use crate::cgroup;
 use crate::enforce::{Enforcer, mechanism};
 use crate::extension::Extension;
+use crate::held::hold;
 use crate::life::Cmd;
 use crate::lifecycle::format_idle_stop_after;
 use crate::limits;
@@ -292,28 +293,6 @@ fn forget_failures(
     }
 }
 
-/// Show `state` and why, with no process, until the operator restarts or stops the
-/// extension: a start that was refused or is incompatible is not retried by itself.
-async fn hold(
-    ext: &Extension,
-    state: State,
-    why: String,
-    cmds: &mut mpsc::UnboundedReceiver<Cmd>,
-    shutdown: &CancellationToken,
-) -> Cmd {
-    ext.update(|s| {
-        s.state = state;
-        s.failing_since_ms.get_or_insert_with(now_ms);
-        s.last_error = Some(why);
-        s.next_start_at_ms = None;
-        s.backoff_ms = None;
-        s.pid = None;
-        s.spawn_to_ready_ms = None;
-        s.handshake_ms = None;
-    });
-    wait_for_operator(cmds, shutdown).await
-}
-
 /// End a run whose handshake found no protocol both sides speak: stopped, not restarted.
 async fn incompatible(ext: &Extension, run: Run, spec: &ExtensionSpec, msg: String) -> Outcome {
     let req = StopRequest {
@@ -323,22 +302,6 @@ async fn incompatible(ext: &Extension, run: Run, spec: &ExtensionSpec, msg: Stri
     };
     Box::pin(stop_run(ext, run, spec.stop_grace, &req)).await;
     Outcome::Incompatible(msg)
-}
-
-async fn wait_for_operator(
-    cmds: &mut mpsc::UnboundedReceiver<Cmd>,
-    shutdown: &CancellationToken,
-) -> Cmd {
-    loop {
-        tokio::select! {
-            cmd = cmds.recv() => match cmd {
-                // A need does not start what only an operator can cure.
-                Some(Cmd::Demand(_)) => continue,
-                cmd => return cmd.unwrap_or(Cmd::Stop),
-            },
-            () = shutdown.cancelled() => return Cmd::Stop,
-        }
-    }
 }
 
 async fn run_once(

@@ -23,7 +23,7 @@
 //!
 //! Where things are: `supervisor.rs` holds the registry ([`Supervisor`]), `extension.rs` the
 //! handle on one extension and its calls ([`Extension`]), `status.rs` what an operator sees
-//! ([`Status`], [`ExitRecord`]), `actor.rs` the run loop, `run.rs` how one run ends,
+//! ([`Status`], [`ExitRecord`]), `actor.rs` the run loop (`held.rs` a run held until an operator acts), `run.rs` how one run ends,
 //! `lifecycle.rs` when an extension runs (on demand, idle stop) and the idle decision, `rest.rs`
 //! the one task that watches every resting (idle) extension by its CPU clock, `journal.rs` the
 //! last calls of a development install (method, latency, outcome), and `spec.rs`
@@ -41,6 +41,7 @@ pub mod child;
 mod enforce;
 mod extension;
 mod forker;
+mod held;
 pub mod journal;
 mod life;
 pub mod lifecycle;
